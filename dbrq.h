@@ -1,0 +1,25 @@
+// dbrq: define-by-run int8 quantization for eager C++ models on oneDNN.
+//
+//   #include "dbrq.h"   // Bazel target //:dbrq
+//
+//   auto model = std::make_shared<MyNet>();
+//   model->load_state_dict(dbrq::load_safetensors("weights.safetensors"));
+//   model->eval();
+//   dbrq::prepare(*model, {example}, dbrq::default_qconfig_mapping("onednn"));
+//   for (auto& batch : calibration) (*model)(batch);
+//   dbrq::convert(*model);
+//   dbrq::Tensor y = (*model)(x);   // int8 on oneDNN
+//
+// This is the one public header; everything a user needs is reachable from here.
+#pragma once
+
+#include "runtime/dispatcher.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+#include "runtime/module.h"
+#include "runtime/nn.h"
+#include "runtime/ops.h"
+#include "runtime/safetensors.h"
+#include "runtime/storage.h"
+#include "runtime/tensor.h"
+#include "runtime/threading.h"

@@ -1,0 +1,181 @@
+// Eager conv2d, linear and matmul on oneDNN (f32).
+#include "kernels/dnnl_utils.h"
+#include "kernels/eager.h"
+#include "kernels/post_ops.h"
+#include "runtime/op_shapes.h"
+
+namespace dbrq::kernels {
+namespace {
+
+dnnl::memory::desc conv_weights_user_desc(const Tensor& w, int64_t groups) {
+  if (groups == 1) return desc_of(w);
+  // oneDNN's grouped layout: [G, K/G, C/G, R, S] over the same contiguous memory.
+  const int64_t k = w.size(0);
+  return plain_desc({groups, k / groups, w.size(1), w.size(2), w.size(3)}, DType::kF32, tag::goihw);
+}
+
+dnnl::memory::dims conv_weights_dims(const Tensor& w, int64_t groups) {
+  if (groups == 1) return {w.size(0), w.size(1), w.size(2), w.size(3)};
+  return {groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)};
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2dParams& p, const PostOps& post) {
+  const ConvGeometry g = conv2d_geometry(x, w_in, b, p);
+  check_float("conv2d", "input", x);
+  check_float("conv2d", "weight", w_in);
+  if (b.defined()) check_float("conv2d", "bias", b);
+  const Tensor src = x.is_channels_last() ? x : copy(x, MemoryFormat::kChannelsLast, DType::kF32);
+  const Tensor w = w_in.is_contiguous() ? w_in : copy(w_in, MemoryFormat::kContiguous, DType::kF32);
+  Tensor dst = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::kF32, MemoryFormat::kChannelsLast);
+  if (dst.numel() == 0) return dst;
+
+  PrimitiveKey key("conv2d_f32");
+  key.add(src).add(w.sizes()).add(static_cast<int64_t>(b.defined())).add(p.stride).add(p.padding).add(p.dilation);
+  key.add(p.groups).add(static_cast<int64_t>(get_num_threads()));
+  add_post_ops_to_key(key, post);
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      auto src_md = desc_of(src), dst_md = desc_of(dst);
+      dnnl::memory::desc w_md(conv_weights_dims(w, p.groups), dt::f32, tag::any);
+      dnnl::memory::desc b_md = b.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
+                                        w_md, b_md, dst_md, {p.stride[0], p.stride[1]},
+                                        {p.dilation[0] - 1, p.dilation[1] - 1}, {p.padding[0], p.padding[1]},
+                                        {p.padding[0], p.padding[1]});
+      dnnl::primitive_attr attr = base_attr();
+      attr.set_post_ops(make_post_ops(post));
+      dnnl::convolution_forward::primitive_desc pd(d, attr, cpu_engine());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::convolution_forward(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->weights_desc = pd.weights_desc();
+      return e;
+    } catch (const dnnl::error& e) {
+      rethrow_dnnl("creating an f32 convolution", e);
+    }
+  });
+  dnnl::memory wmem = packed_weights(w, conv_weights_user_desc(w, p.groups), entry->weights_desc);
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, mem_of(src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
+  const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  return dst;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w_in, const Tensor& b, const PostOps& post) {
+  const std::vector<int64_t> out_sizes = linear_output_sizes(x, w_in, b);
+  check_float("linear", "input", x);
+  check_float("linear", "weight", w_in);
+  if (b.defined()) check_float("linear", "bias", b);
+  const int64_t k = w_in.size(1), n = w_in.size(0);
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  Tensor x2 = x.raw_view({m, k});
+  if (!x2.defined() || x2.stride(1) != 1) x2 = copy(x, MemoryFormat::kContiguous, DType::kF32).raw_view({m, k});
+  const Tensor w = w_in.stride(1) == 1 ? w_in : copy(w_in, MemoryFormat::kContiguous, DType::kF32);
+  Tensor dst = Tensor::empty({m, n}, DType::kF32);
+  if (m == 0 || n == 0) return dst.raw_view(out_sizes);
+  if (k == 0) {
+    fill(dst, 0.0);
+    return dst.raw_view(out_sizes);
+  }
+
+  PrimitiveKey key("linear_f32");
+  key.add(x2).add(w.sizes()).add(w.strides()).add(static_cast<int64_t>(b.defined()));
+  key.add(static_cast<int64_t>(get_num_threads()));
+  add_post_ops_to_key(key, post);
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      dnnl::memory::desc w_md({n, k}, dt::f32, tag::any);
+      dnnl::memory::desc b_md = b.defined() ? plain_desc({n}, DType::kF32, tag::x) : dnnl::memory::desc();
+      dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, desc_of(x2), w_md, b_md, desc_of(dst));
+      dnnl::primitive_attr attr = base_attr();
+      attr.set_post_ops(make_post_ops(post));
+      dnnl::inner_product_forward::primitive_desc pd(d, attr, cpu_engine());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::inner_product_forward(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->weights_desc = pd.weights_desc();
+      return e;
+    } catch (const dnnl::error& e) {
+      rethrow_dnnl("creating an f32 inner product", e);
+    }
+  });
+  dnnl::memory wmem = packed_weights(w, desc_of(w), entry->weights_desc);
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
+  const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({n}, DType::kF32, tag::x), bias));
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  return dst.raw_view(out_sizes);
+}
+
+namespace {
+
+// Operands of a oneDNN matmul: rank-promoted views, made contiguous when oneDNN would otherwise
+// fall back to its reference implementation for their strides.
+std::shared_ptr<PrimitiveEntry> make_matmul(const Tensor& a, const Tensor& b, const Tensor& dst, bool* is_ref) {
+  try {
+    dnnl::matmul::desc d(desc_of(a), desc_of(b), desc_of(dst));
+    dnnl::matmul::primitive_desc pd(d, base_attr(), cpu_engine());
+    *is_ref = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
+    auto e = std::make_shared<PrimitiveEntry>();
+    e->prim = dnnl::matmul(pd);
+    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+    return e;
+  } catch (const dnnl::error& e) {
+    rethrow_dnnl("creating an f32 matmul", e);
+  }
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  check_defined("matmul", "input", a_in);
+  check_defined("matmul", "other", b_in);
+  const MatmulShapes s = matmul_shapes(a_in.sizes(), b_in.sizes());
+  check_float("matmul", "input", a_in);
+  check_float("matmul", "other", b_in);
+  Tensor a = a_in.raw_view(s.a), b = b_in.raw_view(s.b);
+  if (!a.defined()) a = copy(a_in, MemoryFormat::kContiguous, DType::kF32).raw_view(s.a);
+  if (!b.defined()) b = copy(b_in, MemoryFormat::kContiguous, DType::kF32).raw_view(s.b);
+  Tensor dst = Tensor::empty(s.out, DType::kF32);
+  std::vector<int64_t> final_sizes = s.out;
+  if (s.squeeze_n) final_sizes.pop_back();
+  if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
+  if (dst.numel() == 0) return dst.raw_view(final_sizes);
+  if (a.size(-1) == 0) {
+    fill(dst, 0.0);
+    return dst.raw_view(final_sizes);
+  }
+
+  PrimitiveKey key("matmul_f32");
+  key.add(a).add(b).add(static_cast<int64_t>(get_num_threads()));
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    bool is_ref = false;
+    auto e = make_matmul(a, b, dst, &is_ref);
+    if (is_ref && !(a.is_contiguous() && b.is_contiguous())) e->src_desc = dnnl::memory::desc();  // mark: copy first
+    else e->src_desc = desc_of(a);
+    return e;
+  });
+  if (entry->src_desc.is_zero()) {
+    // The strided operands would run on oneDNN's reference kernel; contiguous copies are faster.
+    a = copy(a, MemoryFormat::kContiguous, DType::kF32);
+    b = copy(b, MemoryFormat::kContiguous, DType::kF32);
+    PrimitiveKey key2("matmul_f32");
+    key2.add(a).add(b).add(static_cast<int64_t>(get_num_threads()));
+    entry = primitive_cache().get_or_create(key2, [&] {
+      bool is_ref = false;
+      auto e = make_matmul(a, b, dst, &is_ref);
+      e->src_desc = desc_of(a);
+      return e;
+    });
+  }
+  execute(entry->prim, entry->scratchpad_bytes,
+          {{DNNL_ARG_SRC, mem_of(a)}, {DNNL_ARG_WEIGHTS, mem_of(b)}, {DNNL_ARG_DST, mem_of(dst)}});
+  return dst.raw_view(final_sizes);
+}
+
+}  // namespace dbrq::kernels

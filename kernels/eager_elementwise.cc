@@ -1,0 +1,291 @@
+// Eager elementwise kernels: binary ops with broadcasting, tensor-scalar ops, activations.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/dnnl_utils.h"
+#include "kernels/eager.h"
+#include "kernels/loops.h"
+#include "runtime/op_shapes.h"
+
+namespace dbrq::kernels {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+const char* binary_name(BinaryAlg alg) {
+  switch (alg) {
+    case BinaryAlg::kAdd:
+      return "add";
+    case BinaryAlg::kSub:
+      return "sub";
+    case BinaryAlg::kMul:
+      return "mul";
+    case BinaryAlg::kDiv:
+      return "div";
+  }
+  return "?";
+}
+
+dnnl::algorithm dnnl_binary(BinaryAlg alg) {
+  switch (alg) {
+    case BinaryAlg::kAdd:
+      return dnnl::algorithm::binary_add;
+    case BinaryAlg::kSub:
+      return dnnl::algorithm::binary_sub;
+    case BinaryAlg::kMul:
+      return dnnl::algorithm::binary_mul;
+    case BinaryAlg::kDiv:
+      return dnnl::algorithm::binary_div;
+  }
+  return dnnl::algorithm::binary_add;
+}
+
+inline float apply(BinaryAlg alg, float a, float b) {
+  switch (alg) {
+    case BinaryAlg::kAdd:
+      return a + b;
+    case BinaryAlg::kSub:
+      return a - b;
+    case BinaryAlg::kMul:
+      return a * b;
+    case BinaryAlg::kDiv:
+      return a / b;
+  }
+  return 0.f;
+}
+
+// Runs dst = src0 OP src1 on oneDNN; src1 must broadcast to src0's sizes (same rank).
+void run_binary(BinaryAlg alg, const Tensor& src0, const Tensor& src1, const Tensor& dst) {
+  PrimitiveKey key("binary_f32");
+  key.add(static_cast<int64_t>(alg)).add(src0).add(src1).add(dst).add(static_cast<int64_t>(get_num_threads()));
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      dnnl::binary::desc d(dnnl_binary(alg), desc_of(src0), desc_of(src1), desc_of(dst));
+      dnnl::binary::primitive_desc pd(d, base_attr(), cpu_engine());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::binary(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      return e;
+    } catch (const dnnl::error& e) {
+      rethrow_dnnl("creating a binary primitive", e);
+    }
+  });
+  execute(entry->prim, entry->scratchpad_bytes,
+          {{DNNL_ARG_SRC_0, mem_of(src0)}, {DNNL_ARG_SRC_1, mem_of(src1)}, {DNNL_ARG_DST, mem_of(dst)}});
+}
+
+// `t` viewed with rank `rank` (leading size-1 dims added).
+Tensor promote_rank(const Tensor& t, size_t rank) {
+  if (t.dim() == static_cast<int64_t>(rank)) return t;
+  std::vector<int64_t> sizes(rank - t.dim(), 1);
+  std::vector<int64_t> strides(rank - t.dim(), t.dim() > 0 ? t.stride(0) * t.size(0) : 1);
+  sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
+  strides.insert(strides.end(), t.strides().begin(), t.strides().end());
+  return t.raw_as_strided(sizes, strides, t.storage_offset());
+}
+
+Tensor dense(const Tensor& t) { return t.is_non_overlapping_and_dense() ? t : copy(t, MemoryFormat::kContiguous, t.dtype()); }
+
+}  // namespace
+
+std::vector<int64_t> broadcast_strides(const Tensor& t, IntArrayRef sizes) {
+  std::vector<int64_t> st(sizes.size(), 0);
+  const size_t lead = sizes.size() - t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) st[lead + d] = t.size(d) == 1 ? 0 : t.stride(d);
+  return st;
+}
+
+Tensor binary(BinaryAlg alg, const Tensor& a_in, const Tensor& b_in) {
+  const char* name = binary_name(alg);
+  check_float(name, "input", a_in);
+  check_float(name, "other", b_in);
+  const std::vector<int64_t> out = broadcast_shapes(name, a_in.sizes(), b_in.sizes());
+  Tensor a = promote_rank(dense(a_in), out.size()), b = promote_rank(dense(b_in), out.size());
+  const bool commutative = alg == BinaryAlg::kAdd || alg == BinaryAlg::kMul;
+  if (IntArrayRef(out) != a.sizes() && IntArrayRef(out) == b.sizes() && commutative) std::swap(a, b);
+  if (IntArrayRef(out) != a.sizes()) {
+    // oneDNN broadcasts only its second source: materialize the first at the output's sizes.
+    Tensor full_a = Tensor::empty(out, DType::kF32, b.dim() == 4 && b.is_channels_last() && !b.is_contiguous()
+                                                        ? MemoryFormat::kChannelsLast
+                                                        : MemoryFormat::kContiguous);
+    copy_into(full_a, a);
+    a = full_a;
+  }
+  Tensor dst = Tensor::empty_like(a, DType::kF32);
+  if (dst.numel() == 0) return dst.raw_as_strided(out, dst.strides(), 0);
+  run_binary(alg, a, b, dst);
+  return dst;
+}
+
+void binary_inplace(BinaryAlg alg, Tensor& a, const Tensor& b_in) {
+  const char* name = binary_name(alg);
+  check_float(name, "self", a);
+  check_float(name, "other", b_in);
+  const std::vector<int64_t> out = broadcast_shapes(name, a.sizes(), b_in.sizes());
+  DBRQ_ENSURE(IntArrayRef(out) == a.sizes(), ShapeError, name, "_: result sizes ", shape_to_string(out),
+              " differ from the in-place tensor's sizes ", a.shape_string());
+  if (a.numel() == 0) return;
+  Tensor b = promote_rank(dense(b_in), a.dim());
+  if (!a.is_non_overlapping_and_dense()) {
+    Tensor tmp = binary(alg, a, b);
+    copy_into(a, tmp);
+    return;
+  }
+  a.mutable_data_ptr();  // version bump
+  run_binary(alg, a, b, a);
+}
+
+Tensor binary_scalar(BinaryAlg alg, const Tensor& x_in, double scalar, bool scalar_first) {
+  check_float(binary_name(alg), "input", x_in);
+  const Tensor x = dense(x_in);
+  Tensor dst = Tensor::empty_like(x, DType::kF32);
+  const float* src = x.data<float>();
+  float* out = dst.mutable_data<float>();
+  const float c = static_cast<float>(scalar);
+  parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    if (scalar_first) {
+      for (int64_t i = begin; i < end; ++i) out[i] = apply(alg, c, src[i]);
+    } else {
+      for (int64_t i = begin; i < end; ++i) out[i] = apply(alg, src[i], c);
+    }
+  });
+  return dst;
+}
+
+void binary_scalar_inplace(BinaryAlg alg, Tensor& a, double scalar) {
+  check_float(binary_name(alg), "self", a);
+  if (!a.is_non_overlapping_and_dense()) {
+    Tensor tmp = binary_scalar(alg, a, scalar, false);
+    copy_into(a, tmp);
+    return;
+  }
+  float* p = a.mutable_data<float>();
+  const float c = static_cast<float>(scalar);
+  parallel_for(a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = apply(alg, p[i], c);
+  });
+}
+
+namespace {
+
+const char* unary_name(UnaryAlg alg) {
+  switch (alg) {
+    case UnaryAlg::kRelu:
+      return "relu";
+    case UnaryAlg::kClip:
+      return "hardtanh";
+    case UnaryAlg::kLeakyRelu:
+      return "leaky_relu";
+    case UnaryAlg::kSigmoid:
+      return "sigmoid";
+    case UnaryAlg::kTanh:
+      return "tanh";
+    case UnaryAlg::kHardsigmoid:
+      return "hardsigmoid";
+    case UnaryAlg::kHardswish:
+      return "hardswish";
+    case UnaryAlg::kSilu:
+      return "silu";
+    case UnaryAlg::kGeluErf:
+    case UnaryAlg::kGeluTanh:
+      return "gelu";
+  }
+  return "?";
+}
+
+// Eltwise algorithm and its (alpha, beta); false when the op runs as a loop instead.
+bool dnnl_eltwise(UnaryAlg alg, float a, float b, dnnl::algorithm* out, float* alpha, float* beta) {
+  using A = dnnl::algorithm;
+  *alpha = 0.f;
+  *beta = 0.f;
+  switch (alg) {
+    case UnaryAlg::kRelu:
+      *out = A::eltwise_relu;
+      return true;
+    case UnaryAlg::kLeakyRelu:
+      *out = A::eltwise_relu;
+      *alpha = a;
+      return true;
+    case UnaryAlg::kClip:
+      *out = A::eltwise_clip_v2;
+      *alpha = a;
+      *beta = b;
+      return true;
+    case UnaryAlg::kSigmoid:
+      *out = A::eltwise_logistic;
+      return true;
+    case UnaryAlg::kTanh:
+      *out = A::eltwise_tanh;
+      return true;
+    case UnaryAlg::kSilu:
+      *out = A::eltwise_swish;
+      *alpha = 1.f;
+      return true;
+    case UnaryAlg::kGeluErf:
+      *out = A::eltwise_gelu_erf;
+      return true;
+    case UnaryAlg::kGeluTanh:
+      *out = A::eltwise_gelu_tanh;
+      return true;
+    case UnaryAlg::kHardswish:
+    case UnaryAlg::kHardsigmoid:
+      return false;  // PyTorch's exact formulas below (oneDNN 2.6 has no hardsigmoid)
+  }
+  return false;
+}
+
+void run_unary(UnaryAlg alg, const Tensor& src, const Tensor& dst, float a, float b) {
+  dnnl::algorithm algo;
+  float alpha, beta;
+  if (!dnnl_eltwise(alg, a, b, &algo, &alpha, &beta)) {
+    const float* in = src.data<float>();
+    float* out = static_cast<float*>(const_cast<void*>(dst.data_ptr()));
+    parallel_for(src.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      if (alg == UnaryAlg::kHardsigmoid) {
+        for (int64_t i = begin; i < end; ++i) out[i] = std::min(std::max(in[i] + 3.f, 0.f), 6.f) / 6.f;
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = in[i] * std::min(std::max(in[i] + 3.f, 0.f), 6.f) / 6.f;
+      }
+    });
+    return;
+  }
+  PrimitiveKey key("eltwise_f32");
+  key.add(static_cast<int64_t>(algo)).add(alpha).add(beta).add(src).add(static_cast<int64_t>(get_num_threads()));
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, algo, desc_of(src), alpha, beta);
+      dnnl::eltwise_forward::primitive_desc pd(d, base_attr(), cpu_engine());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::eltwise_forward(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      return e;
+    } catch (const dnnl::error& e) {
+      rethrow_dnnl("creating an eltwise primitive", e);
+    }
+  });
+  execute(entry->prim, entry->scratchpad_bytes, {{DNNL_ARG_SRC, mem_of(src)}, {DNNL_ARG_DST, mem_of(dst)}});
+}
+
+}  // namespace
+
+Tensor unary(UnaryAlg alg, const Tensor& x_in, float alpha, float beta) {
+  check_float(unary_name(alg), "input", x_in);
+  const Tensor x = dense(x_in);
+  Tensor dst = Tensor::empty_like(x, DType::kF32);
+  if (x.numel() > 0) run_unary(alg, x, dst, alpha, beta);
+  return dst;
+}
+
+void unary_inplace(UnaryAlg alg, Tensor& x, float alpha, float beta) {
+  check_float(unary_name(alg), "self", x);
+  if (x.numel() == 0) return;
+  if (!x.is_non_overlapping_and_dense()) {
+    Tensor tmp = unary(alg, x, alpha, beta);
+    copy_into(x, tmp);
+    return;
+  }
+  x.mutable_data_ptr();  // version bump
+  run_unary(alg, x, x, alpha, beta);
+}
+
+}  // namespace dbrq::kernels

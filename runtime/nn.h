@@ -1,0 +1,369 @@
+// Built-in layers and containers, with PyTorch's parameter names (so torchvision state dicts
+// load unchanged) and PyTorch's default initialization.
+//
+//   auto conv = std::make_shared<dbrq::nn::Conv2d>(
+//       dbrq::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false));
+//   auto head = std::make_shared<dbrq::nn::Sequential>(std::vector<std::shared_ptr<dbrq::nn::Module>>{
+//       std::make_shared<dbrq::nn::AdaptiveAvgPool2d>(1), std::make_shared<dbrq::nn::Flatten>(1),
+//       std::make_shared<dbrq::nn::Linear>(512, 1000)});
+//   dbrq::Tensor y = (*head)((*conv)(x));
+//
+// Layers are leaves for quantization (their ops belong to the enclosing user module);
+// Sequential, ModuleList and ModuleDict are not. dbrq is an inference runtime: train() only
+// changes Dropout; BatchNorm always uses its running statistics.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/module.h"
+#include "runtime/ops.h"
+
+namespace dbrq {
+
+// Seeds the generator behind default parameter initialization.
+void manual_seed(uint64_t seed);
+
+namespace nn {
+
+// A layer: a leaf module.
+template <typename Derived>
+class Layer : public CallableModule<Derived> {
+ public:
+  bool is_leaf() const override { return true; }
+
+ protected:
+  explicit Layer(std::string name) : CallableModule<Derived>(std::move(name)) {}
+};
+
+#define DBRQ_OPTION(Type, name)          \
+  Self& name(Type v) {                   \
+    name##_ = std::move(v);              \
+    return *this;                        \
+  }                                      \
+  const Type& name() const { return name##_; } \
+  Type name##_
+
+using Int2 = std::array<int64_t, 2>;
+
+struct Conv2dOptions {
+  using Self = Conv2dOptions;
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_({kernel_size, kernel_size}) {}
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  DBRQ_OPTION(int64_t, in_channels);
+  DBRQ_OPTION(int64_t, out_channels);
+  DBRQ_OPTION(Int2, kernel_size);
+  Self& stride(int64_t s) { return stride(std::array<int64_t, 2>{s, s}); }
+  Self& padding(int64_t p) { return padding(std::array<int64_t, 2>{p, p}); }
+  Self& dilation(int64_t d) { return dilation(std::array<int64_t, 2>{d, d}); }
+  DBRQ_OPTION(Int2, stride) = {1, 1};
+  DBRQ_OPTION(Int2, padding) = {0, 0};
+  DBRQ_OPTION(Int2, dilation) = {1, 1};
+  DBRQ_OPTION(int64_t, groups) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+};
+
+class Conv2d : public Layer<Conv2d> {
+ public:
+  explicit Conv2d(const Conv2dOptions& options);
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, int64_t padding = 0,
+         int64_t dilation = 1, int64_t groups = 1, bool bias = true);
+  Tensor forward(const Tensor& x) { return conv2d(x, weight, bias, params_); }
+  const Conv2dParams& params() const { return params_; }
+  const Conv2dOptions& options() const { return options_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [out, in/groups, kH, kW]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  Conv2dOptions options_;
+  Conv2dParams params_;
+};
+
+class Linear : public Layer<Linear> {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) { return linear(x, weight, bias); }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  int64_t in_features_, out_features_;
+};
+
+// Normalizes over dim 1 with running statistics. BatchNorm1d takes [N, C] or [N, C, L].
+template <typename Derived>
+class BatchNormBase : public Layer<Derived> {
+ public:
+  Tensor forward(const Tensor& x) { return batch_norm(x, running_mean, running_var, weight, bias, eps_); }
+  int64_t num_features() const { return num_features_; }
+  double eps() const { return eps_; }
+  std::string extra_repr() const override;
+
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ protected:
+  BatchNormBase(std::string name, int64_t num_features, double eps, bool affine);
+
+ private:
+  int64_t num_features_;
+  double eps_;
+};
+
+class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, bool affine = true)
+      : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
+};
+
+class BatchNorm1d : public BatchNormBase<BatchNorm1d> {
+ public:
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, bool affine = true)
+      : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
+};
+
+class LayerNorm : public Layer<LayerNorm> {
+ public:
+  explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
+      : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
+  Tensor forward(const Tensor& x) { return layer_norm(x, normalized_shape_, weight, bias, eps_); }
+  std::string extra_repr() const override;
+
+  Tensor weight, bias;
+
+ private:
+  std::vector<int64_t> normalized_shape_;
+  double eps_;
+};
+
+class Embedding : public Layer<Embedding> {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) { return embedding(indices, weight); }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [num_embeddings, embedding_dim], N(0, 1) initialized like PyTorch
+
+ private:
+  int64_t num_, dim_;
+};
+
+class ReLU : public Layer<ReLU> {
+ public:
+  ReLU() : Layer("ReLU") {}
+  Tensor forward(const Tensor& x) { return relu(x); }
+};
+
+class ReLU6 : public Layer<ReLU6> {
+ public:
+  ReLU6() : Layer("ReLU6") {}
+  Tensor forward(const Tensor& x) { return relu6(x); }
+};
+
+class Hardtanh : public Layer<Hardtanh> {
+ public:
+  explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
+  Tensor forward(const Tensor& x) { return hardtanh(x, min_, max_); }
+
+ private:
+  double min_, max_;
+};
+
+class LeakyReLU : public Layer<LeakyReLU> {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
+  Tensor forward(const Tensor& x) { return leaky_relu(x, slope_); }
+
+ private:
+  double slope_;
+};
+
+class Hardswish : public Layer<Hardswish> {
+ public:
+  Hardswish() : Layer("Hardswish") {}
+  Tensor forward(const Tensor& x) { return hardswish(x); }
+};
+
+class Hardsigmoid : public Layer<Hardsigmoid> {
+ public:
+  Hardsigmoid() : Layer("Hardsigmoid") {}
+  Tensor forward(const Tensor& x) { return hardsigmoid(x); }
+};
+
+class Sigmoid : public Layer<Sigmoid> {
+ public:
+  Sigmoid() : Layer("Sigmoid") {}
+  Tensor forward(const Tensor& x) { return sigmoid(x); }
+};
+
+class Tanh : public Layer<Tanh> {
+ public:
+  Tanh() : Layer("Tanh") {}
+  Tensor forward(const Tensor& x) { return tanh(x); }
+};
+
+class GELU : public Layer<GELU> {
+ public:
+  explicit GELU(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
+  Tensor forward(const Tensor& x) { return gelu(x, approximate_); }
+
+ private:
+  std::string approximate_;
+};
+
+class SiLU : public Layer<SiLU> {
+ public:
+  SiLU() : Layer("SiLU") {}
+  Tensor forward(const Tensor& x) { return silu(x); }
+};
+
+class Softmax : public Layer<Softmax> {
+ public:
+  explicit Softmax(int64_t dim) : Layer("Softmax"), dim_(dim) {}
+  Tensor forward(const Tensor& x) { return softmax(x, dim_); }
+
+ private:
+  int64_t dim_;
+};
+
+class MaxPool2d : public Layer<MaxPool2d> {
+ public:
+  // stride 0: the kernel size (PyTorch's default).
+  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+                     bool ceil_mode = false);
+  Tensor forward(const Tensor& x);
+  const Pool2dParams& params() const { return params_; }
+  std::string extra_repr() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+class AvgPool2d : public Layer<AvgPool2d> {
+ public:
+  explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
+                     bool count_include_pad = true);
+  Tensor forward(const Tensor& x);
+  const Pool2dParams& params() const { return params_; }
+  std::string extra_repr() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+class AdaptiveAvgPool2d : public Layer<AdaptiveAvgPool2d> {
+ public:
+  explicit AdaptiveAvgPool2d(int64_t output_size) : AdaptiveAvgPool2d({output_size, output_size}) {}
+  explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
+      : Layer("AdaptiveAvgPool2d"), output_size_(output_size) {}
+  Tensor forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
+  std::string extra_repr() const override;
+
+ private:
+  std::array<int64_t, 2> output_size_;
+};
+
+class Flatten : public Layer<Flatten> {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
+  Tensor forward(const Tensor& x) { return flatten(x, start_, end_); }
+
+ private:
+  int64_t start_, end_;
+};
+
+class Dropout : public Layer<Dropout> {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) { return dropout(x, p_, this->is_training()); }
+  std::string extra_repr() const override;
+
+ private:
+  double p_;
+};
+
+class Identity : public Layer<Identity> {
+ public:
+  Identity() : Layer("Identity") {}
+  Tensor forward(const Tensor& x) { return identity(x); }
+};
+
+// Calls its children in order, each with the previous one's output.
+class Sequential : public CallableModule<Sequential> {
+ public:
+  Sequential() : CallableModule("Sequential") {}
+  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
+  explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
+  void push_back(std::shared_ptr<Module> module);
+  void push_back(const std::string& name, std::shared_ptr<Module> module);
+  Tensor forward(Tensor x);
+  size_t size() const { return named_children().size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  template <typename M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    DBRQ_ENSURE(m != nullptr, ValueError, "Sequential::at(", i, "): child is a ", (*this)[i]->type_name(),
+                ", not the requested type");
+    return m;
+  }
+};
+
+// Holds modules for the user's forward to iterate; not callable itself.
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList", typeid(ModuleList)) {}
+  explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return named_children().size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  template <typename M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    DBRQ_ENSURE(m != nullptr, ValueError, "ModuleList::at(", i, "): child is a ", (*this)[i]->type_name(),
+                ", not the requested type");
+    return m;
+  }
+  // Iterates over the modules (not the names).
+  class Iterator {
+   public:
+    using Inner = std::vector<std::pair<std::string, std::shared_ptr<Module>>>::const_iterator;
+    explicit Iterator(Inner it) : it_(it) {}
+    const std::shared_ptr<Module>& operator*() const { return it_->second; }
+    Iterator& operator++() {
+      ++it_;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return it_ != o.it_; }
+
+   private:
+    Inner it_;
+  };
+  Iterator begin() const { return Iterator(named_children().begin()); }
+  Iterator end() const { return Iterator(named_children().end()); }
+};
+
+// Named modules in insertion order; not callable itself.
+class ModuleDict : public Module {
+ public:
+  ModuleDict() : Module("ModuleDict", typeid(ModuleDict)) {}
+  void insert(const std::string& key, std::shared_ptr<Module> module);
+  bool contains(const std::string& key) const { return child(key) != nullptr; }
+  std::shared_ptr<Module> operator[](const std::string& key) const;
+  std::vector<std::string> keys() const;
+  size_t size() const { return named_children().size(); }
+};
+
+#undef DBRQ_OPTION
+
+}  // namespace nn
+}  // namespace dbrq

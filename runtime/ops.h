@@ -1,0 +1,120 @@
+// The functional op API. Every function here (and every operator overload) passes through the
+// dispatcher, so a prepared or converted model sees it.
+//
+//   using namespace dbrq;
+//   Tensor y = relu(conv2d(x, w, b, Conv2dParams{{2, 2}, {1, 1}}));
+//   Tensor z = y + 1.0;                   // tensor-scalar
+//   Tensor s = softmax(matmul(q, k.transpose(-2, -1)) / 8.0, -1);
+//   Tensor p = cat({a, b}, 1);
+//
+// Semantics follow PyTorch's functions of the same name. Inputs are f32 unless stated; 4-D conv
+// and pooling outputs are channels-last (see tensor.h). Errors: ShapeError, DTypeError,
+// ValueError, IndexError with the op's name and the offending sizes or values.
+#pragma once
+
+#include <array>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "runtime/op_params.h"
+#include "runtime/tensor.h"
+
+namespace dbrq {
+
+// ---- compute ops with weights ----
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+              const Conv2dParams& params = {});
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor embedding(const Tensor& indices, const Tensor& weight);
+// Inference batch normalization over dim 1 with running statistics.
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), double eps = 1e-5);
+Tensor layer_norm(const Tensor& input, std::vector<int64_t> normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---- products ----
+Tensor matmul(const Tensor& input, const Tensor& other);  // batched, broadcasting, 1-D promotion
+
+// ---- binary elementwise (NumPy broadcasting) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor add(double a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, double b);
+Tensor sub(double a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, double b);
+Tensor mul(double a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, double b);
+Tensor div(double a, const Tensor& b);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+inline Tensor operator+(double a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+inline Tensor operator-(double a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator-(const Tensor& a) { return mul(a, -1.0); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+inline Tensor operator*(double a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+inline Tensor operator/(double a, const Tensor& b) { return div(a, b); }
+inline Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
+inline Tensor& operator+=(Tensor& a, double b) { return a.add_(b); }
+inline Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
+inline Tensor& operator-=(Tensor& a, double b) { return a.sub_(b); }
+inline Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }
+inline Tensor& operator*=(Tensor& a, double b) { return a.mul_(b); }
+inline Tensor& operator/=(Tensor& a, double b) { return a.div_(b); }
+
+// ---- activations ----
+Tensor relu(const Tensor& x);
+Tensor relu6(const Tensor& x);
+Tensor hardtanh(const Tensor& x, double min_val = -1.0, double max_val = 1.0);
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor hardsigmoid(const Tensor& x);
+Tensor hardswish(const Tensor& x);
+Tensor silu(const Tensor& x);
+// approximate: "none" (erf) or "tanh".
+Tensor gelu(const Tensor& x, const std::string& approximate = "none");
+Tensor clamp(const Tensor& x, double min_val, double max_val);
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+// ---- pooling ----
+// stride defaults to kernel_size (pass an empty list).
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride = {},
+                  std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
+                  bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride = {},
+                  std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+
+// ---- reductions (dims empty: all dims) ----
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor std(const Tensor& x, std::vector<int64_t> dims = {}, bool unbiased = true, bool keepdim = false);
+
+// ---- joining and shape ops (int8 tensors pass through these unchanged) ----
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor reshape(const Tensor& x, std::vector<int64_t> sizes);
+Tensor permute(const Tensor& x, std::vector<int64_t> dims);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = false);
+Tensor identity(const Tensor& x);
+
+// ---- quantization ----
+// Affine quantization (round half to even, saturate) to u8 or s8.
+Tensor quantize_per_tensor(const Tensor& x, float scale, int32_t zero_point, DType dtype);
+Tensor quantize_per_channel(const Tensor& x, std::vector<float> scales, std::vector<int32_t> zero_points,
+                            int64_t axis, DType dtype);
+Tensor dequantize(const Tensor& x);
+
+}  // namespace dbrq
