@@ -13,6 +13,10 @@
 // This is the one public header; everything a user needs is reachable from here.
 #pragma once
 
+#include "quant_state/auto_quant_state.h"
+#include "quant_state/observers.h"
+#include "quant_state/qconfig.h"
+#include "quant_state/qparams.h"
 #include "runtime/dispatcher.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -23,3 +27,4 @@
 #include "runtime/storage.h"
 #include "runtime/tensor.h"
 #include "runtime/threading.h"
+#include "tracer/quantize.h"

@@ -122,6 +122,8 @@ class WeightPackCache {
  public:
   dnnl::memory get(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
     std::string key(reinterpret_cast<const char*>(&want.data), sizeof(want.data));
+    // The user layout too: two views at the same address with different strides differ in content.
+    key.append(reinterpret_cast<const char*>(&user.data), sizeof(user.data));
     const void* ptr = w.storage().get();
     key.append(reinterpret_cast<const char*>(&ptr), sizeof(ptr));
     const int64_t off = w.storage_offset();

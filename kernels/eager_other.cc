@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
@@ -188,9 +189,30 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   check_float("avg_pool2d", "input", x);
   DBRQ_ENSURE(p.dilation[0] == 1 && p.dilation[1] == 1, ValueError, "avg_pool2d: dilation is not supported");
-  return pool("avg_pool2d", p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
-                                                : dnnl::algorithm::pooling_avg_exclude_padding,
-              x, p);
+  Tensor y = pool("avg_pool2d", p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                                    : dnnl::algorithm::pooling_avg_exclude_padding,
+                  x, p);
+  if (!p.count_include_pad || !p.ceil_mode || y.numel() == 0) return y;
+  // oneDNN divides every window by the kernel area, PyTorch a ceil_mode window that overhangs the
+  // padded input by the part inside it: rescale those edge windows.
+  const PoolGeometry g = pool2d_geometry("avg_pool2d", x, p);
+  auto extent = [&](int64_t o, int i, int64_t in) {
+    const int64_t start = o * p.stride[i] - p.padding[i];
+    return std::min(start + p.kernel_size[i], in + p.padding[i]) - start;
+  };
+  const int64_t area = p.kernel_size[0] * p.kernel_size[1];
+  float* d = y.mutable_data<float>();
+  for (int64_t i = 0; i < g.oh; ++i) {
+    for (int64_t j = 0; j < g.ow; ++j) {
+      const int64_t inside = extent(i, 0, g.h) * extent(j, 1, g.w);
+      if (inside == area) continue;
+      const float f = static_cast<float>(area) / static_cast<float>(inside);
+      for (int64_t b = 0; b < g.n; ++b) {
+        for (int64_t c = 0; c < g.c; ++c) d[b * y.stride(0) + c * y.stride(1) + i * y.stride(2) + j * y.stride(3)] *= f;
+      }
+    }
+  }
+  return y;
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x_in, std::array<int64_t, 2> out) {
@@ -398,7 +420,9 @@ void copy_into(Tensor& dst, const Tensor& src) {
               " do not broadcast to destination sizes ", dst.shape_string());
   if (dst.numel() == 0) return;
   dst.mutable_data_ptr();  // version bump
-  if (src.sizes() == dst.sizes() && dnnl_dtype(src.dtype()) && dnnl_dtype(dst.dtype()) &&
+  // oneDNN's reorder rounds and saturates into integers; PyTorch (and the loop below) truncates.
+  const bool to_integer = is_integral_dtype(dst.dtype()) && src.dtype() != dst.dtype();
+  if (src.sizes() == dst.sizes() && !to_integer && dnnl_dtype(src.dtype()) && dnnl_dtype(dst.dtype()) &&
       (src.dtype() != DType::kBF16) == (dst.dtype() != DType::kBF16 || src.dtype() == DType::kF32)) {
     reorder_into(src, dst);
     return;
@@ -428,7 +452,12 @@ void copy_into(Tensor& dst, const Tensor& src) {
     }
     visit_dtype(dst.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      reinterpret_cast<T*>(dbase)[di] = static_cast<T>(v);
+      // Through int64 so that narrowing wraps like PyTorch instead of being undefined.
+      if constexpr (std::is_integral_v<T>) {
+        reinterpret_cast<T*>(dbase)[di] = static_cast<T>(static_cast<int64_t>(v));
+      } else {
+        reinterpret_cast<T*>(dbase)[di] = static_cast<T>(v);
+      }
     });
   });
 }
@@ -441,9 +470,17 @@ void fill(Tensor& dst, double value) {
 
 namespace {
 
+// zp + nearbyint(v * inv), saturated. Saturates in float before the integer conversion: a value
+// beyond int32's range would make the conversion undefined (x86 yields INT32_MIN, so 3e9 became qmin).
+template <typename Q>
+inline Q quantize_value(float v, float inv, int32_t zp) {
+  constexpr int32_t qmin = std::numeric_limits<Q>::min(), qmax = std::numeric_limits<Q>::max();
+  const float r = std::min(std::max(std::nearbyint(v * inv), static_cast<float>(qmin - zp)), static_cast<float>(qmax - zp));
+  return static_cast<Q>(static_cast<int32_t>(r) + zp);
+}
+
 template <typename Q>
 void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
-  constexpr int32_t qmin = std::numeric_limits<Q>::min(), qmax = std::numeric_limits<Q>::max();
   const float* src = x.data<float>();
   Q* out = dst.mutable_data<Q>();
   if (!qp.is_per_channel()) {
@@ -451,10 +488,7 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     const float inv = 1.0f / qp.scale();
     const int32_t zp = qp.zero_point();
     parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int32_t q = static_cast<int32_t>(std::nearbyint(src[i] * inv)) + zp;
-        out[i] = static_cast<Q>(std::min(std::max(q, qmin), qmax));
-      }
+      for (int64_t i = begin; i < end; ++i) out[i] = quantize_value<Q>(src[i], inv, zp);
     });
     return;
   }
@@ -462,9 +496,7 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
   const int64_t axis = qp.axis, n = x.numel(), st = x.stride(axis), sz = x.size(axis);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = (i / st) % sz;
-    const float inv = 1.0f / qp.scales[c];
-    const int32_t q = static_cast<int32_t>(std::nearbyint(src[i] * inv)) + qp.zero_points[c];
-    out[i] = static_cast<Q>(std::min(std::max(q, qmin), qmax));
+    out[i] = quantize_value<Q>(src[i], 1.0f / qp.scales[c], qp.zero_points[c]);
   }
 }
 

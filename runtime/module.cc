@@ -222,6 +222,11 @@ Tensor Module::forward_unary(const Tensor&) {
   DBRQ_THROW(ValueError, type_name_, " cannot be called with a single tensor (its forward takes other arguments)");
 }
 
+std::vector<Tensor> Module::forward_tensors(const std::vector<Tensor>& inputs) {
+  DBRQ_THROW(ValueError, type_name_, " cannot be called with ", inputs.size(),
+             " tensor argument(s): its forward takes other arguments (pass a callable that runs the model instead)");
+}
+
 void Module::print(std::ostream& os, int indent) const {
   os << type_name_ << "(";
   const std::string extra = extra_repr();

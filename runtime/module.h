@@ -22,6 +22,7 @@
 // ModuleDict are not. Quantization attaches its per-module state to non-leaf modules.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,6 +112,10 @@ class Module {
   // A single-tensor call through the hooked call operator; throws ValueError for modules whose
   // forward takes something else. Sequential and ModuleList iteration use it.
   virtual Tensor forward_unary(const Tensor& x);
+  // A call with 1 to 4 tensor arguments through the hooked call operator, returning the tensors in
+  // the result (in order; non-tensor parts are dropped). Throws ValueError when forward does not
+  // take that many tensors. Generic drivers (prepare, the CLI) use it.
+  virtual std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs);
 
   // Layer configuration shown by pretty printing, e.g. "3, 64, kernel_size=(7, 7), stride=(2, 2)".
   virtual std::string extra_repr() const { return ""; }
@@ -155,9 +160,22 @@ namespace detail {
 std::string demangle_type_name(const char* mangled);
 
 // Collects pointers to the tensors inside a value (tensors, containers and tuples of them).
+// Every overload is declared before any is defined, so containers nest in any order (ADL would
+// not find overloads declared later: the arguments' namespaces are std and dbrq).
 inline void collect_tensors(Tensor& t, TensorPtrs& out) { out.push_back(&t); }
 template <typename T>
 void collect_tensors(T&, TensorPtrs&) {}  // non-tensor values: nothing to see
+template <typename T>
+void collect_tensors(std::vector<T>& v, TensorPtrs& out);
+template <typename T, size_t N>
+void collect_tensors(std::array<T, N>& v, TensorPtrs& out);
+template <typename T>
+void collect_tensors(std::optional<T>& v, TensorPtrs& out);
+template <typename A, typename B>
+void collect_tensors(std::pair<A, B>& v, TensorPtrs& out);
+template <typename... T>
+void collect_tensors(std::tuple<T...>& v, TensorPtrs& out);
+
 template <typename T>
 void collect_tensors(std::vector<T>& v, TensorPtrs& out) {
   for (auto& e : v) collect_tensors(e, out);
@@ -194,6 +212,13 @@ class ModuleCallGuard {
   Module& module_;
 };
 
+template <typename D, typename Args, typename = void>
+struct ForwardTakes : std::false_type {};
+// forward accepts these arguments and returns something (void results have no tensors to give).
+template <typename D, typename... A>
+struct ForwardTakes<D, std::tuple<A...>, std::void_t<decltype(std::declval<D&>().forward(std::declval<A>()...))>>
+    : std::bool_constant<!std::is_void_v<decltype(std::declval<D&>().forward(std::declval<A>()...))>> {};
+
 template <typename D, typename = void>
 struct HasUnaryForward : std::false_type {};
 template <typename D>
@@ -226,12 +251,46 @@ class CallableModule : public Module {
     }
   }
 
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& in) override {
+    using T = const Tensor&;
+    switch (in.size()) {
+      case 1:
+        if constexpr (detail::ForwardTakes<Derived, std::tuple<T>>::value) return collect((*this)(in[0]));
+        break;
+      case 2:
+        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T>>::value) return collect((*this)(in[0], in[1]));
+        break;
+      case 3:
+        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T, T>>::value) {
+          return collect((*this)(in[0], in[1], in[2]));
+        }
+        break;
+      case 4:
+        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T, T, T>>::value) {
+          return collect((*this)(in[0], in[1], in[2], in[3]));
+        }
+        break;
+      default:
+        break;
+    }
+    return Module::forward_tensors(in);
+  }
+
  protected:
   CallableModule() : Module(detail::demangle_type_name(typeid(Derived).name()), typeid(Derived)) {}
   explicit CallableModule(std::string type_name) : Module(std::move(type_name), typeid(Derived)) {}
 
  private:
   Derived& derived() { return static_cast<Derived&>(*this); }
+
+  template <typename Out>
+  static std::vector<Tensor> collect(Out out) {
+    TensorPtrs ptrs;
+    detail::collect_tensors(out, ptrs);
+    std::vector<Tensor> result;
+    for (Tensor* t : ptrs) result.push_back(*t);
+    return result;
+  }
 
   template <typename... Args>
   auto call_hooked(Interceptor* interceptor, Args&&... args) {

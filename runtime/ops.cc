@@ -46,10 +46,8 @@ Tensor& call_inplace(OpKind kind, Tensor& self, const Tensor* other, const void*
   c.has_scalar = has_scalar;
   c.inplace = true;
   c.run = run;
-  Tensor out = dispatch(c);
-  if (out.storage() != self.storage() || out.storage_offset() != self.storage_offset() || out.dtype() != self.dtype()) {
-    self = out;
-  }
+  // Always rebind: besides new storage, the result may carry a new trace id or parameters.
+  self = dispatch(c);
   return self;
 }
 
@@ -120,6 +118,8 @@ kernels::UnaryAlg unary_alg(const OpCall& c) {
 
 Tensor run_unary(const OpCall& c) {
   const ActivationParams p = c.params != nullptr ? c.p<ActivationParams>() : ActivationParams{};
+  // Checked here so the error names the op (relu6 and clamp share the kernel's clip algorithm).
+  check_float(op_name(c.kind), c.inplace ? "self" : "input", c.input(0));
   if (c.inplace) {
     Tensor& self = mutable_self(c);
     kernels::unary_inplace(unary_alg(c), self, static_cast<float>(p.alpha), static_cast<float>(p.beta));
@@ -187,10 +187,14 @@ Tensor run_flatten(const OpCall& c) {
   return reshape_impl(x, sizes);
 }
 
-Tensor run_permute(const OpCall& c) { return c.input(0).raw_permute(c.p<ShapeParams>().sizes); }
+Tensor run_permute(const OpCall& c) {
+  check_defined("permute", "input", c.input(0));
+  return c.input(0).raw_permute(c.p<ShapeParams>().sizes);
+}
 
 Tensor run_transpose(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("transpose", "input", x);
   const ShapeParams& p = c.p<ShapeParams>();
   const int64_t a = x.wrap_dim(p.start), b = x.wrap_dim(p.length);
   std::vector<int64_t> dims(x.dim());
@@ -201,6 +205,7 @@ Tensor run_transpose(const OpCall& c) {
 
 Tensor run_narrow(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("narrow", "input", x);
   const ShapeParams& p = c.p<ShapeParams>();
   const int64_t d = x.wrap_dim(p.sizes.at(0));
   const int64_t step = p.sizes.at(1);
@@ -210,11 +215,24 @@ Tensor run_narrow(const OpCall& c) {
   std::vector<int64_t> sizes(n.sizes().begin(), n.sizes().end()), strides(n.strides().begin(), n.strides().end());
   sizes[d] = (p.length + step - 1) / step;
   strides[d] *= step;
-  return n.raw_as_strided(sizes, strides, n.storage_offset());
+  Tensor s = n.raw_as_strided(sizes, strides, n.storage_offset());
+  if (n.is_quantized() && n.qparams()->axis == d) {
+    // Per-channel parameters: keep those of the channels the step keeps.
+    auto q = std::make_shared<QuantParams>(*n.qparams());
+    q->scales.clear();
+    q->zero_points.clear();
+    for (int64_t i = 0; i < p.length; i += step) {
+      q->scales.push_back(n.qparams()->scales[i]);
+      q->zero_points.push_back(n.qparams()->zero_points[i]);
+    }
+    s = s.with_qparams(std::move(q));
+  }
+  return s;
 }
 
 Tensor run_select(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("select", "input", x);
   const ShapeParams& p = c.p<ShapeParams>();
   DBRQ_ENSURE(x.dim() >= 1, ShapeError, "select: cannot select from a 0-D tensor");
   const int64_t d = x.wrap_dim(p.sizes.at(0));
@@ -234,6 +252,7 @@ Tensor run_select(const OpCall& c) {
 
 Tensor run_unsqueeze(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("unsqueeze", "input", x);
   int64_t d = c.p<ShapeParams>().start;
   const int64_t n = x.dim() + 1;
   DBRQ_ENSURE(d >= -n && d < n, IndexError, "unsqueeze: dim ", d, " is out of range for a ", x.dim(), "-D tensor");
@@ -248,6 +267,7 @@ Tensor run_unsqueeze(const OpCall& c) {
 
 Tensor run_squeeze(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("squeeze", "input", x);
   const int64_t d = x.wrap_dim(c.p<ShapeParams>().start);
   if (x.size(d) != 1) return x.raw_as_strided(x.sizes(), x.strides(), x.storage_offset());
   check_not_per_channel("squeeze", x);
@@ -267,10 +287,14 @@ Tensor run_contiguous(const OpCall& c) {
   return kernels::contiguous(x, format);
 }
 
-Tensor run_identity(const OpCall& c) { return c.input(0); }
+Tensor run_identity(const OpCall& c) {
+  check_defined("identity", "input", c.input(0));
+  return c.input(0);
+}
 
 Tensor run_dropout(const OpCall& c) {
   const Tensor& x = c.input(0);
+  check_defined("dropout", "input", x);
   const DropoutParams& p = c.p<DropoutParams>();
   DBRQ_ENSURE(p.p >= 0.0 && p.p <= 1.0, ValueError, "dropout: probability must be in [0, 1], got ", p.p);
   if (!p.training || p.p == 0.0) return x;
@@ -600,6 +624,7 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
+  check_defined("slice", "input", *this);
   const int64_t d = wrap_dim(dim), n = size(d);
   // Python slicing: clamp to [0, n], negative values count from the end.
   auto clamp_index = [n](int64_t i) { return std::min(std::max(i < 0 ? i + n : i, int64_t{0}), n); };

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 namespace dbrq {
 namespace {
@@ -89,7 +91,9 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
   }
   if (!header.is_object()) bad(source, "header must be a JSON object");
   const std::string_view data = bytes.substr(8 + header_len);
-  if (header.size() > limits.max_tensors + 1) bad(source, absl::StrCat("header lists more than ", limits.max_tensors, " tensors"));
+  if (header.size() - (header.contains("__metadata__") ? 1 : 0) > limits.max_tensors) {
+    bad(source, absl::StrCat("header lists more than ", limits.max_tensors, " tensors"));
+  }
 
   struct Entry {
     std::string name;
@@ -123,11 +127,18 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
       bad(source, absl::StrCat("entry \"", name, "\" has ", v["shape"].size(), " dims; at most ", kMaxDims, " are supported"));
     }
     uint64_t numel = 1;
+    // The product of the non-zero dims bounds the tensor's strides, which must fit in int64 even
+    // when another dim is 0 and the tensor is empty.
+    uint64_t extent = 1;
     for (const json& s : v["shape"]) {
       if (!s.is_number_unsigned()) bad(source, absl::StrCat("entry \"", name, "\" has a shape entry that is not a non-negative integer"));
       const uint64_t d = s.get<uint64_t>();
       if (d != 0 && numel > limits.max_total_bytes / d) bad(source, absl::StrCat("entry \"", name, "\" has a shape whose size overflows"));
+      if (d != 0 && extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / d) {
+        bad(source, absl::StrCat("entry \"", name, "\" has a shape whose size overflows"));
+      }
       numel *= d;
+      extent *= std::max<uint64_t>(d, 1);
       e.shape.push_back(static_cast<int64_t>(d));
     }
     for (const json& o : v["data_offsets"]) {
@@ -147,7 +158,11 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
     if (total > limits.max_total_bytes) bad(source, absl::StrCat("tensors exceed the limit of ", limits.max_total_bytes, " bytes"));
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  // An empty tensor shares its begin offset with the tensor after it: order by (begin, end) so it
+  // comes first and does not look like an overlap. Names make the order total.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
   for (size_t i = 1; i < entries.size(); ++i) {
     if (entries[i].begin < entries[i - 1].end) {
       bad(source, absl::StrCat("entries \"", entries[i - 1].name, "\" and \"", entries[i].name, "\" overlap"));
@@ -179,6 +194,9 @@ namespace {
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   DBRQ_ENSURE(f.good(), IOError, "cannot open \"", path, "\" for reading");
+  // A directory opens fine but every read fails, which would look like an empty file.
+  std::error_code ec;
+  DBRQ_ENSURE(!std::filesystem::is_directory(path, ec), IOError, "cannot read \"", path, "\": it is a directory");
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -265,7 +283,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   DBRQ_ENSURE(f.good(), IOError, "cannot open \"", path, "\" for writing");
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  DBRQ_ENSURE(f.good(), IOError, "failed writing \"", path, "\"");
+  f.close();  // flushes: a write error (disk full) may only show here
+  DBRQ_ENSURE(!f.fail(), IOError, "failed writing \"", path, "\"");
 }
 
 }  // namespace dbrq

@@ -297,7 +297,7 @@ Tensor Tensor::raw_view(IntArrayRef new_sizes) const {
   DBRQ_ENSURE(product(new_sizes) == n, ShapeError, "cannot view a tensor of sizes ", shape_string(), " (", n,
               " elements) as ", shape_to_string(new_sizes));
   std::vector<int64_t> new_strides(new_sizes.size());
-  if (n == 0) {
+  if (n == 0 || ndim_ == 0) {  // nothing to keep, or a scalar: every new dim has size 1
     new_strides = strides_for(new_sizes, MemoryFormat::kContiguous);
     return raw_as_strided(new_sizes, new_strides, offset_);
   }
@@ -357,7 +357,15 @@ Tensor Tensor::raw_narrow(int64_t dim, int64_t start, int64_t length) const {
   int64_t sz[kMaxDims];
   std::copy(sizes_, sizes_ + ndim_, sz);
   sz[d] = length;
-  return raw_as_strided(IntArrayRef(sz, ndim_), strides(), offset_ + start * strides_[d]);
+  Tensor t = raw_as_strided(IntArrayRef(sz, ndim_), strides(), offset_ + start * strides_[d]);
+  if (qparams_ && qparams_->is_per_channel() && qparams_->axis == d) {
+    // Per-channel parameters follow their channels into the view.
+    auto p = std::make_shared<QuantParams>(*qparams_);
+    p->scales.assign(qparams_->scales.begin() + start, qparams_->scales.begin() + start + length);
+    p->zero_points.assign(qparams_->zero_points.begin() + start, qparams_->zero_points.begin() + start + length);
+    t.qparams_ = std::move(p);
+  }
+  return t;
 }
 
 Tensor Tensor::raw_with_dtype(DType dtype) const {

@@ -1,0 +1,882 @@
+#include "quant_state/observers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "runtime/logging.h"
+
+namespace dbrq {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// A histogram over [min, max] that grows its range the way PyTorch's HistogramObserver does:
+// when new data falls outside, the old histogram is upsampled onto a finer grid aligned with the
+// new range and re-binned (without materializing the fine grid).
+class RangeHistogram {
+ public:
+  // anchor_at_zero: the range always includes 0 (for histograms of |x|, whose thresholds count
+  // from 0).
+  RangeHistogram(int bins, int upsample_rate, bool integer_edges, bool anchor_at_zero = false)
+      : bins_(bins),
+        upsample_(upsample_rate),
+        integer_edges_(integer_edges),
+        anchor_at_zero_(anchor_at_zero),
+        hist_(bins, 0.0) {}
+
+  bool empty() const { return min_ == kInf && max_ == -kInf; }
+  float min() const { return min_; }
+  float max() const { return max_; }
+  const std::vector<double>& counts() const { return hist_; }
+  int bins() const { return bins_; }
+
+  void add(const float* x, int64_t n) {
+    if (n == 0) return;
+    float mn = x[0], mx = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+      mn = std::min(mn, x[i]);
+      mx = std::max(mx, x[i]);
+    }
+    if (anchor_at_zero_) mn = std::min(mn, 0.f);
+    const bool same_values = min_ == max_;
+    if (empty() || same_values) {
+      min_ = mn;
+      max_ = mx;
+      std::fill(hist_.begin(), hist_.end(), 0.0);
+      histc(x, n, min_, max_, &hist_, mn, mx);
+      return;
+    }
+    float cmin = std::min(mn, min_), cmax = std::max(mx, max_);
+    // _adjust_min_max: make the new range an integer multiple of the old fine grid.
+    const float hist_bin_width = (max_ - min_) / static_cast<float>(bins_ * upsample_);
+    const int64_t downsample = static_cast<int64_t>(std::ceil((cmax - cmin) / (static_cast<float>(bins_) * hist_bin_width)));
+    const float e = static_cast<float>(downsample) * (static_cast<float>(bins_) * hist_bin_width) - (cmax - cmin);
+    cmax = cmax + e;
+    const int64_t start_idx = static_cast<int64_t>(std::nearbyint((min_ - cmin) / hist_bin_width));
+    std::vector<double> combined(bins_, 0.0);
+    histc(x, n, cmin, cmax, &combined, mn, mx);
+    if (cmin == min_ && cmax == max_) {
+      for (int i = 0; i < bins_; ++i) combined[i] += hist_[i];
+    } else {
+      add_rebinned(hist_, downsample, start_idx, &combined);
+    }
+    hist_ = std::move(combined);
+    min_ = cmin;
+    max_ = cmax;
+  }
+
+  // Folds another histogram in by treating its bins as data spread uniformly in each bin.
+  void merge(const RangeHistogram& o) {
+    if (o.empty()) return;
+    if (empty()) {
+      *this = o;
+      return;
+    }
+    // Re-express both on the union range with our bin count: the other histogram's bins are
+    // re-binned exactly (uniform density within a bin), like PyTorch's upsample step.
+    const double lo = std::min<double>(min_, o.min_), hi = std::max<double>(max_, o.max_);
+    std::vector<double> out(bins_, 0.0);
+    rebin_uniform(hist_, min_, max_, lo, hi, &out);
+    rebin_uniform(o.hist_, o.min_, o.max_, lo, hi, &out);
+    hist_ = std::move(out);
+    min_ = static_cast<float>(lo);
+    max_ = static_cast<float>(hi);
+  }
+
+  void set(float mn, float mx, std::vector<double> counts) {
+    min_ = mn;
+    max_ = mx;
+    hist_ = std::move(counts);
+  }
+
+ private:
+  // torch.histc over [lo, hi] (values outside are dropped; hi itself lands in the last bin).
+  void histc(const float* x, int64_t n, float lo, float hi, std::vector<double>* out, float data_min,
+             float data_max) const {
+    if (integer_edges_) {
+      // PyTorch 1.13 passes min=int(min_val), max=int(max_val) to torch.histc.
+      lo = std::trunc(lo);
+      hi = std::trunc(hi);
+      if (lo == 0.f && hi == 0.f) {
+        lo = data_min;
+        hi = data_max;
+      }
+    }
+    if (lo == hi) {
+      lo -= 1.f;
+      hi += 1.f;
+    }
+    const float width = hi - lo;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      if (v < lo || v > hi) continue;
+      int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins_) / width);
+      if (pos >= bins_) pos = bins_ - 1;
+      (*out)[pos] += 1.0;
+    }
+  }
+
+  // _combine_histograms: old bin i covers fine cells [s + i*up, s + (i+1)*up) of a grid whose
+  // output bin j covers cells [j*D, (j+1)*D); each output bin gets (overlap / up) of each old bin.
+  void add_rebinned(const std::vector<double>& old, int64_t d, int64_t s, std::vector<double>* out) const {
+    const int64_t up = upsample_;
+    const int64_t total_cells = static_cast<int64_t>(bins_) * d;
+    for (int i = 0; i < bins_; ++i) {
+      if (old[i] == 0.0) continue;
+      int64_t c0 = s + i * up, c1 = c0 + up;
+      c0 = std::max<int64_t>(c0, 0);
+      c1 = std::min<int64_t>(c1, total_cells);
+      while (c0 < c1) {
+        const int64_t j = c0 / d;
+        const int64_t next = std::min<int64_t>((j + 1) * d, c1);
+        (*out)[j] += old[i] * static_cast<double>(next - c0) / static_cast<double>(up);
+        c0 = next;
+      }
+    }
+  }
+
+  void rebin_uniform(const std::vector<double>& src, double smin, double smax, double lo, double hi,
+                     std::vector<double>* out) const {
+    const int n = static_cast<int>(src.size());
+    const double sw = (smax - smin) / n, dw = (hi - lo) / bins_;
+    for (int i = 0; i < n; ++i) {
+      if (src[i] == 0.0) continue;
+      if (sw == 0.0 || dw == 0.0) {
+        const int j = dw == 0.0 ? 0 : std::min(bins_ - 1, static_cast<int>((smin - lo) / dw));
+        (*out)[j] += src[i];
+        continue;
+      }
+      double a = smin + i * sw;
+      const double b = a + sw;
+      while (a < b - 1e-12 * std::abs(b)) {
+        int j = std::min(bins_ - 1, std::max(0, static_cast<int>((a - lo) / dw)));
+        const double edge = std::min(b, lo + (j + 1) * dw);
+        const double frac = edge > a ? (edge - a) / sw : 1.0;
+        (*out)[j] += src[i] * frac;
+        if (edge <= a) break;
+        a = edge;
+      }
+    }
+  }
+
+  int bins_, upsample_;
+  bool integer_edges_, anchor_at_zero_;
+  std::vector<double> hist_;
+  float min_ = kInf, max_ = -kInf;
+};
+
+// PyTorch's _compute_quantization_error, in float32 like the original.
+float quantization_error(const std::vector<double>& hist, float min_val, float max_val, int start_bin, int end_bin,
+                         int dst_nbins) {
+  const int bins = static_cast<int>(hist.size());
+  const float bin_width = (max_val - min_val) / static_cast<float>(bins);
+  const float dst_bin_width = bin_width * static_cast<float>(end_bin - start_bin + 1) / static_cast<float>(dst_nbins);
+  if (dst_bin_width == 0.f) return 0.f;
+  auto get_norm = [](float begin, float end, float density) {
+    return density * ((end * end * end - begin * begin * begin) / 3.f);
+  };
+  float norm_sum = 0.f;
+  const float half = dst_bin_width / 2.f;
+  for (int i = 0; i < bins; ++i) {
+    const float src_begin = static_cast<float>(i - start_bin) * bin_width;
+    const float src_end = src_begin + bin_width;
+    const float dst_of_begin =
+        std::min(std::max(std::floor(src_begin / dst_bin_width), 0.f), static_cast<float>(dst_nbins - 1));
+    const float dst_of_end =
+        std::min(std::max(std::floor(src_end / dst_bin_width), 0.f), static_cast<float>(dst_nbins - 1));
+    const float density = static_cast<float>(hist[i]) / bin_width;
+    const float dst_of_begin_center = (dst_of_begin + 0.5f) * dst_bin_width;
+    float norm = get_norm(src_begin - dst_of_begin_center, half, density);
+    norm += (dst_of_end - dst_of_begin - 1.f) * get_norm(-half, half, density);
+    const float dst_of_end_center = dst_of_end * dst_bin_width + half;
+    norm += get_norm(-half, src_end - dst_of_end_center, density);
+    norm_sum += norm;
+  }
+  return norm_sum;
+}
+
+// PyTorch's _non_linear_param_search: shrink [start_bin, end_bin] from whichever side holds less
+// mass while the L2 quantization error keeps decreasing.
+std::pair<float, float> l2_range_search(const RangeHistogram& h, int dst_nbins) {
+  const std::vector<double>& hist = h.counts();
+  const int bins = static_cast<int>(hist.size());
+  const float bin_width = (h.max() - h.min()) / static_cast<float>(bins);
+  std::vector<double> csum(bins);
+  double total = 0.0;
+  for (int i = 0; i < bins; ++i) {
+    total += hist[i];
+    csum[i] = total;
+  }
+  const double stepsize = 1e-5;
+  double alpha = 0.0, beta = 1.0;
+  int start_bin = 0, end_bin = bins - 1;
+  float norm_min = kInf;
+  while (alpha < beta) {
+    const double next_alpha = alpha + stepsize, next_beta = beta - stepsize;
+    int l = start_bin, r = end_bin;
+    while (l < end_bin && csum[l] < next_alpha * total) ++l;
+    while (r > start_bin && csum[r] > next_beta * total) --r;
+    int next_start = start_bin, next_end = end_bin;
+    if ((l - start_bin) > (end_bin - r)) {
+      next_start = l;
+      alpha = next_alpha;
+    } else {
+      next_end = r;
+      beta = next_beta;
+    }
+    if (next_start == start_bin && next_end == end_bin) continue;
+    const float norm = quantization_error(hist, h.min(), h.max(), next_start, next_end, dst_nbins);
+    if (norm > norm_min) break;
+    norm_min = norm;
+    start_bin = next_start;
+    end_bin = next_end;
+  }
+  return {h.min() + bin_width * static_cast<float>(start_bin), h.min() + bin_width * static_cast<float>(end_bin + 1)};
+}
+
+std::string range_string(const char* kind, float lo, float hi) {
+  if (lo > hi) return absl::StrFormat("%s[empty]", kind);
+  return absl::StrFormat("%s[min=%.4g max=%.4g]", kind, lo, hi);
+}
+
+void expect_field(const Observer::Stats& s, const std::string& name, size_t size, const std::vector<double>** out) {
+  for (auto& [n, v] : s.fields) {
+    if (n == name) {
+      DBRQ_ENSURE(size == 0 || v.size() == size, FileFormatError, "observer statistics: field \"", name, "\" has ",
+                  v.size(), " values, expected ", size);
+      *out = &v;
+      return;
+    }
+  }
+  DBRQ_THROW(FileFormatError, "observer statistics: missing field \"", name, "\"");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class MinMaxObserver : public Observer {
+ public:
+  using Observer::Observer;
+  QuantParamsPtr calculate_qparams() const override {
+    DBRQ_ENSURE(has_data(), NotCalibratedError, "MinMax observer has seen no data");
+    return dbrq::calculate_qparams({min_}, {max_}, spec_.dtype, spec_.qscheme, spec_.reduce_range);
+  }
+  bool has_data() const override { return min_ <= max_; }
+  std::string describe() const override { return range_string(observer_kind_name(spec_.kind), min_, max_); }
+  float min_val() const override { return min_; }
+  float max_val() const override { return max_; }
+
+ protected:
+  void observe_finite(const float* x, int64_t n, const Tensor&) override {
+    if (n == 0) return;
+    float mn = x[0], mx = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+      mn = std::min(mn, x[i]);
+      mx = std::max(mx, x[i]);
+    }
+    update(mn, mx);
+  }
+  virtual void update(float mn, float mx) {
+    min_ = std::min(min_, mn);
+    max_ = std::max(max_, mx);
+  }
+  void merge_from(const Observer& other) override {
+    const auto& o = static_cast<const MinMaxObserver&>(other);
+    if (!o.has_data()) return;
+    if (!has_data()) {
+      min_ = o.min_;
+      max_ = o.max_;
+      return;
+    }
+    merge_range(o);
+  }
+  virtual void merge_range(const MinMaxObserver& o) {
+    min_ = std::min(min_, o.min_);
+    max_ = std::max(max_, o.max_);
+  }
+  void save_fields(Stats* s) const override {
+    s->fields.push_back({"min", {min_}});
+    s->fields.push_back({"max", {max_}});
+  }
+  void load_fields(const Stats& s) override {
+    const std::vector<double>*mn, *mx;
+    expect_field(s, "min", 1, &mn);
+    expect_field(s, "max", 1, &mx);
+    min_ = static_cast<float>((*mn)[0]);
+    max_ = static_cast<float>((*mx)[0]);
+  }
+
+  float min_ = kInf, max_ = -kInf;
+};
+
+// PyTorch's MovingAverageMinMaxObserver: the first batch sets the range, later batches move it by
+// averaging_constant towards their own.
+class MovingAverageMinMaxObserver : public MinMaxObserver {
+ public:
+  using MinMaxObserver::MinMaxObserver;
+
+ protected:
+  void update(float mn, float mx) override {
+    if (!has_data()) {
+      min_ = mn;
+      max_ = mx;
+      return;
+    }
+    const float c = static_cast<float>(spec_.averaging_constant);
+    min_ = min_ + c * (mn - min_);
+    max_ = max_ + c * (mx - max_);
+  }
+  // Shards are averaged, weighted by how many batches each saw.
+  void merge_range(const MinMaxObserver& o) override {
+    const double a = static_cast<double>(num_batches_), b = static_cast<double>(o.num_batches());
+    const double w = a + b > 0 ? b / (a + b) : 0.5;
+    min_ = static_cast<float>(min_ + w * (o.min_val() - min_));
+    max_ = static_cast<float>(max_ + w * (o.max_val() - max_));
+  }
+};
+
+class PerChannelMinMaxObserver : public Observer {
+ public:
+  using Observer::Observer;
+  QuantParamsPtr calculate_qparams() const override {
+    DBRQ_ENSURE(has_data(), NotCalibratedError, "PerChannelMinMax observer has seen no data");
+    return dbrq::calculate_qparams(min_, max_, spec_.dtype, spec_.qscheme, spec_.reduce_range, spec_.ch_axis);
+  }
+  bool has_data() const override { return !min_.empty(); }
+  std::string describe() const override {
+    if (!has_data()) return "PerChannelMinMax[empty]";
+    return absl::StrFormat("PerChannelMinMax[%d channels, min=%.4g max=%.4g]", min_.size(), min_val(), max_val());
+  }
+  float min_val() const override { return min_.empty() ? kInf : *std::min_element(min_.begin(), min_.end()); }
+  float max_val() const override { return max_.empty() ? -kInf : *std::max_element(max_.begin(), max_.end()); }
+
+ protected:
+  void observe_finite(const float* x, int64_t n, const Tensor& t) override {
+    DBRQ_ENSURE(spec_.ch_axis >= 0 && spec_.ch_axis < t.dim(), ValueError, "PerChannelMinMax: ch_axis ",
+                spec_.ch_axis, " is out of range for a tensor of sizes ", t.shape_string());
+    const int64_t c = t.size(spec_.ch_axis), st = t.stride(spec_.ch_axis);
+    if (min_.empty()) {
+      min_.assign(c, kInf);
+      max_.assign(c, -kInf);
+    }
+    DBRQ_ENSURE(static_cast<int64_t>(min_.size()) == c, ShapeError, "PerChannelMinMax: saw ", min_.size(),
+                " channels before, now a tensor with ", c, " (sizes ", t.shape_string(), ")");
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      if (!std::isfinite(v)) continue;
+      const int64_t ch = (i / st) % c;
+      min_[ch] = std::min(min_[ch], v);
+      max_[ch] = std::max(max_[ch], v);
+    }
+  }
+  void merge_from(const Observer& other) override {
+    const auto& o = static_cast<const PerChannelMinMaxObserver&>(other);
+    if (!o.has_data()) return;
+    if (!has_data()) {
+      min_ = o.min_;
+      max_ = o.max_;
+      return;
+    }
+    DBRQ_ENSURE(min_.size() == o.min_.size(), ValueError, "PerChannelMinMax merge: ", min_.size(), " vs ",
+                o.min_.size(), " channels");
+    for (size_t i = 0; i < min_.size(); ++i) {
+      min_[i] = std::min(min_[i], o.min_[i]);
+      max_[i] = std::max(max_[i], o.max_[i]);
+    }
+  }
+  void save_fields(Stats* s) const override {
+    s->fields.push_back({"min", std::vector<double>(min_.begin(), min_.end())});
+    s->fields.push_back({"max", std::vector<double>(max_.begin(), max_.end())});
+  }
+  void load_fields(const Stats& s) override {
+    const std::vector<double>*mn, *mx;
+    expect_field(s, "min", 0, &mn);
+    expect_field(s, "max", mn->size(), &mx);
+    min_.assign(mn->begin(), mn->end());
+    max_.assign(mx->begin(), mx->end());
+  }
+
+  std::vector<float> min_, max_;
+};
+
+// Histogram, Percentile and Entropy share the histogram bookkeeping and differ in how they pick
+// the range from it.
+class HistogramBasedObserver : public Observer {
+ public:
+  explicit HistogramBasedObserver(ObserverSpec spec)
+      : Observer(spec), hist_(spec.bins, spec.upsample_rate, spec.torch_integer_edges) {
+    DBRQ_ENSURE(spec.bins >= 2 && spec.upsample_rate >= 1, ValueError, "histogram observers need bins >= 2 and "
+                "upsample_rate >= 1, got ", spec.bins, " and ", spec.upsample_rate);
+  }
+  bool has_data() const override { return !hist_.empty(); }
+  float min_val() const override { return hist_.min(); }
+  float max_val() const override { return hist_.max(); }
+  std::string describe() const override {
+    return range_string(observer_kind_name(spec_.kind), hist_.min(), hist_.max());
+  }
+  QuantParamsPtr calculate_qparams() const override {
+    DBRQ_ENSURE(has_data(), NotCalibratedError, observer_kind_name(spec_.kind), " observer has seen no data");
+    const auto [lo, hi] = choose_range();
+    return dbrq::calculate_qparams({lo}, {hi}, spec_.dtype, spec_.qscheme, spec_.reduce_range);
+  }
+  const RangeHistogram& histogram() const { return hist_; }
+
+ protected:
+  virtual std::pair<float, float> choose_range() const = 0;
+  void observe_finite(const float* x, int64_t n, const Tensor&) override { hist_.add(x, n); }
+  void merge_from(const Observer& other) override {
+    hist_.merge(static_cast<const HistogramBasedObserver&>(other).hist_);
+  }
+  void save_fields(Stats* s) const override {
+    s->fields.push_back({"min", {hist_.min()}});
+    s->fields.push_back({"max", {hist_.max()}});
+    s->fields.push_back({"histogram", hist_.counts()});
+  }
+  void load_fields(const Stats& s) override {
+    const std::vector<double>*mn, *mx, *h;
+    expect_field(s, "min", 1, &mn);
+    expect_field(s, "max", 1, &mx);
+    expect_field(s, "histogram", static_cast<size_t>(spec_.bins), &h);
+    hist_.set(static_cast<float>((*mn)[0]), static_cast<float>((*mx)[0]), *h);
+  }
+
+  RangeHistogram hist_;
+};
+
+class HistogramObserver : public HistogramBasedObserver {
+ public:
+  using HistogramBasedObserver::HistogramBasedObserver;
+
+ protected:
+  std::pair<float, float> choose_range() const override {
+    return l2_range_search(hist_, /*dst_nbins=*/256);  // 2^8 levels, as PyTorch's dst_nbins
+  }
+};
+
+class PercentileObserver : public HistogramBasedObserver {
+ public:
+  explicit PercentileObserver(ObserverSpec spec) : HistogramBasedObserver(spec) {
+    DBRQ_ENSURE(spec.percentile > 0 && spec.percentile <= 100, ValueError,
+                "Percentile observer: percentile must be in (0, 100], got ", spec.percentile);
+  }
+
+ protected:
+  // Keeps `percentile` percent of the mass, cutting the two tails equally (a one-sided
+  // distribution that starts at 0, as after ReLU, keeps its 0).
+  std::pair<float, float> choose_range() const override {
+    const auto& h = hist_.counts();
+    const int bins = static_cast<int>(h.size());
+    double total = 0.0;
+    for (double v : h) total += v;
+    const double tail = total * (100.0 - spec_.percentile) / 100.0 / 2.0;
+    const float width = (hist_.max() - hist_.min()) / static_cast<float>(bins);
+    int lo_bin = 0, hi_bin = bins - 1;
+    double acc = 0.0;
+    while (lo_bin < bins - 1 && acc + h[lo_bin] <= tail) acc += h[lo_bin++];
+    acc = 0.0;
+    while (hi_bin > lo_bin && acc + h[hi_bin] <= tail) acc += h[hi_bin--];
+    float lo = hist_.min() + width * static_cast<float>(lo_bin);
+    const float hi = hist_.min() + width * static_cast<float>(hi_bin + 1);
+    if (hist_.min() >= 0.f) lo = hist_.min();
+    return {lo, hi};
+  }
+};
+
+// TensorRT's entropy calibration: among thresholds t, pick the one whose quantized distribution
+// (clipped at t, merged into the available levels) has the smallest KL divergence from the
+// clipped reference distribution. The histogram is of |x|; the range is [-t, t] cut to the data.
+class EntropyObserver : public Observer {
+ public:
+  explicit EntropyObserver(ObserverSpec spec)
+      : Observer(spec), abs_(spec.bins, spec.upsample_rate, /*integer_edges=*/false, /*anchor_at_zero=*/true) {}
+  bool has_data() const override { return min_ <= max_; }
+  float min_val() const override { return min_; }
+  float max_val() const override { return max_; }
+  std::string describe() const override { return range_string("Entropy", min_, max_); }
+  QuantParamsPtr calculate_qparams() const override {
+    DBRQ_ENSURE(has_data(), NotCalibratedError, "Entropy observer has seen no data");
+    const float t = threshold();
+    return dbrq::calculate_qparams({std::max(min_, -t)}, {std::min(max_, t)}, spec_.dtype, spec_.qscheme,
+                                   spec_.reduce_range);
+  }
+
+  float threshold() const {
+    const auto& h = abs_.counts();
+    const int bins = static_cast<int>(h.size());
+    // Levels available on one side of zero: all 256 for u8 data that never goes negative.
+    const int levels = (spec_.dtype == DType::kU8 && min_ >= 0.f) ? 256 : 128;
+    const float width = (abs_.max() - abs_.min()) / static_cast<float>(bins);
+    if (bins <= levels || width == 0.f) return abs_.max();
+    int best = bins;
+    double best_kl = std::numeric_limits<double>::infinity();
+    std::vector<double> p, q;
+    for (int i = levels; i <= bins; ++i) {
+      p.assign(h.begin(), h.begin() + i);
+      for (int k = i; k < bins; ++k) p[i - 1] += h[k];
+      // Merge the first i bins into `levels` groups, then spread each group's mass uniformly
+      // over the group's non-empty bins.
+      q.assign(i, 0.0);
+      const int merged = i / levels;
+      for (int j = 0; j < levels; ++j) {
+        const int start = j * merged, stop = j == levels - 1 ? i : start + merged;
+        double mass = 0.0;
+        int nonzero = 0;
+        for (int k = start; k < stop; ++k) {
+          mass += h[k];
+          nonzero += h[k] != 0.0;
+        }
+        if (nonzero == 0) continue;
+        for (int k = start; k < stop; ++k) q[k] = h[k] != 0.0 ? mass / nonzero : 0.0;
+      }
+      double ps = 0.0, qs = 0.0;
+      for (int k = 0; k < i; ++k) {
+        ps += p[k];
+        qs += q[k];
+      }
+      if (ps == 0.0 || qs == 0.0) continue;
+      double kl = 0.0;
+      for (int k = 0; k < i; ++k) {
+        if (p[k] == 0.0) continue;
+        const double pk = p[k] / ps, qk = q[k] / qs;
+        kl += qk == 0.0 ? std::numeric_limits<double>::infinity() : pk * std::log(pk / qk);
+      }
+      if (kl < best_kl) {
+        best_kl = kl;
+        best = i;
+      }
+    }
+    return abs_.min() + width * static_cast<float>(best);
+  }
+
+ protected:
+  void observe_finite(const float* x, int64_t n, const Tensor&) override {
+    std::vector<float> a(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = std::abs(x[i]);
+      min_ = std::min(min_, x[i]);
+      max_ = std::max(max_, x[i]);
+    }
+    abs_.add(a.data(), n);
+  }
+  void merge_from(const Observer& other) override {
+    const auto& o = static_cast<const EntropyObserver&>(other);
+    abs_.merge(o.abs_);
+    min_ = std::min(min_, o.min_);
+    max_ = std::max(max_, o.max_);
+  }
+  void save_fields(Stats* s) const override {
+    s->fields.push_back({"min", {min_}});
+    s->fields.push_back({"max", {max_}});
+    s->fields.push_back({"abs_min", {abs_.min()}});
+    s->fields.push_back({"abs_max", {abs_.max()}});
+    s->fields.push_back({"abs_histogram", abs_.counts()});
+  }
+  void load_fields(const Stats& s) override {
+    const std::vector<double>*mn, *mx, *amn, *amx, *h;
+    expect_field(s, "min", 1, &mn);
+    expect_field(s, "max", 1, &mx);
+    expect_field(s, "abs_min", 1, &amn);
+    expect_field(s, "abs_max", 1, &amx);
+    expect_field(s, "abs_histogram", static_cast<size_t>(spec_.bins), &h);
+    min_ = static_cast<float>((*mn)[0]);
+    max_ = static_cast<float>((*mx)[0]);
+    abs_.set(static_cast<float>((*amn)[0]), static_cast<float>((*amx)[0]), *h);
+  }
+
+ private:
+  RangeHistogram abs_;
+  float min_ = kInf, max_ = -kInf;
+};
+
+class FixedQParamsObserver : public Observer {
+ public:
+  explicit FixedQParamsObserver(ObserverSpec spec) : Observer(spec) {
+    qparams_ = QuantParams::per_tensor(spec.fixed_scale, spec.fixed_zero_point);
+    const QuantRange r = quant_range(spec.dtype, false);
+    DBRQ_ENSURE(spec.fixed_zero_point >= r.min && spec.fixed_zero_point <= r.max, ValueError,
+                "FixedQParams observer: zero point ", spec.fixed_zero_point, " is outside the ",
+                dtype_name(spec.dtype), " range");
+  }
+  QuantParamsPtr calculate_qparams() const override { return qparams_; }
+  bool has_data() const override { return true; }
+  std::string describe() const override {
+    return absl::StrFormat("FixedQParams[scale=%g zero_point=%d]", spec_.fixed_scale, spec_.fixed_zero_point);
+  }
+  float min_val() const override {
+    return (quant_range(spec_.dtype, false).min - spec_.fixed_zero_point) * spec_.fixed_scale;
+  }
+  float max_val() const override {
+    return (quant_range(spec_.dtype, false).max - spec_.fixed_zero_point) * spec_.fixed_scale;
+  }
+
+ protected:
+  void observe_finite(const float*, int64_t, const Tensor&) override {}
+  void merge_from(const Observer&) override {}
+  void save_fields(Stats*) const override {}
+  void load_fields(const Stats&) override {}
+
+ private:
+  QuantParamsPtr qparams_;
+};
+
+// Dynamic quantization: parameters come from each call's own data at inference.
+class PlaceholderObserver : public Observer {
+ public:
+  using Observer::Observer;
+  QuantParamsPtr calculate_qparams() const override { return nullptr; }
+  bool has_data() const override { return true; }
+  std::string describe() const override { return "Placeholder[dynamic]"; }
+  float min_val() const override { return kInf; }
+  float max_val() const override { return -kInf; }
+
+ protected:
+  void observe_finite(const float*, int64_t, const Tensor&) override {}
+  void merge_from(const Observer&) override {}
+  void save_fields(Stats*) const override {}
+  void load_fields(const Stats&) override {}
+};
+
+// A dense f32 copy of `t` in logical order (observers only need values, plus channel positions,
+// which logical order keeps for the per-channel observer).
+Tensor dense_values(const Tensor& t) {
+  Tensor out = Tensor::empty(t.sizes(), DType::kF32);
+  const std::vector<float> v = t.to_vector<float>();
+  std::copy(v.begin(), v.end(), out.mutable_data<float>());
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+const char* observer_kind_name(ObserverKind k) {
+  switch (k) {
+    case ObserverKind::kMinMax:
+      return "MinMax";
+    case ObserverKind::kMovingAverageMinMax:
+      return "MovingAverageMinMax";
+    case ObserverKind::kHistogram:
+      return "Histogram";
+    case ObserverKind::kPerChannelMinMax:
+      return "PerChannelMinMax";
+    case ObserverKind::kPercentile:
+      return "Percentile";
+    case ObserverKind::kEntropy:
+      return "Entropy";
+    case ObserverKind::kFixedQParams:
+      return "FixedQParams";
+    case ObserverKind::kPlaceholder:
+      return "Placeholder";
+  }
+  return "?";
+}
+
+ObserverKind observer_kind_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(ObserverKind::kPlaceholder); ++i) {
+    const auto k = static_cast<ObserverKind>(i);
+    if (name == observer_kind_name(k)) return k;
+  }
+  DBRQ_THROW(ValueError, "unknown observer kind \"", name,
+             "\"; expected MinMax, MovingAverageMinMax, Histogram, PerChannelMinMax, Percentile, Entropy, "
+             "FixedQParams or Placeholder");
+}
+
+ObserverSpec ObserverSpec::min_max(DType dtype, QScheme qscheme) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kMinMax;
+  s.dtype = dtype;
+  s.qscheme = qscheme;
+  return s;
+}
+
+ObserverSpec ObserverSpec::moving_average_min_max(double averaging_constant, DType dtype) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kMovingAverageMinMax;
+  s.dtype = dtype;
+  s.averaging_constant = averaging_constant;
+  return s;
+}
+
+ObserverSpec ObserverSpec::histogram(DType dtype, bool reduce_range) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kHistogram;
+  s.dtype = dtype;
+  s.reduce_range = reduce_range;
+  return s;
+}
+
+ObserverSpec ObserverSpec::per_channel_min_max(DType dtype, QScheme qscheme, int64_t ch_axis) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kPerChannelMinMax;
+  s.dtype = dtype;
+  s.qscheme = qscheme;
+  s.ch_axis = ch_axis;
+  return s;
+}
+
+ObserverSpec ObserverSpec::percentile_of(double percentile, DType dtype) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kPercentile;
+  s.dtype = dtype;
+  s.percentile = percentile;
+  return s;
+}
+
+ObserverSpec ObserverSpec::entropy(DType dtype) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kEntropy;
+  s.dtype = dtype;
+  return s;
+}
+
+ObserverSpec ObserverSpec::fixed(float scale, int32_t zero_point, DType dtype) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kFixedQParams;
+  s.dtype = dtype;
+  s.fixed_scale = scale;
+  s.fixed_zero_point = zero_point;
+  return s;
+}
+
+ObserverSpec ObserverSpec::placeholder(DType dtype) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kPlaceholder;
+  s.dtype = dtype;
+  return s;
+}
+
+bool ObserverSpec::operator==(const ObserverSpec& o) const {
+  return kind == o.kind && dtype == o.dtype && qscheme == o.qscheme && reduce_range == o.reduce_range &&
+         ch_axis == o.ch_axis && averaging_constant == o.averaging_constant && bins == o.bins &&
+         upsample_rate == o.upsample_rate && percentile == o.percentile &&
+         torch_integer_edges == o.torch_integer_edges && fixed_scale == o.fixed_scale &&
+         fixed_zero_point == o.fixed_zero_point;
+}
+
+std::string ObserverSpec::to_string() const {
+  std::string s = absl::StrCat(observer_kind_name(kind), "(dtype=", dtype_name(dtype), ", qscheme=",
+                               qscheme_name(qscheme));
+  if (reduce_range) absl::StrAppend(&s, ", reduce_range=true");
+  switch (kind) {
+    case ObserverKind::kMovingAverageMinMax:
+      absl::StrAppend(&s, ", averaging_constant=", averaging_constant);
+      break;
+    case ObserverKind::kHistogram:
+      absl::StrAppend(&s, ", bins=", bins, ", upsample_rate=", upsample_rate);
+      if (torch_integer_edges) absl::StrAppend(&s, ", torch_integer_edges=true");
+      break;
+    case ObserverKind::kPercentile:
+      absl::StrAppend(&s, ", bins=", bins, ", percentile=", percentile);
+      break;
+    case ObserverKind::kEntropy:
+      absl::StrAppend(&s, ", bins=", bins);
+      break;
+    case ObserverKind::kPerChannelMinMax:
+      absl::StrAppend(&s, ", ch_axis=", ch_axis);
+      break;
+    case ObserverKind::kFixedQParams:
+      absl::StrAppend(&s, ", scale=", fixed_scale, ", zero_point=", fixed_zero_point);
+      break;
+    default:
+      break;
+  }
+  return s + ")";
+}
+
+void Observer::observe(const Tensor& x) {
+  DBRQ_ENSURE(x.defined(), ValueError, "observer: tensor is undefined");
+  DBRQ_ENSURE(x.dtype() == DType::kF32, DTypeError, "observer: can only observe f32 tensors, got ",
+              dtype_name(x.dtype()));
+  if (x.numel() == 0) return;
+  // Per-channel positions need a layout the stride arithmetic understands: any dense one works.
+  const Tensor t = x.is_non_overlapping_and_dense() ? x : dense_values(x);
+  const float* data = t.data<float>();
+  const int64_t n = t.numel();
+  int64_t nans = 0, infs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(data[i])) (std::isnan(data[i]) ? nans : infs)++;
+  }
+  ++num_batches_;
+  if (nans + infs == 0) {
+    observe_finite(data, n, t);
+    return;
+  }
+  nan_count_ += nans;
+  inf_count_ += infs;
+  if (!warned_) {
+    warned_ = true;
+    log()->warn("{} observer: skipped {} NaN and {} Inf values in calibration data (sizes {}); further "
+                "occurrences are counted silently",
+                observer_kind_name(spec_.kind), nans, infs, x.shape_string());
+  }
+  if (spec_.kind == ObserverKind::kPerChannelMinMax) {
+    observe_finite(data, n, t);  // skips non-finite values itself, keeping channel positions
+    return;
+  }
+  std::vector<float> finite;
+  finite.reserve(n - nans - infs);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(data[i])) finite.push_back(data[i]);
+  }
+  observe_finite(finite.data(), static_cast<int64_t>(finite.size()), t);
+}
+
+void Observer::merge(const Observer& other) {
+  DBRQ_ENSURE(spec_ == other.spec_, ValueError, "cannot merge observer ", other.spec_.to_string(), " into ",
+              spec_.to_string(), ": specs differ");
+  merge_from(other);
+  num_batches_ += other.num_batches_;
+  nan_count_ += other.nan_count_;
+  inf_count_ += other.inf_count_;
+}
+
+std::unique_ptr<Observer> Observer::clone_empty() const { return make_observer(spec_); }
+
+Observer::Stats Observer::stats() const {
+  Stats s;
+  save_fields(&s);
+  s.num_batches = num_batches_;
+  s.nan_count = nan_count_;
+  s.inf_count = inf_count_;
+  return s;
+}
+
+void Observer::load_stats(const Stats& s) {
+  load_fields(s);
+  num_batches_ = s.num_batches;
+  nan_count_ = s.nan_count;
+  inf_count_ = s.inf_count;
+}
+
+std::unique_ptr<Observer> make_observer(const ObserverSpec& spec) {
+  DBRQ_ENSURE(is_quantized_dtype(spec.dtype), DTypeError, "observer dtype must be u8 or s8, got ",
+              dtype_name(spec.dtype));
+  const bool per_channel = is_per_channel(spec.qscheme);
+  DBRQ_ENSURE(per_channel == (spec.kind == ObserverKind::kPerChannelMinMax), ValueError, "observer ",
+              observer_kind_name(spec.kind), " does not support qscheme ", qscheme_name(spec.qscheme));
+  switch (spec.kind) {
+    case ObserverKind::kMinMax:
+      return std::make_unique<MinMaxObserver>(spec);
+    case ObserverKind::kMovingAverageMinMax:
+      DBRQ_ENSURE(spec.averaging_constant > 0 && spec.averaging_constant <= 1, ValueError,
+                  "MovingAverageMinMax: averaging_constant must be in (0, 1], got ", spec.averaging_constant);
+      return std::make_unique<MovingAverageMinMaxObserver>(spec);
+    case ObserverKind::kHistogram:
+      return std::make_unique<HistogramObserver>(spec);
+    case ObserverKind::kPerChannelMinMax:
+      return std::make_unique<PerChannelMinMaxObserver>(spec);
+    case ObserverKind::kPercentile:
+      return std::make_unique<PercentileObserver>(spec);
+    case ObserverKind::kEntropy:
+      return std::make_unique<EntropyObserver>(spec);
+    case ObserverKind::kFixedQParams:
+      return std::make_unique<FixedQParamsObserver>(spec);
+    case ObserverKind::kPlaceholder:
+      return std::make_unique<PlaceholderObserver>(spec);
+  }
+  DBRQ_THROW(ValueError, "unknown observer kind");
+}
+
+}  // namespace dbrq

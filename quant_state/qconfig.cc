@@ -1,0 +1,299 @@
+#include "quant_state/qconfig.h"
+
+#include <set>
+
+#include "absl/strings/str_join.h"
+
+namespace dbrq {
+
+QConfigPtr QConfig::make(ObserverSpec activation, ObserverSpec weight) {
+  auto q = std::make_shared<QConfig>();
+  q->activation = std::move(activation);
+  q->weight = std::move(weight);
+  // Building the observers once validates the specs (dtype, scheme, arguments) up front.
+  make_observer(q->activation);
+  make_observer(q->weight);
+  return q;
+}
+
+std::string QConfig::to_string() const {
+  return absl::StrCat("QConfig(activation=", activation.to_string(), ", weight=", weight.to_string(), ")");
+}
+
+QConfigPtr default_qconfig(const std::string& backend) {
+  if (backend == "onednn" || backend == "qnnpack") {
+    return QConfig::make(ObserverSpec::histogram(DType::kU8, false), ObserverSpec::per_channel_min_max());
+  }
+  if (backend == "x86" || backend == "fbgemm") {
+    return QConfig::make(ObserverSpec::histogram(DType::kU8, true), ObserverSpec::per_channel_min_max());
+  }
+  DBRQ_THROW(ValueError, "unknown backend \"", backend, "\"; expected onednn, x86, fbgemm or qnnpack");
+}
+
+QConfigPtr default_dynamic_qconfig() {
+  return QConfig::make(ObserverSpec::placeholder(DType::kU8), ObserverSpec::per_channel_min_max());
+}
+
+QConfigMapping& QConfigMapping::set_global(QConfigPtr qconfig) {
+  global_ = std::move(qconfig);
+  return *this;
+}
+
+namespace {
+
+template <typename K>
+void upsert(std::vector<std::pair<K, QConfigPtr>>& list, const K& key, QConfigPtr q) {
+  for (auto& [k, v] : list) {
+    if (k == key) {
+      v = std::move(q);
+      return;
+    }
+  }
+  list.emplace_back(key, std::move(q));
+}
+
+std::string parent_name(const std::string& fqn) {
+  const auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? "" : fqn.substr(0, dot);
+}
+
+std::string q_str(const QConfigPtr& q) { return q ? q->to_string() : "None"; }
+
+}  // namespace
+
+QConfigMapping& QConfigMapping::set_object_type(const std::string& module_type, QConfigPtr qconfig) {
+  DBRQ_ENSURE(!module_type.empty(), ValueError, "set_object_type: module type name is empty");
+  upsert(object_types_, module_type, std::move(qconfig));
+  return *this;
+}
+
+QConfigMapping& QConfigMapping::set_object_type(OpKind op, QConfigPtr qconfig) {
+  DBRQ_ENSURE(op != OpKind::kNumOpKinds, ValueError, "set_object_type: invalid op kind");
+  upsert(op_types_, op, std::move(qconfig));
+  return *this;
+}
+
+QConfigMapping& QConfigMapping::set_module_name_regex(const std::string& regex, QConfigPtr qconfig) {
+  std::regex compiled;
+  try {
+    compiled = std::regex(regex, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    DBRQ_THROW(ValueError, "set_module_name_regex: \"", regex, "\" is not a valid regular expression: ", e.what());
+  }
+  for (size_t i = 0; i < regexes_.size(); ++i) {
+    if (regexes_[i].first == regex) {
+      regexes_[i].second = std::move(qconfig);
+      return *this;
+    }
+  }
+  regexes_.emplace_back(regex, std::move(qconfig));
+  compiled_.push_back(std::move(compiled));
+  return *this;
+}
+
+QConfigMapping& QConfigMapping::set_module_name(const std::string& fqn, QConfigPtr qconfig) {
+  upsert(module_names_, fqn, std::move(qconfig));
+  return *this;
+}
+
+QConfigPtr QConfigMapping::module_qconfig(const std::string& type_name, const std::string& fqn,
+                                          QConfigPtr fallback) const {
+  // object type, then regex, then module name (walking up the parents): each later step wins.
+  QConfigPtr q = std::move(fallback);
+  for (auto& [t, v] : object_types_) {
+    if (t == type_name) q = v;
+  }
+  for (size_t i = 0; i < regexes_.size(); ++i) {
+    if (std::regex_search(fqn, compiled_[i], std::regex_constants::match_continuous)) {
+      q = regexes_[i].second;
+      break;
+    }
+  }
+  for (std::string name = fqn; !name.empty(); name = parent_name(name)) {
+    for (auto& [n, v] : module_names_) {
+      if (n == name) return v;
+    }
+  }
+  return q;
+}
+
+QConfigPtr QConfigMapping::for_module(const std::string& type_name, const std::string& fqn) const {
+  return module_qconfig(type_name, fqn, global_);
+}
+
+QConfigPtr QConfigMapping::for_op(OpKind op, const std::string& module_type, const std::string& module_fqn) const {
+  QConfigPtr function_qconfig = global_;
+  for (auto& [k, v] : op_types_) {
+    if (k == op) function_qconfig = v;
+  }
+  return module_qconfig(module_type, module_fqn, function_qconfig);
+}
+
+void QConfigMapping::validate(nn::Module& model) const {
+  std::set<std::string> names;
+  for (auto& [fqn, m] : model.named_modules()) names.insert(fqn);
+  std::vector<std::string> unknown;
+  for (auto& [n, q] : module_names_) {
+    if (!names.count(n)) unknown.push_back("\"" + n + "\"");
+  }
+  DBRQ_ENSURE(unknown.empty(), ValueError, "QConfigMapping names module(s) ", absl::StrJoin(unknown, ", "),
+              " that do not exist in the model (", model.type_name(), ")");
+}
+
+std::string QConfigMapping::to_string() const {
+  std::string s = absl::StrCat("QConfigMapping(global=", q_str(global_));
+  for (auto& [t, q] : object_types_) absl::StrAppend(&s, ", object_type[", t, "]=", q_str(q));
+  for (auto& [k, q] : op_types_) absl::StrAppend(&s, ", object_type[", op_name(k), "]=", q_str(q));
+  for (auto& [r, q] : regexes_) absl::StrAppend(&s, ", module_name_regex[", r, "]=", q_str(q));
+  for (auto& [n, q] : module_names_) absl::StrAppend(&s, ", module_name[", n, "]=", q_str(q));
+  return s + ")";
+}
+
+QConfigMapping default_qconfig_mapping(const std::string& backend) {
+  QConfigPtr q = default_qconfig(backend);
+  QConfigMapping m;
+  m.set_global(q);
+  // Fixed output ranges, as PyTorch's defaults: [0, 1) for sigmoid-like ops, [-1, 1) for tanh.
+  QConfigPtr zero_to_one = QConfig::make(ObserverSpec::fixed(1.f / 256.f, 0), q->weight);
+  QConfigPtr neg_one_to_one = QConfig::make(ObserverSpec::fixed(2.f / 256.f, 128), q->weight);
+  m.set_object_type(OpKind::kSigmoid, zero_to_one);
+  m.set_object_type("Sigmoid", zero_to_one);
+  m.set_object_type(OpKind::kHardsigmoid, zero_to_one);
+  m.set_object_type("Hardsigmoid", zero_to_one);
+  m.set_object_type(OpKind::kSoftmax, zero_to_one);
+  m.set_object_type("Softmax", zero_to_one);
+  m.set_object_type(OpKind::kTanh, neg_one_to_one);
+  m.set_object_type("Tanh", neg_one_to_one);
+  return m;
+}
+
+QConfigMapping default_dynamic_qconfig_mapping() {
+  QConfigPtr q = default_dynamic_qconfig();
+  QConfigMapping m;
+  m.set_object_type(OpKind::kLinear, q);
+  m.set_object_type("Linear", q);
+  m.set_object_type(OpKind::kMatmul, q);
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const char* quant_role_name(QuantRole r) {
+  switch (r) {
+    case QuantRole::kNone:
+      return "fp32";
+    case QuantRole::kWeighted:
+      return "weighted";
+    case QuantRole::kMatmul:
+      return "matmul";
+    case QuantRole::kBinary:
+      return "binary";
+    case QuantRole::kCat:
+      return "cat";
+    case QuantRole::kShare:
+      return "share";
+    case QuantRole::kLut:
+      return "lut";
+    case QuantRole::kFixedQParams:
+      return "fixed_qparams";
+  }
+  return "?";
+}
+
+BackendConfig& BackendConfig::set_op(BackendOpConfig config) {
+  for (auto& o : ops_) {
+    if (o.op == config.op) {
+      o = std::move(config);
+      return *this;
+    }
+  }
+  ops_.push_back(std::move(config));
+  return *this;
+}
+
+BackendConfig& BackendConfig::add_fusion_pattern(std::vector<OpKind> pattern) {
+  DBRQ_ENSURE(pattern.size() >= 2, ValueError, "a fusion pattern needs at least two ops");
+  fusion_patterns_.push_back(std::move(pattern));
+  std::stable_sort(fusion_patterns_.begin(), fusion_patterns_.end(),
+                   [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  return *this;
+}
+
+const BackendOpConfig* BackendConfig::op(OpKind kind) const {
+  for (auto& o : ops_) {
+    if (o.op == kind) return &o;
+  }
+  return nullptr;
+}
+
+QuantRole BackendConfig::role(OpKind kind) const {
+  const BackendOpConfig* o = op(kind);
+  return o == nullptr ? QuantRole::kNone : o->role;
+}
+
+std::string BackendConfig::unsupported_reason(OpKind kind, const QConfig& q) const {
+  const BackendOpConfig* o = op(kind);
+  if (o == nullptr) return absl::StrCat(op_name(kind), " has no int8 implementation in backend ", name_);
+  const bool dynamic = q.is_dynamic();
+  for (const DTypeConfig& d : o->dtype_configs) {
+    if (d.is_dynamic != dynamic || d.input != q.activation.dtype) continue;
+    if (o->role == QuantRole::kWeighted || (o->role == QuantRole::kMatmul && dynamic)) {
+      if (d.weight != q.weight.dtype) continue;
+      if (!is_symmetric(q.weight.qscheme)) {
+        return absl::StrCat(op_name(kind), ": backend ", name_,
+                            " needs symmetric weights (zero point 0), got qscheme ", qscheme_name(q.weight.qscheme));
+      }
+    }
+    if (o->role == QuantRole::kFixedQParams && q.activation.kind != ObserverKind::kFixedQParams) {
+      return absl::StrCat(op_name(kind), ": needs a FixedQParams activation observer, got ",
+                          q.activation.to_string());
+    }
+    return "";
+  }
+  return absl::StrCat(op_name(kind), ": backend ", name_, " has no ", dynamic ? "dynamic" : "static",
+                      " int8 kernel for activation dtype ", dtype_name(q.activation.dtype), " and weight dtype ",
+                      dtype_name(q.weight.dtype));
+}
+
+BackendConfig BackendConfig::onednn() {
+  BackendConfig b("onednn");
+  const DTypeConfig static_u8{DType::kU8, DType::kS8, DType::kU8, false};
+  const DTypeConfig dynamic_u8{DType::kU8, DType::kS8, DType::kF32, true};
+  b.set_op({OpKind::kConv2d, QuantRole::kWeighted, {static_u8}, {}});
+  b.set_op({OpKind::kLinear, QuantRole::kWeighted, {static_u8, dynamic_u8}, {}});
+  b.set_op({OpKind::kMatmul, QuantRole::kMatmul, {static_u8, dynamic_u8}, {}});
+  for (OpKind k : {OpKind::kAdd, OpKind::kMul}) b.set_op({k, QuantRole::kBinary, {static_u8}, {}});
+  b.set_op({OpKind::kCat, QuantRole::kCat, {static_u8}, {}});
+  for (OpKind k : {OpKind::kMaxPool2d, OpKind::kAvgPool2d, OpKind::kAdaptiveAvgPool2d, OpKind::kMean,
+                   OpKind::kFlatten, OpKind::kReshape, OpKind::kPermute, OpKind::kTranspose, OpKind::kNarrow,
+                   OpKind::kSelect, OpKind::kUnsqueeze, OpKind::kSqueeze, OpKind::kContiguous, OpKind::kDropout,
+                   OpKind::kIdentity, OpKind::kRelu, OpKind::kRelu6, OpKind::kHardtanh, OpKind::kClamp}) {
+    b.set_op({k, QuantRole::kShare, {static_u8}, {}});
+  }
+  for (OpKind k : {OpKind::kHardswish, OpKind::kLeakyRelu, OpKind::kSilu, OpKind::kGelu}) {
+    b.set_op({k, QuantRole::kLut, {static_u8}, {}});
+  }
+  b.set_op({OpKind::kSigmoid, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
+  b.set_op({OpKind::kHardsigmoid, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
+  b.set_op({OpKind::kSoftmax, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
+  b.set_op({OpKind::kTanh, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(2.f / 256.f, 128)});
+
+  using K = OpKind;
+  for (K act : {K::kRelu, K::kRelu6, K::kHardswish}) {
+    b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, act});
+    b.add_fusion_pattern({K::kConv2d, act});
+  }
+  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm});
+  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, K::kAdd, K::kRelu});
+  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, K::kAdd});
+  b.add_fusion_pattern({K::kConv2d, K::kAdd, K::kRelu});
+  b.add_fusion_pattern({K::kConv2d, K::kAdd});
+  b.add_fusion_pattern({K::kLinear, K::kRelu});
+  b.add_fusion_pattern({K::kLinear, K::kGelu});
+  b.add_fusion_pattern({K::kLinear, K::kBatchNorm, K::kRelu});
+  b.add_fusion_pattern({K::kLinear, K::kBatchNorm});
+  b.add_fusion_pattern({K::kAdd, K::kRelu});
+  return b;
+}
+
+}  // namespace dbrq

@@ -1,0 +1,147 @@
+// What to quantize and how: QConfig (observer specs for activations and weights), QConfigMapping
+// (which parts of a model get which QConfig, with PyTorch FX's precedence) and BackendConfig (what
+// the oneDNN backend can run in int8, and which op chains it fuses).
+//
+//   auto mapping = dbrq::default_qconfig_mapping("onednn");          // histogram u8 / per-channel s8
+//   mapping.set_module_name("classifier", nullptr);                   // keep the head in fp32
+//   mapping.set_object_type(dbrq::OpKind::kAdd, nullptr);             // and every functional add
+//   mapping.set_module_name_regex("layer4\\..*", dbrq::QConfig::make(
+//       dbrq::ObserverSpec::min_max(), dbrq::ObserverSpec::per_channel_min_max()));
+//
+// Precedence (highest first), as in PyTorch FX: module name (exact, then each parent name), then the
+// first matching module-name regex, then object type, then global. For a functional op the object
+// type is the op (OpKind); for a layer call it is the layer class ("Conv2d"). A null QConfig keeps
+// that part in fp32.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "quant_state/observers.h"
+#include "runtime/module.h"
+#include "runtime/op_params.h"
+
+namespace dbrq {
+
+struct QConfig {
+  ObserverSpec activation;
+  ObserverSpec weight;
+
+  static std::shared_ptr<const QConfig> make(ObserverSpec activation, ObserverSpec weight);
+  // Dynamic quantization: activation parameters computed from each call's data.
+  bool is_dynamic() const { return activation.kind == ObserverKind::kPlaceholder; }
+  bool operator==(const QConfig& o) const { return activation == o.activation && weight == o.weight; }
+  std::string to_string() const;
+};
+using QConfigPtr = std::shared_ptr<const QConfig>;
+
+// Histogram u8 activations, per-channel symmetric s8 weights (PyTorch's onednn default).
+QConfigPtr default_qconfig(const std::string& backend = "onednn");
+// Dynamic u8 activations, per-channel symmetric s8 weights, for linear and matmul.
+QConfigPtr default_dynamic_qconfig();
+
+class QConfigMapping {
+ public:
+  QConfigMapping& set_global(QConfigPtr qconfig);
+  // A layer or user module class by its type name ("Conv2d", "BasicBlock").
+  QConfigMapping& set_object_type(const std::string& module_type, QConfigPtr qconfig);
+  template <typename M>
+  QConfigMapping& set_object_type(QConfigPtr qconfig) {
+    return set_object_type(nn::detail::demangle_type_name(typeid(M).name()), std::move(qconfig));
+  }
+  // A functional op, wherever it is called.
+  QConfigMapping& set_object_type(OpKind op, QConfigPtr qconfig);
+  // Matched at the start of the module's fully qualified name (Python's re.match). First match wins.
+  QConfigMapping& set_module_name_regex(const std::string& regex, QConfigPtr qconfig);
+  // An exact fully qualified module name; applies to the whole subtree unless a descendant has
+  // its own entry.
+  QConfigMapping& set_module_name(const std::string& fqn, QConfigPtr qconfig);
+
+  // QConfig for a module call (a layer, or a user module as a whole).
+  QConfigPtr for_module(const std::string& type_name, const std::string& fqn) const;
+  // QConfig for a functional op called from the forward of a module of `module_type` at `module_fqn`.
+  QConfigPtr for_op(OpKind op, const std::string& module_type, const std::string& module_fqn) const;
+
+  // Checks the mapping against a model: every module-name entry must name an existing module.
+  // Throws ValueError listing the unknown names.
+  void validate(nn::Module& model) const;
+
+  QConfigPtr global() const { return global_; }
+  const std::vector<std::pair<std::string, QConfigPtr>>& module_names() const { return module_names_; }
+  std::string to_string() const;
+
+ private:
+  QConfigPtr module_qconfig(const std::string& type_name, const std::string& fqn, QConfigPtr fallback) const;
+
+  QConfigPtr global_;
+  std::vector<std::pair<std::string, QConfigPtr>> object_types_;
+  std::vector<std::pair<OpKind, QConfigPtr>> op_types_;
+  std::vector<std::pair<std::string, QConfigPtr>> regexes_;
+  std::vector<std::regex> compiled_;
+  std::vector<std::pair<std::string, QConfigPtr>> module_names_;
+};
+
+// The default mapping for a backend: "onednn" (dbrq's backend); also accepts "x86"/"fbgemm" and
+// "qnnpack" for their PyTorch defaults. Throws ValueError for other names.
+QConfigMapping default_qconfig_mapping(const std::string& backend = "onednn");
+// Dynamic quantization of linear and matmul only; everything else fp32.
+QConfigMapping default_dynamic_qconfig_mapping();
+
+// How the backend treats an op when it is quantized.
+enum class QuantRole : uint8_t {
+  kNone,          // not quantizeable: runs in fp32 (int8 inputs are dequantized)
+  kWeighted,      // conv2d, linear: u8 activation, s8 weights, own output observer
+  kMatmul,        // matmul of two activations, own output observer
+  kBinary,        // add, mul of two tensors, own output observer; with a scalar: derived qparams
+  kCat,           // one observer shared by every input and the output
+  kShare,         // int8 passes through: the output shares the input's observer
+  kLut,           // elementwise on u8 through a 256-entry table, own output observer
+  kFixedQParams,  // fixed output qparams (sigmoid, tanh, hardsigmoid, softmax)
+};
+const char* quant_role_name(QuantRole r);
+
+// One supported input/weight/output dtype combination.
+struct DTypeConfig {
+  DType input = DType::kU8;
+  DType weight = DType::kS8;
+  DType output = DType::kU8;
+  bool is_dynamic = false;
+};
+
+struct BackendOpConfig {
+  OpKind op;
+  QuantRole role;
+  std::vector<DTypeConfig> dtype_configs;
+  std::optional<ObserverSpec> fixed_output;  // kFixedQParams
+};
+
+class BackendConfig {
+ public:
+  explicit BackendConfig(std::string name) : name_(std::move(name)) {}
+  // oneDNN 2.6 on x86: u8 activations, s8 weights (per-tensor or per-channel), no reduced range
+  // needed with VNNI/AMX.
+  static BackendConfig onednn();
+
+  BackendConfig& set_op(BackendOpConfig config);
+  BackendConfig& add_fusion_pattern(std::vector<OpKind> pattern);
+
+  const std::string& name() const { return name_; }
+  const BackendOpConfig* op(OpKind kind) const;
+  QuantRole role(OpKind kind) const;
+  // Empty when the backend can run `kind` with `qconfig`; otherwise why not (for the warning).
+  std::string unsupported_reason(OpKind kind, const QConfig& qconfig) const;
+  // Chains the backend fuses, longest first.
+  const std::vector<std::vector<OpKind>>& fusion_patterns() const { return fusion_patterns_; }
+
+ private:
+  std::string name_;
+  std::vector<BackendOpConfig> ops_;
+  std::vector<std::vector<OpKind>> fusion_patterns_;
+};
+
+}  // namespace dbrq

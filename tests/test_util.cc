@@ -1,0 +1,61 @@
+#include "tests/test_util.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dbrq::testing {
+
+double relative_error(const Tensor& actual, const Tensor& expected) {
+  const std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isnan(a[i])) continue;
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  if (den == 0.0) return num;
+  return num / den;
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": actual is undefined";
+  ASSERT_EQ(actual.sizes(), expected.sizes())
+      << what << ": sizes " << actual.shape_string() << " vs expected " << expected.shape_string();
+  const double err = relative_error(actual, expected);
+  EXPECT_LE(err, tol) << what << ": relative error " << err << " exceeds " << tol;
+}
+
+void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes())
+      << what << ": sizes " << actual.shape_string() << " vs expected " << expected.shape_string();
+  const std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();
+  int64_t diff = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++diff;
+    }
+  }
+  EXPECT_EQ(diff, 0) << what << ": " << diff << " of " << a.size() << " elements differ; first at " << first
+                     << " (" << (first >= 0 ? a[first] : 0) << " vs " << (first >= 0 ? b[first] : 0) << ")";
+}
+
+std::map<std::string, Tensor> load_golden(const std::string& path) {
+  std::map<std::string, Tensor> out;
+  for (auto& [n, t] : load_safetensors(path)) out[n] = t;
+  return out;
+}
+
+Tensor golden(const std::map<std::string, Tensor>& g, const std::string& name) {
+  auto it = g.find(name);
+  if (it == g.end()) {
+    std::string names;
+    for (auto& [n, t] : g) names += n + " ";
+    ADD_FAILURE() << "golden tensor \"" << name << "\" not found; have: " << names;
+    return Tensor();
+  }
+  return it->second;
+}
+
+}  // namespace dbrq::testing

@@ -1,0 +1,45 @@
+// Helpers shared by the GoogleTest suites.
+//
+//   EXPECT_THROW_MSG(dbrq::conv2d(x, w), dbrq::ShapeError, "input must be 4-D");
+//   dbrq::testing::expect_close(actual, expected, 1e-4);   // normwise relative error
+//   auto golden = dbrq::testing::load_golden("tests/golden/ops.safetensors");
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "dbrq.h"
+
+// Expects `stmt` to throw exactly `Type` (or a subclass) whose what() contains `substr`.
+#define EXPECT_THROW_MSG(stmt, Type, substr)                                                         \
+  do {                                                                                               \
+    bool dbrq_thrown_ = false;                                                                       \
+    try {                                                                                            \
+      stmt;                                                                                          \
+    } catch (const Type& e) {                                                                        \
+      dbrq_thrown_ = true;                                                                           \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                               \
+          << "message was: " << e.what() << "\nexpected to contain: " << (substr);                 \
+    } catch (const std::exception& e) {                                                              \
+      ADD_FAILURE() << "expected " #Type " but got another exception: " << e.what();                \
+      dbrq_thrown_ = true;                                                                           \
+    }                                                                                                \
+    EXPECT_TRUE(dbrq_thrown_) << "expected " #Type " from: " #stmt;                                  \
+  } while (0)
+
+namespace dbrq::testing {
+
+// max|a - b| / max|b| over all elements (0 when both are all-zero). Sizes must match.
+double relative_error(const Tensor& actual, const Tensor& expected);
+// Fails the test (with a description) when sizes differ or relative_error exceeds `tol`.
+void expect_close(const Tensor& actual, const Tensor& expected, double tol, const std::string& what = "");
+// Element-wise equality of values (any dtypes), with a count of differing elements in the failure.
+void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what = "");
+// Loads a committed golden file relative to the workspace root (Bazel runs tests from there).
+std::map<std::string, Tensor> load_golden(const std::string& path);
+// A tensor from a golden map; fails with the list of available names when absent.
+Tensor golden(const std::map<std::string, Tensor>& g, const std::string& name);
+
+}  // namespace dbrq::testing

@@ -1,0 +1,298 @@
+#include "tracer/interceptor.h"
+
+#include "runtime/logging.h"
+#include "runtime/ops.h"
+
+namespace dbrq::tracer {
+namespace {
+
+// The module call stack of this thread (shared by every model; frames remember their owner).
+thread_local std::vector<Frame> tls_stack;
+
+// The frame whose module owns ops running now: the top frame if it has state, or the nearest
+// stateful frame under a leaf.
+Frame* owner_frame(Frame** top) {
+  if (tls_stack.empty()) {
+    *top = nullptr;
+    return nullptr;
+  }
+  *top = &tls_stack.back();
+  for (auto it = tls_stack.rbegin(); it != tls_stack.rend(); ++it) {
+    if (it->state != nullptr) return &*it;
+    if (it->leaf == nullptr) return nullptr;  // a stateless non-leaf module owns it: no quantization
+  }
+  return nullptr;
+}
+
+bool any_quantized(const OpCall& call) {
+  for (const Tensor* t : call.inputs) {
+    if (t->defined() && t->is_quantized()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+size_t num_activation_inputs(const OpCall& call) {
+  switch (call.kind) {
+    case OpKind::kConv2d:
+    case OpKind::kLinear:
+    case OpKind::kBatchNorm:
+    case OpKind::kLayerNorm:
+      return 1;
+    default:
+      return call.inputs.size();
+  }
+}
+
+Tensor run_fp32(const OpCall& call) {
+  if (!any_quantized(call)) return call.run(call);
+  // Dequantize every int8 argument; keep the rest. At most a handful of inputs except for cat.
+  std::vector<Tensor> deq(call.inputs.size());
+  absl::InlinedVector<const Tensor*, 8> ptrs(call.inputs.size());
+  {
+    InterceptorScope none(nullptr);
+    for (size_t i = 0; i < call.inputs.size(); ++i) {
+      const Tensor* t = call.inputs[i];
+      if (t->defined() && t->is_quantized()) {
+        deq[i] = dequantize(*t);
+        ptrs[i] = &deq[i];
+      } else {
+        ptrs[i] = t;
+      }
+    }
+  }
+  OpCall c = call;
+  c.inputs = absl::MakeConstSpan(ptrs);
+  return c.run(c);
+}
+
+QuantInterceptor::QuantInterceptor(ModelQuantState& model, nn::Module& root) : model_(model) {
+  for (auto& [name, t] : root.named_parameters()) param_names_[t.storage().get()] = name;
+}
+
+std::string QuantInterceptor::weight_fqn(const Tensor& t) const {
+  if (!t.defined()) return "";
+  auto it = param_names_.find(t.storage().get());
+  return it == param_names_.end() ? "" : it->second;
+}
+
+void QuantInterceptor::assign_ids(const OpCall& call) {
+  for (const Tensor* t : call.inputs) {
+    if (!t->defined()) continue;
+    if (model_.tensor(t->trace_id()) != nullptr) continue;
+    // First sight of a tensor made outside any op (model input, constant, parameter): an fp32
+    // source. The id is written into the caller's Tensor object, which only the tracer reads.
+    const int64_t id = ModelQuantState::new_tensor_id();
+    const_cast<Tensor*>(t)->set_trace_id(id);
+    model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+  }
+}
+
+Tensor QuantInterceptor::on_op(const OpCall& call) {
+  Frame* top = nullptr;
+  Frame* owner = owner_frame(&top);
+  switch (model_.phase()) {
+    case Phase::kTracing:
+      return trace_op(call, owner, top);
+    case Phase::kCalibrating:
+      return observe_op(call, owner, top);
+    case Phase::kConverted:
+      return convert_op(call, owner, top);
+  }
+  return run_fp32(call);
+}
+
+namespace {
+
+QTensorInfo info_of(const Tensor& t, ModelQuantState& m) {
+  QTensorInfo i;
+  i.id = t.trace_id();
+  i.trace_dtype = t.dtype();
+  if (const auto* r = m.tensor(i.id)) i.inf_dtype = r->inf_dtype;
+  return i;
+}
+
+const LeafQuantInfo* leaf_of(const Frame* top) { return top != nullptr ? top->leaf : nullptr; }
+
+}  // namespace
+
+Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) {
+  assign_ids(call);
+  const LeafQuantInfo* leaf = leaf_of(top);
+  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
+  Tensor out = call.run(call);
+  const int64_t out_id = ModelQuantState::new_tensor_id();
+  out.set_trace_id(out_id);
+  model_.tensors()[out_id] = {out.dtype(), out.dtype(), -1};
+
+  TraceEvent e;
+  e.kind = TraceEvent::Kind::kOtherOp;
+  const size_t n_act = num_activation_inputs(call);
+  for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+    if (call.inputs[i]->defined()) e.inputs.push_back(call.inputs[i]->trace_id());
+  }
+  e.outputs.push_back(out_id);
+
+  if (qconfig != nullptr) {
+    AutoQuantizationState& s = *owner->state;
+    if (owner->recording) {
+      SeenOpInfo op;
+      op.index = owner->cursor;
+      op.kind = call.kind;
+      op.fqn = leaf != nullptr ? leaf->fqn() : s.fqn();
+      op.leaf = leaf != nullptr ? top->module : nullptr;
+      op.qconfig = qconfig;
+      for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+        if (call.inputs[i]->defined()) op.inputs.push_back(info_of(*call.inputs[i], model_));
+      }
+      for (size_t i = n_act; i < call.inputs.size(); ++i) {
+        op.weights.push_back({weight_fqn(*call.inputs[i]), *call.inputs[i]});
+      }
+      op.outputs.push_back(info_of(out, model_));
+      op.has_scalar = call.has_scalar;
+      op.scalar = call.scalar;
+      op.scalar_first = call.scalar_first;
+      s.seen_ops().push_back(std::move(op));
+      e.kind = TraceEvent::Kind::kSeenOp;
+      e.state = &s;
+      e.op_index = owner->cursor;
+    } else {
+      // A module called again during the trace: its ops were recorded on its first call.
+      SeenOpInfo& op = s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                         leaf != nullptr ? leaf->fqn() : "");
+      e.kind = TraceEvent::Kind::kSeenOp;
+      e.state = &s;
+      e.op_index = op.index;
+      // Later calls share the first call's record; their tensors alias its tensors.
+      e.repeat = true;
+    }
+    ++owner->cursor;
+  } else if (owner != nullptr && owner->recording) {
+    owner->state->non_quant_ops().push_back(
+        {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
+         model_.seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
+  }
+  model_.events().push_back(std::move(e));
+  return out;
+}
+
+Tensor QuantInterceptor::observe_op(const OpCall& call, Frame* owner, Frame* top) {
+  const LeafQuantInfo* leaf = leaf_of(top);
+  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
+  if (qconfig == nullptr) return run_fp32(call);
+  SeenOpInfo& op = owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                                 leaf != nullptr ? leaf->fqn() : "");
+  ++owner->cursor;
+  const bool observe = model_.observers_enabled();
+  if (observe) {
+    for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
+      if (op.input_observers[k] >= 0) model_.observer(op.input_observers[k]).observe(*call.inputs[k]);
+    }
+  }
+  Tensor out = run_fp32(call);
+  if (observe && op.output_observer >= 0) model_.observer(op.output_observer).observe(out);
+  return out;
+}
+
+Tensor QuantInterceptor::convert_op(const OpCall& call, Frame* owner, Frame* top) {
+  const LeafQuantInfo* leaf = leaf_of(top);
+  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
+  if (qconfig == nullptr) return run_fp32(call);
+  SeenOpInfo& op = owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                                 leaf != nullptr ? leaf->fqn() : "");
+  ++owner->cursor;
+  if (op.executor == nullptr) return run_fp32(call);
+  return static_cast<ConvertedOp*>(op.executor.get())->run(call);
+}
+
+void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
+  Frame f;
+  f.module = &module;
+  f.owner = this;
+  nn::ModuleExtension* ext = module.extension();
+  if (auto* nt = dynamic_cast<NonTraceableInfo*>(ext)) {
+    // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
+    f.fp32_region = true;
+    if (model_.phase() != Phase::kTracing) {
+      InterceptorScope none(nullptr);
+      for (Tensor* t : inputs) {
+        if (t->defined() && t->is_quantized()) *t = dequantize(*t);
+      }
+    }
+    f.saved = detail::tls_interceptor;
+    detail::tls_interceptor = nullptr;
+    tls_stack.push_back(f);
+    return;
+  }
+  if (auto* s = dynamic_cast<AutoQuantizationState*>(ext)) {
+    f.state = s;
+    f.recording = model_.phase() == Phase::kTracing && !s->recorded();
+  } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
+    f.leaf = l;
+  }
+  if (model_.phase() == Phase::kTracing) {
+    for (Tensor* t : inputs) {
+      if (!t->defined() || model_.tensor(t->trace_id()) != nullptr) continue;
+      const int64_t id = ModelQuantState::new_tensor_id();
+      t->set_trace_id(id);
+      model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+    }
+  }
+  tls_stack.push_back(f);
+}
+
+void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) {
+  Frame f = tls_stack.back();
+  tls_stack.pop_back();
+  DBRQ_CHECK(f.module == &module, "module stack out of order");
+  if (f.fp32_region) {
+    detail::tls_interceptor = f.saved;
+    if (model_.phase() == Phase::kTracing) {
+      for (Tensor* t : outputs) {
+        if (!t->defined()) continue;
+        const int64_t id = ModelQuantState::new_tensor_id();
+        t->set_trace_id(id);
+        model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+      }
+    }
+    return;
+  }
+  if (f.state != nullptr) {
+    if (f.recording) {
+      f.state->set_recorded();
+    } else {
+      f.state->validate_op_count(f.cursor);
+    }
+  }
+  // A layer's output is its op's output, not a use of it; only non-leaf module outputs escape.
+  if (model_.phase() == Phase::kTracing && f.leaf == nullptr) {
+    TraceEvent e;
+    e.kind = TraceEvent::Kind::kEscape;
+    for (Tensor* t : outputs) {
+      if (t->defined()) e.inputs.push_back(t->trace_id());
+    }
+    e.where = f.state != nullptr ? f.state->fqn() : module.type_name();
+    if (!e.inputs.empty()) model_.events().push_back(std::move(e));
+  }
+  // The model's outputs are fp32 unless configured otherwise.
+  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
+  if (outermost && !int8_outputs_ && model_.phase() == Phase::kConverted) {
+    InterceptorScope none(nullptr);
+    for (Tensor* t : outputs) {
+      if (t->defined() && t->is_quantized()) *t = dequantize(*t);
+    }
+  }
+}
+
+void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
+  // Pop this module's frame (and any frame left above it by a failure in a hook).
+  while (!tls_stack.empty()) {
+    Frame f = tls_stack.back();
+    tls_stack.pop_back();
+    if (f.fp32_region) detail::tls_interceptor = f.saved;
+    if (f.module == &module) break;
+  }
+}
+
+}  // namespace dbrq::tracer

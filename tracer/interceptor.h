@@ -1,0 +1,90 @@
+// The quantization interceptor: one per prepared model, installed on the calling thread for the
+// duration of a call of the model (or of any of its prepared submodules). It keeps the
+// thread-local module call stack and routes each op and module call by the model's phase:
+//
+//   tracing      first run: record seen ops and tensor flow (observers untouched)
+//   calibrating  validate each seen op against the record, feed observers, compute in fp32
+//   converted    validate, then run the op's converted executor (int8 oneDNN primitives)
+//
+// Hooks, as in the define-by-run design: op hooks (a seen op inside a module with state), module
+// I/O hooks (dtype changes at a module boundary: non-traceable modules get fp32 inputs; the model's
+// outputs come back fp32) and arg-dequant hooks (any other op receiving int8 tensors gets them
+// dequantized and runs in fp32).
+//
+// Everything per call lives on the calling thread's stack of frames, so a converted model can be
+// called from several threads at once, and two threads can run two models in different phases.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "quant_state/auto_quant_state.h"
+#include "runtime/dispatcher.h"
+#include "runtime/module.h"
+
+namespace dbrq::tracer {
+
+// A converted seen op. Executors must not allocate bookkeeping per call.
+class ConvertedOp : public OpExecutor {
+ public:
+  virtual Tensor run(const OpCall& call) = 0;
+};
+
+// Marks a module whose subtree stays fp32 and is not traced.
+class NonTraceableInfo : public nn::ModuleExtension {
+ public:
+  explicit NonTraceableInfo(std::string fqn) : fqn_(std::move(fqn)) {}
+  const std::string& fqn() const { return fqn_; }
+
+ private:
+  std::string fqn_;
+};
+
+// One module call on the thread's stack.
+struct Frame {
+  nn::Module* module = nullptr;
+  AutoQuantizationState* state = nullptr;   // non-leaf module with state
+  const LeafQuantInfo* leaf = nullptr;      // layer
+  int cursor = 0;                           // next seen-op index in `state`
+  bool recording = false;                   // tracing this module's first call
+  bool fp32_region = false;                 // non-traceable: interception suspended inside
+  Interceptor* saved = nullptr;             // the interceptor to restore after an fp32 region
+  const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
+};
+
+class QuantInterceptor : public Interceptor {
+ public:
+  QuantInterceptor(ModelQuantState& model, nn::Module& root);
+
+  Tensor on_op(const OpCall& call) override;
+  void on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) override;
+  void on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) override;
+  void on_module_unwind(nn::Module& module) noexcept override;
+
+  ModelQuantState& model() { return model_; }
+
+  // Whether this model's outputs stay int8 (default: dequantized to fp32).
+  void set_int8_outputs(bool on) { int8_outputs_ = on; }
+
+ private:
+  Tensor trace_op(const OpCall& call, Frame* owner, Frame* top);
+  Tensor observe_op(const OpCall& call, Frame* owner, Frame* top);
+  Tensor convert_op(const OpCall& call, Frame* owner, Frame* top);
+  void assign_ids(const OpCall& call);
+  std::string weight_fqn(const Tensor& t) const;
+
+  ModelQuantState& model_;  // owns this interceptor
+  std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
+  bool int8_outputs_ = false;
+};
+
+// Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).
+Tensor run_fp32(const OpCall& call);
+
+// Number of leading activation inputs of an op (conv2d/linear/batch_norm/layer_norm: 1; the
+// rest of their inputs are weights and statistics).
+size_t num_activation_inputs(const OpCall& call);
+
+}  // namespace dbrq::tracer

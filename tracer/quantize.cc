@@ -1,0 +1,166 @@
+#include "tracer/quantize.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "runtime/logging.h"
+#include "tracer/convert.h"
+#include "tracer/interceptor.h"
+
+namespace dbrq {
+namespace {
+
+std::string print_state(const nn::Module& m, int indent) {
+  const AutoQuantizationState* s = quant_state_of(m);
+  return s == nullptr ? "" : s->to_string(indent);
+}
+
+bool matches_any(const std::vector<std::string>& list, const std::string& s) {
+  return std::find(list.begin(), list.end(), s) != list.end();
+}
+
+void detach(nn::Module& model) {
+  for (auto& [fqn, m] : model.named_modules()) {
+    m->set_extension(nullptr);
+    m->set_interceptor(nullptr);
+  }
+}
+
+tracer::QuantInterceptor& interceptor_of(const nn::Module& model, const char* what) {
+  const AutoQuantizationState* s = quant_state_of(model);
+  DBRQ_ENSURE(s != nullptr, UsageError, what, ": ", model.type_name(),
+              " is not a prepared model; call dbrq::prepare(model, example_inputs) first");
+  return *static_cast<tracer::QuantInterceptor*>(s->model().interceptor());
+}
+
+void log_prepare_summary(ModelQuantState& m) {
+  int ops = 0, quantized = 0, fused_chains = 0, fp32 = 0;
+  for (AutoQuantizationState* s : m.states()) {
+    for (const SeenOpInfo& op : s->seen_ops()) {
+      ++ops;
+      if (op.role != QuantRole::kNone) ++quantized;
+      if (op.fusion.fused() && op.fusion.position == 0) ++fused_chains;
+    }
+    fp32 += static_cast<int>(s->non_quant_ops().size());
+  }
+  log()->info("prepare: {} modules with state, {} quantizeable ops recorded ({} to run int8, {} fused chains), "
+              "{} other ops stay fp32, {} observers",
+              m.states().size(), ops, quantized, fused_chains, fp32, m.num_slots());
+}
+
+void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapping mapping, BackendConfig backend,
+                const PrepareOptions& options) {
+  DBRQ_ENSURE(!is_prepared(model), UsageError, "prepare: ", model.type_name(),
+              " is already prepared; prepare a freshly built model");
+  DBRQ_ENSURE(!model.is_leaf(), UsageError, "prepare: ", model.type_name(),
+              " is a built-in layer; prepare the module that contains it (or wrap it in a Sequential)");
+  mapping.validate(model);
+  for (const std::string& n : options.non_traceable_module_names) {
+    DBRQ_ENSURE(model.find_module(n) != nullptr, ValueError, "prepare: non-traceable module \"", n,
+                "\" does not exist in ", model.type_name());
+  }
+  nn::set_module_print_hook(print_state);
+  auto state = std::make_shared<ModelQuantState>(std::move(mapping), std::move(backend));
+  auto interceptor = std::make_shared<tracer::QuantInterceptor>(*state, model);
+  state->set_interceptor(interceptor);
+
+  // Attach state to non-leaf modules and qconfigs to layers; non-traceable subtrees get a marker
+  // on their root and nothing below.
+  std::vector<std::string> skipped_prefixes;
+  for (auto& [fqn, m] : model.named_modules()) {
+    bool inside_skipped = false;
+    for (const std::string& p : skipped_prefixes) {
+      if (fqn.rfind(p + ".", 0) == 0) inside_skipped = true;
+    }
+    if (inside_skipped) continue;
+    if (!fqn.empty() && (matches_any(options.non_traceable_module_classes, m->type_name()) ||
+                         matches_any(options.non_traceable_module_names, fqn))) {
+      m->set_extension(std::make_shared<tracer::NonTraceableInfo>(fqn));
+      skipped_prefixes.push_back(fqn);
+      continue;
+    }
+    if (m->is_leaf()) {
+      m->set_extension(std::make_shared<LeafQuantInfo>(fqn, state->mapping().for_module(m->type_name(), fqn)));
+      continue;
+    }
+    auto s = std::make_shared<AutoQuantizationState>(fqn, m->type_name(), state);
+    state->states().push_back(s.get());
+    m->set_extension(std::move(s));
+    m->set_interceptor(interceptor.get());
+  }
+  state->set_phase(Phase::kTracing);
+  try {
+    InterceptorScope scope(interceptor.get());
+    run();
+  } catch (const Error& e) {
+    detach(model);
+    e.rethrow_with_context("prepare: the example run failed: ");
+  } catch (...) {
+    detach(model);
+    throw;
+  }
+  analyze_trace(*state);
+  state->events().clear();
+  state->events().shrink_to_fit();
+  state->set_phase(Phase::kCalibrating);
+  log_prepare_summary(*state);
+}
+
+}  // namespace
+
+void prepare(nn::Module& model, const std::vector<Tensor>& example_inputs, QConfigMapping qconfig_mapping,
+             BackendConfig backend_config, const PrepareOptions& options) {
+  DBRQ_ENSURE(!example_inputs.empty(), ValueError, "prepare: example_inputs is empty; pass the tensors forward takes");
+  do_prepare(
+      model, [&] { model.forward_tensors(example_inputs); }, std::move(qconfig_mapping), std::move(backend_config),
+      options);
+}
+
+void prepare(nn::Module& model, const std::function<void()>& run_example, QConfigMapping qconfig_mapping,
+             BackendConfig backend_config, const PrepareOptions& options) {
+  DBRQ_ENSURE(run_example != nullptr, ValueError, "prepare: run_example is empty");
+  do_prepare(model, run_example, std::move(qconfig_mapping), std::move(backend_config), options);
+}
+
+void convert(nn::Module& model, const ConvertOptions& options) {
+  tracer::QuantInterceptor& interceptor = interceptor_of(model, "convert");
+  ModelQuantState& m = interceptor.model();
+  DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError, "convert: ", model.type_name(),
+              " is already converted; convert once per prepared model");
+  tracer::convert_model(m);
+  interceptor.set_int8_outputs(options.int8_outputs);
+  m.set_phase(Phase::kConverted);
+}
+
+void disable_observers(nn::Module& model) {
+  ModelQuantState& m = interceptor_of(model, "disable_observers").model();
+  DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError,
+              "disable_observers: the model is already converted; observers are gone after convert");
+  m.set_observers_enabled(false);
+}
+
+void enable_observers(nn::Module& model) {
+  ModelQuantState& m = interceptor_of(model, "enable_observers").model();
+  DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError,
+              "enable_observers: the model is already converted; calibration must happen before convert");
+  m.set_observers_enabled(true);
+}
+
+bool is_prepared(const nn::Module& model) { return quant_state_of(model) != nullptr; }
+
+bool is_converted(const nn::Module& model) {
+  return is_prepared(model) && interceptor_of(model, "is_converted").model().phase() == Phase::kConverted;
+}
+
+ModelQuantState& model_quant_state(const nn::Module& model) {
+  return interceptor_of(model, "model_quant_state").model();
+}
+
+std::string quant_state_to_string(const nn::Module& model) {
+  ModelQuantState& m = model_quant_state(model);
+  std::ostringstream os;
+  for (AutoQuantizationState* s : m.states()) os << s->to_string();
+  return os.str();
+}
+
+}  // namespace dbrq

@@ -1,0 +1,64 @@
+// The public entry points of define-by-run quantization.
+//
+//   dbrq::prepare(*model, {example}, dbrq::default_qconfig_mapping("onednn"));
+//   for (const auto& batch : calibration) (*model)(batch);   // observers record ranges
+//   dbrq::convert(*model);                                   // int8 from now on
+//   dbrq::Tensor y = (*model)(x);
+//
+// prepare() works in place on the user's module tree and runs the model once on the example
+// inputs to record its quantizeable ops (tracing changes no observer). Calibration is calling the
+// model, so it fits anywhere, including inside an evaluation loop; disable_observers() lets other
+// calls run without recording (and with observers off a prepared model computes exactly what the
+// fp32 model does). convert() turns observer statistics into quantization parameters once,
+// quantizes and prepacks weights once, and from then on every call runs int8 oneDNN primitives.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "quant_state/auto_quant_state.h"
+#include "quant_state/qconfig.h"
+#include "runtime/module.h"
+
+namespace dbrq {
+
+struct PrepareOptions {
+  // Module classes (type names, e.g. "Attention") and module fqns whose whole subtree stays fp32
+  // and is not traced.
+  std::vector<std::string> non_traceable_module_classes;
+  std::vector<std::string> non_traceable_module_names;
+};
+
+struct ConvertOptions {
+  // Keep int8 tensors at the model's outputs instead of dequantizing them.
+  bool int8_outputs = false;
+};
+
+// Prepares `model` in place and runs it once on `example_inputs` (1 to 4 tensors passed to its
+// forward). Throws UsageError when already prepared, ValueError for a mapping naming unknown
+// modules; an exception from the example run leaves the model unprepared.
+void prepare(nn::Module& model, const std::vector<Tensor>& example_inputs,
+             QConfigMapping qconfig_mapping = default_qconfig_mapping("onednn"),
+             BackendConfig backend_config = BackendConfig::onednn(), const PrepareOptions& options = {});
+// The same, with a callable that runs the model on example data (any forward signature).
+void prepare(nn::Module& model, const std::function<void()>& run_example, QConfigMapping qconfig_mapping,
+             BackendConfig backend_config = BackendConfig::onednn(), const PrepareOptions& options = {});
+
+// Converts a prepared, calibrated model in place. Throws UsageError when not prepared or already
+// converted, NotCalibratedError (naming module, op and tensor) when an observer has no data.
+void convert(nn::Module& model, const ConvertOptions& options = {});
+
+// Stop / resume feeding observers on calls of a prepared model. UsageError after convert.
+void disable_observers(nn::Module& model);
+void enable_observers(nn::Module& model);
+
+bool is_prepared(const nn::Module& model);
+bool is_converted(const nn::Module& model);
+// The model-wide state of a prepared model; throws UsageError when not prepared.
+ModelQuantState& model_quant_state(const nn::Module& model);
+
+// Every module with state, in fqn order, printed as AutoQuantizationState blocks.
+std::string quant_state_to_string(const nn::Module& model);
+
+}  // namespace dbrq
