@@ -26,6 +26,30 @@ dnnl::algorithm eltwise_algorithm(PostOp::Kind kind) {
   return A::eltwise_relu;
 }
 
+const char* eltwise_name(PostOp::Kind kind) {
+  switch (kind) {
+    case PostOp::Kind::kRelu:
+      return "relu";
+    case PostOp::Kind::kLeakyRelu:
+      return "leaky_relu";
+    case PostOp::Kind::kClip:
+      return "clip";
+    case PostOp::Kind::kHardswish:
+      return "hardswish";
+    case PostOp::Kind::kSigmoid:
+      return "sigmoid";
+    case PostOp::Kind::kTanh:
+      return "tanh";
+    case PostOp::Kind::kGeluErf:
+      return "gelu";
+    case PostOp::Kind::kGeluTanh:
+      return "gelu_tanh";
+    case PostOp::Kind::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
 void append_post_ops(dnnl::post_ops& ops, const PostOps& post) {
   for (const PostOp& p : post) {
     float alpha = p.alpha, beta = p.beta;

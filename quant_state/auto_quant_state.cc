@@ -199,6 +199,48 @@ std::string AutoQuantizationState::to_string(int indent) const {
   return os.str();
 }
 
+OpParamsCopy copy_op_params(const OpCall& call) {
+  if (call.params == nullptr) return std::monostate{};
+  switch (call.kind) {
+    case OpKind::kConv2d:
+      return call.p<Conv2dParams>();
+    case OpKind::kMaxPool2d:
+    case OpKind::kAvgPool2d:
+      return call.p<Pool2dParams>();
+    case OpKind::kAdaptiveAvgPool2d:
+      return call.p<AdaptivePool2dParams>();
+    case OpKind::kBatchNorm:
+    case OpKind::kLayerNorm:
+      return call.p<NormParams>();
+    case OpKind::kSoftmax:
+    case OpKind::kLogSoftmax:
+    case OpKind::kMean:
+    case OpKind::kSum:
+    case OpKind::kStd:
+    case OpKind::kCat:
+      return call.p<DimParams>();
+    case OpKind::kFlatten:
+    case OpKind::kReshape:
+    case OpKind::kPermute:
+    case OpKind::kTranspose:
+    case OpKind::kNarrow:
+    case OpKind::kSelect:
+    case OpKind::kUnsqueeze:
+    case OpKind::kSqueeze:
+      return call.p<ShapeParams>();
+    case OpKind::kRelu6:
+    case OpKind::kHardtanh:
+    case OpKind::kLeakyRelu:
+    case OpKind::kClamp:
+    case OpKind::kGelu:
+      return call.p<ActivationParams>();
+    case OpKind::kDropout:
+      return call.p<DropoutParams>();
+    default:
+      return std::monostate{};
+  }
+}
+
 AutoQuantizationState* quant_state_of(const nn::Module& m) {
   return dynamic_cast<AutoQuantizationState*>(m.extension());
 }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "quant_state/observers.h"
@@ -59,6 +60,11 @@ class OpExecutor {
   virtual std::string describe() const = 0;  // "int8 conv2d (oneDNN), relu fused"
 };
 
+// A copy of an op's non-tensor parameters, taken when the trace records it.
+using OpParamsCopy = std::variant<std::monostate, Conv2dParams, Pool2dParams, AdaptivePool2dParams, NormParams,
+                                  DimParams, ShapeParams, ActivationParams, DropoutParams>;
+OpParamsCopy copy_op_params(const OpCall& call);
+
 struct SeenOpInfo {
   int index = 0;                  // position in the module's sequence of quantizeable ops
   OpKind kind = OpKind::kNumOpKinds;
@@ -71,6 +77,7 @@ struct SeenOpInfo {
   std::vector<WeightInfo> weights;    // conv/linear weight and bias; batch_norm mean, var, weight, bias
   bool has_scalar = false, scalar_first = false;
   double scalar = 0.0;
+  OpParamsCopy params;            // stride, padding, dims, eps, ... as the first run passed them
   FusionInfo fusion;
   // Observer slots (in ModelQuantState) this op feeds during calibration; -1 for none.
   std::vector<int> input_observers;  // per input: observed here (first consumer of an fp32 tensor)
@@ -148,6 +155,8 @@ class ModelQuantState {
   size_t num_slots() const { return slots_.size(); }
 
   std::vector<TraceEvent>& events() { return events_; }
+  // Seen ops in the order the first run executed them (kept after the trace events are dropped).
+  std::vector<std::pair<AutoQuantizationState*, int>>& execution_order() { return execution_order_; }
   std::vector<AutoQuantizationState*>& states() { return states_; }
 
   // The interceptor that runs this model's calls (owned here, so it lives as long as the model's
@@ -164,6 +173,7 @@ class ModelQuantState {
   std::unordered_map<int64_t, TensorRecord> tensors_;
   std::vector<ObserverSlot> slots_;
   std::vector<TraceEvent> events_;
+  std::vector<std::pair<AutoQuantizationState*, int>> execution_order_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
   std::shared_ptr<Interceptor> interceptor_;
 };

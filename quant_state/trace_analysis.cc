@@ -149,6 +149,7 @@ class Analyzer {
       for (size_t j = 0; j < e.outputs.size() && j < op.outputs.size(); ++j) rec(e.outputs[j]) = rec(op.outputs[j].id);
       return;
     }
+    m_.execution_order().emplace_back(&s, e.op_index);
     op.input_observers.assign(op.inputs.size(), -1);
     for (QTensorInfo& in : op.inputs) in.inf_dtype = rec(in.id).inf_dtype;
 

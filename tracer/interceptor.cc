@@ -153,6 +153,7 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
       op.has_scalar = call.has_scalar;
       op.scalar = call.scalar;
       op.scalar_first = call.scalar_first;
+      op.params = copy_op_params(call);
       s.seen_ops().push_back(std::move(op));
       e.kind = TraceEvent::Kind::kSeenOp;
       e.state = &s;

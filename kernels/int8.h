@@ -1,0 +1,152 @@
+// Int8 kernels for converted models: oneDNN u8 x s8 convolution, inner product / matmul (static
+// and dynamic), and the elementwise, pooling and (re)quantization kernels around them.
+//
+//   kernels::QConv2d::Options o;
+//   o.params = conv_params;  o.weight = folded_w;  o.bias = folded_b;
+//   o.weight_qparams = per_channel_s8;  o.src_qparams = in_qp;  o.dst_qparams = out_qp;
+//   o.post = {kernels::PostOp::relu()};
+//   kernels::QConv2d conv(std::move(o));          // quantizes and keeps the weights once
+//   Tensor y = conv.run(x_u8);                    // primitive created once per input shape
+//
+// Numerics follow PyTorch's onednn quantized engine so results match it bit for bit: scales are
+// combined in its reciprocal convention (op_scale = (1/out) / ((1/in) * (1/w))), the bias is f32 in
+// accumulator units (b * (1/in) * (1/w)), the source zero point is applied by oneDNN (so padding is
+// a real zero), rounding is half to even. Fused post-ops (relu, clip, hardswish) run on real
+// values; a residual add runs through oneDNN's sum post-op.
+//
+// Primitives are cached per input shape and thread count (bounded); prepacked weights per weights
+// layout. Kernel objects are immutable after construction and safe to run from several threads.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/eager.h"
+#include "runtime/op_params.h"
+#include "runtime/tensor.h"
+
+namespace dbrq::kernels {
+
+// The reciprocal-convention scales PyTorch's onednn backend feeds oneDNN, for bit-exact parity.
+struct RequantScales {
+  std::vector<float> bias_scales;  // (1/in) * (1/w[c]): f32 bias in accumulator units is b * this
+  std::vector<float> op_scales;    // (1/out) / bias_scales[c]; or 1/bias... for real-valued outputs
+};
+// dst_scale <= 0 means "real-valued output" (op scale = 1 / bias scale).
+RequantScales requant_scales(float src_scale, const std::vector<float>& weight_scales, float dst_scale);
+
+class PrimitiveCacheImpl;  // per-kernel cache of primitives by shape (int8.cc)
+
+struct QConvOptions {
+  Conv2dParams params;
+  Tensor weight;                 // f32 [K, C/groups, R, S], batch norm already folded
+  Tensor bias;                   // f32 [K], or undefined
+  QuantParamsPtr weight_qparams; // s8 symmetric, per-channel on axis 0 or per-tensor
+  QuantParamsPtr src_qparams;    // u8 per-tensor
+  QuantParamsPtr dst_qparams;    // u8 per-tensor
+  PostOps post;                  // on real values, before requantization
+  QuantParamsPtr sum_qparams;    // set: a residual (u8, these params) is added before `post`
+};
+
+class QConv2d {
+ public:
+  explicit QConv2d(QConvOptions options);
+  ~QConv2d();
+  // x: u8 with src_qparams (reordered to channels-last when it is not). residual: u8 with
+  // sum_qparams, same sizes as the output. Output: u8 channels-last with dst_qparams, written into
+  // `out` when given (an empty_output() tensor).
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const;
+  // An uninitialized output for input `x`.
+  Tensor empty_output(const Tensor& x) const;
+  const Tensor& quantized_weight() const { return qweight_; }
+  const QConvOptions& options() const { return o_; }
+  std::string describe() const;
+
+ private:
+  QConvOptions o_;
+  Tensor qweight_;      // s8, plain layout
+  Tensor bias_acc_;     // f32 bias in accumulator units
+  std::vector<float> op_scales_;
+  std::unique_ptr<PrimitiveCacheImpl> cache_;
+};
+
+struct QLinearOptions {
+  Tensor weight;                 // f32 [N, K] (batch norm already folded)
+  Tensor bias;                   // f32 [N], or undefined
+  QuantParamsPtr weight_qparams; // s8 symmetric, per-channel on axis 0 or per-tensor
+  QuantParamsPtr src_qparams;    // u8 per-tensor; ignored when dynamic
+  QuantParamsPtr dst_qparams;    // u8 per-tensor; null: f32 output (dynamic quantization)
+  PostOps post;
+  bool dynamic = false;          // quantize the input per call from its own range
+};
+
+// linear on int8: oneDNN matmul (it takes the source zero point, which inner product does not).
+class QLinear {
+ public:
+  explicit QLinear(QLinearOptions options);
+  ~QLinear();
+  // Static: x u8 [..., K] with src_qparams -> u8 [..., N]. Dynamic: x f32 (or u8) -> f32.
+  Tensor run(const Tensor& x) const;
+  const Tensor& quantized_weight() const { return qweight_; }
+  std::string describe() const;
+
+ private:
+  Tensor run_static(const Tensor& x, const QuantParams& src, const std::vector<float>& op_scales, const Tensor& bias,
+                    const QuantParams* dst) const;
+  QLinearOptions o_;
+  Tensor qweight_;  // s8 [N, K]
+  Tensor bias_acc_;
+  std::vector<float> op_scales_;
+  std::unique_ptr<PrimitiveCacheImpl> cache_;
+};
+
+// matmul of two u8 activations (batched, broadcasting): oneDNN matmul u8 x s8, the second operand
+// shifted to s8 (q - 128, zero point - 128, exact). Dynamic: f32 operands quantized per call.
+class QMatmul {
+ public:
+  QMatmul(QuantParamsPtr a_qparams, QuantParamsPtr b_qparams, QuantParamsPtr dst_qparams, bool dynamic);
+  ~QMatmul();
+  Tensor run(const Tensor& a, const Tensor& b) const;
+  std::string describe() const;
+
+ private:
+  QuantParamsPtr a_, b_, dst_;
+  bool dynamic_;
+  std::unique_ptr<PrimitiveCacheImpl> cache_;
+};
+
+// ---- elementwise and data movement on u8 ----
+
+// f32 -> u8/s8 (round half to even, saturate), written in `format` (kPreserve keeps x's layout).
+Tensor quantize_to(const Tensor& x, const QuantParamsPtr& qparams, DType dtype, MemoryFormat format);
+// u8 -> u8 with other parameters, through a 256-entry table (exactly quantize(dequantize(x))).
+Tensor requantize(const Tensor& x, const QuantParamsPtr& qparams);
+
+// A 256-entry table mapping u8 codes to u8 codes.
+using Lut = std::array<uint8_t, 256>;
+// Table of quantize(f(dequantize(q))) for every code q.
+template <typename F>
+Lut make_lut(const QuantParams& in, const QuantParams& out, F&& f);
+Tensor apply_lut(const Tensor& x, const Lut& lut, const QuantParamsPtr& out_qparams);
+
+// PyTorch's quantized add / mul (same sizes): dequantize with FMA, combine, requantize.
+Tensor qadd(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu);
+Tensor qmul(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu);
+
+// PyTorch's quantized average pooling (sum of codes, rounded mean), output keeps x's parameters.
+Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+// Mean over dims on codes, keeping x's parameters.
+Tensor qmean(const Tensor& x, IntArrayRef dims, bool keepdim);
+// clamp of real values [lo, hi] on codes (relu: lo = 0, hi = +inf), keeping x's parameters.
+Tensor qclamp(const Tensor& x, double lo, double hi);
+// softmax over `dim`: dequantize, f32 softmax, quantize to `out`.
+Tensor qsoftmax(const Tensor& x, int64_t dim, const QuantParamsPtr& out);
+
+}  // namespace dbrq::kernels
+
+#include "kernels/int8_inl.h"

@@ -1,0 +1,466 @@
+// Int8 convolution, linear and matmul on oneDNN u8 x s8 primitives.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <list>
+
+#include "absl/strings/str_format.h"
+#include "kernels/dnnl_utils.h"
+#include "kernels/int8.h"
+#include "kernels/loops.h"
+#include "kernels/post_ops.h"
+#include "runtime/op_shapes.h"
+
+namespace dbrq::kernels {
+
+RequantScales requant_scales(float src_scale, const std::vector<float>& weight_scales, float dst_scale) {
+  // PyTorch keeps scales as doubles and hands oneDNN float reciprocals (1.0 / s in double).
+  const float src_r = static_cast<float>(1.0 / static_cast<double>(src_scale));
+  const float dst_r = dst_scale > 0 ? static_cast<float>(1.0 / static_cast<double>(dst_scale)) : 1.f;
+  RequantScales r;
+  r.bias_scales.resize(weight_scales.size());
+  r.op_scales.resize(weight_scales.size());
+  for (size_t i = 0; i < weight_scales.size(); ++i) {
+    const float w_r = static_cast<float>(1.0 / static_cast<double>(weight_scales[i]));
+    r.bias_scales[i] = src_r * w_r;
+    r.op_scales[i] = dst_r / r.bias_scales[i];
+  }
+  return r;
+}
+
+// A created int8 primitive and the constant memories it runs with.
+struct Int8Entry {
+  PrimitiveKey key{"int8"};
+  dnnl::primitive prim;
+  size_t scratchpad_bytes = 0;
+  dnnl::memory::desc src_md, wei_md, dst_md;
+  dnnl::memory weights;  // prepacked
+  dnnl::memory bias;     // accumulator-unit f32 bias (or empty)
+};
+
+// Primitives of one kernel object, by input shape: the most recent one is found without a lock;
+// the others in a small LRU list. Prepacked weights are shared between entries with equal layouts.
+class PrimitiveCacheImpl {
+ public:
+  static constexpr size_t kCapacity = 16;
+
+  std::shared_ptr<const Int8Entry> get(const PrimitiveKey& key,
+                                       const std::function<std::shared_ptr<Int8Entry>()>& create) {
+    std::shared_ptr<const Int8Entry> last = std::atomic_load(&last_);
+    if (last != nullptr && last->key == key) return last;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if ((*it)->key == key) {
+        entries_.splice(entries_.begin(), entries_, it);
+        std::atomic_store(&last_, std::shared_ptr<const Int8Entry>(entries_.front()));
+        return entries_.front();
+      }
+    }
+    std::shared_ptr<Int8Entry> e = create();
+    e->key = key;
+    entries_.push_front(e);
+    if (entries_.size() > kCapacity) entries_.pop_back();
+    std::atomic_store(&last_, std::shared_ptr<const Int8Entry>(e));
+    return e;
+  }
+
+  // Weights reordered into `want`, reorder done once per distinct layout.
+  dnnl::memory packed(const Tensor& qweight, const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
+    for (auto& [d, m] : packed_) {
+      if (d == want) return m;
+    }
+    dnnl::memory m(want, cpu_engine());
+    dnnl::memory src = mem_of(user, qweight);
+    apply_thread_setting();
+    dnnl::reorder(src, m).execute(thread_stream(), src, m);
+    thread_stream().wait();
+    packed_.emplace_back(want, m);
+    return m;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entries_.size();
+  }
+
+ private:
+  std::mutex mu_;  // guards entries_ and packed_ (packed_ is only touched under it, from create())
+  std::list<std::shared_ptr<Int8Entry>> entries_;
+  std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed_;
+  std::shared_ptr<const Int8Entry> last_;
+};
+
+namespace {
+
+std::vector<float> scales_of(const QuantParams& q, int64_t n) {
+  if (q.is_per_channel()) return q.scales;
+  return std::vector<float>(static_cast<size_t>(n), q.scale());
+}
+
+Tensor quantize_weight(const Tensor& w, const QuantParamsPtr& qp) {
+  DBRQ_ENSURE(qp != nullptr, ValueError, "int8 kernel: weight quantization parameters are missing");
+  for (int32_t zp : qp->zero_points) {
+    DBRQ_ENSURE(zp == 0, ValueError, "int8 kernel: oneDNN needs symmetric weights (zero point 0), got ", zp);
+  }
+  return quantize(contiguous(w), qp, DType::kS8);
+}
+
+Tensor accumulator_bias(const Tensor& bias, const std::vector<float>& bias_scales) {
+  if (!bias.defined()) return Tensor();
+  const Tensor b = contiguous(bias);
+  Tensor out = Tensor::empty({b.numel()}, DType::kF32);
+  const float* src = b.data<float>();
+  float* dst = out.mutable_data<float>();
+  for (int64_t i = 0; i < b.numel(); ++i) dst[i] = src[i] * bias_scales[static_cast<size_t>(i)];
+  return out;
+}
+
+void check_u8(const char* op, const Tensor& x) {
+  DBRQ_ENSURE(x.defined() && x.dtype() == DType::kU8 && x.is_quantized() && !x.qparams()->is_per_channel(),
+              DTypeError, op, ": int8 input must be a per-tensor quantized u8 tensor, got ",
+              x.defined() ? dtype_name(x.dtype()) : "undefined");
+}
+
+bool needs_real_units(const PostOps& post) {
+  for (const PostOp& p : post) {
+    if (p.kind != PostOp::Kind::kRelu) return true;
+  }
+  return false;
+}
+
+// Post-ops after oneDNN's output scaling. In "real units" mode the scale produced real values and
+// the last eltwise carries the requantizing 1/out scale.
+dnnl::post_ops make_int8_post_ops(const PostOps& post, bool real_units, float dst_r) {
+  dnnl::post_ops ops;
+  for (size_t i = 0; i < post.size(); ++i) {
+    PostOps one = {post[i]};
+    const float scale = (real_units && i + 1 == post.size()) ? dst_r : 1.f;
+    float alpha = post[i].alpha, beta = post[i].beta;
+    if (post[i].kind == PostOp::Kind::kRelu) alpha = beta = 0.f;
+    if (post[i].kind == PostOp::Kind::kSilu) alpha = 1.f;
+    ops.append_eltwise(scale, eltwise_algorithm(post[i].kind), alpha, beta);
+  }
+  return ops;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// QConv2d
+
+QConv2d::QConv2d(QConvOptions o) : o_(std::move(o)), cache_(std::make_unique<PrimitiveCacheImpl>()) {
+  DBRQ_ENSURE(o_.src_qparams && o_.dst_qparams, ValueError, "QConv2d: source and destination parameters are required");
+  check_float("quantized conv2d", "weight", o_.weight);
+  qweight_ = quantize_weight(o_.weight, o_.weight_qparams);
+  const int64_t k = o_.weight.size(0);
+  const bool real = needs_real_units(o_.post);
+  DBRQ_ENSURE(!(real && o_.sum_qparams), ValueError, "QConv2d: a residual add with a non-relu activation is not fused");
+  RequantScales r = requant_scales(o_.src_qparams->scale(), scales_of(*o_.weight_qparams, k),
+                                   real ? 0.f : o_.dst_qparams->scale());
+  op_scales_ = std::move(r.op_scales);
+  bias_acc_ = accumulator_bias(o_.bias, r.bias_scales);
+}
+
+QConv2d::~QConv2d() = default;
+
+std::string QConv2d::describe() const {
+  std::string s = absl::StrFormat("int8 conv2d %s", o_.weight.shape_string());
+  for (const PostOp& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p.kind));
+  if (o_.sum_qparams) absl::StrAppend(&s, " +residual(sum)");
+  return s;
+}
+
+Tensor QConv2d::empty_output(const Tensor& x) const {
+  const ConvGeometry g = conv2d_geometry(x, o_.weight, o_.bias, o_.params);
+  return Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::kU8, MemoryFormat::kChannelsLast).with_qparams(o_.dst_qparams);
+}
+
+Tensor QConv2d::run(const Tensor& x_in, const Tensor* residual, const Tensor* out) const {
+  check_u8("quantized conv2d", x_in);
+  const ConvGeometry g = conv2d_geometry(x_in, o_.weight, o_.bias, o_.params);
+  const Tensor x = x_in.is_channels_last() ? x_in : copy(x_in, MemoryFormat::kChannelsLast, DType::kU8);
+  Tensor dst = out != nullptr ? *out : empty_output(x);
+  DBRQ_CHECK(dst.is_channels_last() && dst.dtype() == DType::kU8, "conv output buffer must be u8 channels-last");
+  if (dst.numel() == 0) return dst;
+  if (o_.sum_qparams != nullptr) {
+    DBRQ_ENSURE(residual != nullptr && residual->sizes() == dst.sizes(), ShapeError,
+                "quantized conv2d + add: residual sizes ", residual ? residual->shape_string() : "none",
+                " differ from the conv output sizes ", dst.shape_string());
+    copy_into(dst, *residual);  // the sum post-op accumulates onto what dst holds
+  }
+  const int32_t src_zp = x.q_zero_point();
+  DBRQ_ENSURE(x.q_scale() == o_.src_qparams->scale() && src_zp == o_.src_qparams->zero_point(), ValueError,
+              "quantized conv2d: input parameters (", x.qparams()->to_string(), ") differ from the converted ones (",
+              o_.src_qparams->to_string(), ")");
+
+  PrimitiveKey key("qconv2d");
+  key.add(x.sizes()).add(static_cast<int64_t>(get_num_threads()));
+  auto entry = cache_->get(key, [&] {
+    try {
+      const bool grouped = g.groups > 1;
+      dnnl::memory::dims wdims = grouped ? dnnl::memory::dims{g.groups, g.k / g.groups, o_.weight.size(1), g.r, g.s}
+                                         : dnnl::memory::dims{g.k, o_.weight.size(1), g.r, g.s};
+      auto src_md = plain_desc(x.sizes(), DType::kU8, tag::nhwc);
+      auto dst_md = plain_desc(dst.sizes(), DType::kU8, tag::nhwc);
+      dnnl::memory::desc w_md(wdims, dt::s8, tag::any);
+      dnnl::memory::desc b_md = bias_acc_.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                        src_md, w_md, b_md, dst_md, {o_.params.stride[0], o_.params.stride[1]},
+                                        {o_.params.dilation[0] - 1, o_.params.dilation[1] - 1},
+                                        {o_.params.padding[0], o_.params.padding[1]},
+                                        {o_.params.padding[0], o_.params.padding[1]});
+      dnnl::primitive_attr attr = base_attr();
+      attr.set_output_scales(op_scales_.size() > 1 || o_.weight_qparams->is_per_channel() ? 1 << 1 : 0, op_scales_);
+      if (src_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {src_zp});
+      if (o_.dst_qparams->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {o_.dst_qparams->zero_point()});
+      const bool real = needs_real_units(o_.post);
+      const float dst_r = static_cast<float>(1.0 / static_cast<double>(o_.dst_qparams->scale()));
+      dnnl::post_ops ops;
+      if (o_.sum_qparams != nullptr) {
+        // ideep: sum_scale = (1/out) / (1/residual).
+        const float res_r = static_cast<float>(1.0 / static_cast<double>(o_.sum_qparams->scale()));
+        ops.append_sum(dst_r / res_r, o_.sum_qparams->zero_point(), dt::u8);
+      }
+      dnnl::post_ops eltwise = make_int8_post_ops(o_.post, real, dst_r);
+      for (int i = 0; i < eltwise.len(); ++i) {
+        dnnl::algorithm alg;
+        float scale, alpha, beta;
+        eltwise.get_params_eltwise(i, scale, alg, alpha, beta);
+        ops.append_eltwise(scale, alg, alpha, beta);
+      }
+      attr.set_post_ops(ops);
+      dnnl::convolution_forward::primitive_desc pd(d, attr, cpu_engine());
+      auto e = std::make_shared<Int8Entry>();
+      e->prim = dnnl::convolution_forward(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->src_md = src_md;
+      e->dst_md = dst_md;
+      e->wei_md = pd.weights_desc();
+      dnnl::memory::desc user_w = grouped ? dnnl::memory::desc(wdims, dt::s8, tag::goihw)
+                                          : dnnl::memory::desc(wdims, dt::s8, tag::oihw);
+      e->weights = cache_->packed(qweight_, user_w, e->wei_md);
+      if (bias_acc_.defined()) e->bias = mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias_acc_);
+      return e;
+    } catch (const dnnl::error& err) {
+      rethrow_dnnl("creating an int8 convolution", err);
+    }
+  });
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
+                                                {DNNL_ARG_WEIGHTS, entry->weights},
+                                                {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
+  if (bias_acc_.defined()) args.emplace(DNNL_ARG_BIAS, entry->bias);
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  return dst;
+}
+
+// ---------------------------------------------------------------------------------------------
+// QLinear
+
+QLinear::QLinear(QLinearOptions o) : o_(std::move(o)), cache_(std::make_unique<PrimitiveCacheImpl>()) {
+  check_float("quantized linear", "weight", o_.weight);
+  DBRQ_ENSURE(o_.weight.dim() == 2, ShapeError, "quantized linear: weight must be 2-D, got ", o_.weight.shape_string());
+  qweight_ = quantize_weight(o_.weight, o_.weight_qparams);
+  if (!o_.dynamic) {
+    DBRQ_ENSURE(o_.src_qparams && o_.dst_qparams, ValueError,
+                "QLinear: static quantization needs source and destination parameters");
+    const bool real = needs_real_units(o_.post);
+    RequantScales r = requant_scales(o_.src_qparams->scale(), scales_of(*o_.weight_qparams, o_.weight.size(0)),
+                                     real ? 0.f : o_.dst_qparams->scale());
+    op_scales_ = std::move(r.op_scales);
+    bias_acc_ = accumulator_bias(o_.bias, r.bias_scales);
+  }
+}
+
+QLinear::~QLinear() = default;
+
+std::string QLinear::describe() const {
+  std::string s = absl::StrFormat("%s linear %s", o_.dynamic ? "dynamic int8" : "int8", o_.weight.shape_string());
+  for (const PostOp& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p.kind));
+  return s;
+}
+
+namespace {
+
+// PyTorch's dynamic quantization parameters (u8, full range, zero in range).
+QuantParamsPtr dynamic_qparams(const Tensor& x) {
+  const float* p = x.data<float>();
+  float mn = 0.f, mx = 0.f;  // the range always includes 0
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (!std::isfinite(p[i])) continue;
+    mn = std::min(mn, p[i]);
+    mx = std::max(mx, p[i]);
+  }
+  const double scale = std::max((static_cast<double>(mx) - mn) / 255.0, 1e-8);
+  const double zp_from_min = 0.0 - mn / scale;
+  const int32_t zp = static_cast<int32_t>(std::min(std::max(std::nearbyint(zp_from_min), 0.0), 255.0));
+  return QuantParams::per_tensor(static_cast<float>(scale), zp);
+}
+
+}  // namespace
+
+Tensor QLinear::run(const Tensor& x) const {
+  check_defined("quantized linear", "input", x);
+  if (!o_.dynamic) {
+    check_u8("quantized linear", x);
+    return run_static(x, *x.qparams(), op_scales_, bias_acc_, o_.dst_qparams.get());
+  }
+  // Dynamic: an int8 input is used as it comes; an f32 one is quantized from its own range.
+  Tensor q = x;
+  if (!x.is_quantized()) {
+    check_float("dynamic quantized linear", "input", x);
+    const Tensor xc = contiguous(x);
+    q = quantize(xc, dynamic_qparams(xc), DType::kU8);
+  }
+  check_u8("dynamic quantized linear", q);
+  RequantScales r = requant_scales(q.q_scale(), scales_of(*o_.weight_qparams, o_.weight.size(0)), 0.f);
+  const Tensor bias = accumulator_bias(o_.bias, r.bias_scales);
+  return run_static(q, *q.qparams(), r.op_scales, bias, nullptr);
+}
+
+Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std::vector<float>& op_scales,
+                           const Tensor& bias, const QuantParams* dstq) const {
+  const std::vector<int64_t> out_sizes = linear_output_sizes(x_in, o_.weight, o_.bias);
+  const int64_t k = o_.weight.size(1), n = o_.weight.size(0);
+  const int64_t m = k == 0 ? 0 : x_in.numel() / k;
+  Tensor x = x_in.raw_view({m, k});
+  if (!x.defined() || x.stride(1) != 1 || x.stride(0) != k) x = copy(x_in, MemoryFormat::kContiguous, DType::kU8).raw_view({m, k});
+  const DType out_dt = dstq != nullptr ? DType::kU8 : DType::kF32;
+  Tensor dst = Tensor::empty({m, n}, out_dt);
+  if (dstq != nullptr) dst = dst.with_qparams(o_.dst_qparams);
+  if (m == 0 || n == 0) return dst.raw_view(out_sizes);
+  if (dstq != nullptr) {
+    DBRQ_ENSURE(src.scale() == o_.src_qparams->scale() && src.zero_point() == o_.src_qparams->zero_point(), ValueError,
+                "quantized linear: input parameters (", src.to_string(), ") differ from the converted ones (",
+                o_.src_qparams->to_string(), ")");
+  }
+  const bool dynamic = dstq == nullptr;
+  PrimitiveKey key("qlinear");
+  key.add(m).add(static_cast<int64_t>(get_num_threads()));
+  if (dynamic) key.add(static_cast<int64_t>(src.zero_point()));  // zero point baked into the primitive
+  auto entry = cache_->get(key, [&] {
+    try {
+      auto src_md = plain_desc({m, k}, DType::kU8, tag::ab);
+      auto dst_md = plain_desc({m, n}, out_dt, tag::ab);
+      dnnl::memory::desc w_md({k, n}, dt::s8, tag::any);
+      dnnl::memory::desc b_md = o_.bias.defined() ? plain_desc({1, n}, DType::kF32, tag::ab) : dnnl::memory::desc();
+      dnnl::primitive_attr attr = base_attr();
+      // Dynamic calls change the scales every time: runtime scales serve them all.
+      if (dynamic) {
+        attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+      } else {
+        attr.set_output_scales(o_.weight_qparams->is_per_channel() ? 1 << 1 : 0, op_scales);
+      }
+      if (src.zero_point() != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {src.zero_point()});
+      if (dstq != nullptr && dstq->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dstq->zero_point()});
+      const bool real = needs_real_units(o_.post);
+      const float dst_r = dstq != nullptr ? static_cast<float>(1.0 / static_cast<double>(dstq->scale())) : 1.f;
+      attr.set_post_ops(make_int8_post_ops(o_.post, real && !dynamic, dst_r));
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_md, b_md, dst_md), attr, cpu_engine());
+      auto e = std::make_shared<Int8Entry>();
+      e->prim = dnnl::matmul(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->src_md = src_md;
+      e->dst_md = dst_md;
+      e->wei_md = pd.weights_desc();
+      // User weights [N, K] read as the [K, N] operand: strides {1, K}.
+      dnnl::memory::desc user_w({k, n}, dt::s8, dnnl::memory::dims{1, k});
+      e->weights = cache_->packed(qweight_, user_w, e->wei_md);
+      return e;
+    } catch (const dnnl::error& err) {
+      rethrow_dnnl("creating an int8 matmul for linear", err);
+    }
+  });
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
+                                                {DNNL_ARG_WEIGHTS, entry->weights},
+                                                {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({1, n}, DType::kF32, tag::ab), bias));
+  std::vector<float> runtime_scales;
+  if (dynamic) {
+    runtime_scales = op_scales;
+    if (runtime_scales.size() == 1) runtime_scales.assign(static_cast<size_t>(n), runtime_scales[0]);
+    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
+                 dnnl::memory(plain_desc({n}, DType::kF32, tag::x), cpu_engine(), runtime_scales.data()));
+  }
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  return dst.raw_view(out_sizes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// QMatmul
+
+QMatmul::QMatmul(QuantParamsPtr a, QuantParamsPtr b, QuantParamsPtr dst, bool dynamic)
+    : a_(std::move(a)), b_(std::move(b)), dst_(std::move(dst)), dynamic_(dynamic),
+      cache_(std::make_unique<PrimitiveCacheImpl>()) {
+  DBRQ_ENSURE(dynamic_ || (a_ && b_ && dst_), ValueError, "QMatmul: static quantization needs all parameters");
+}
+
+QMatmul::~QMatmul() = default;
+
+std::string QMatmul::describe() const { return dynamic_ ? "dynamic int8 matmul" : "int8 matmul (u8 x s8)"; }
+
+Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
+  check_defined("quantized matmul", "input", a_in);
+  check_defined("quantized matmul", "other", b_in);
+  Tensor a = a_in, b = b_in;
+  if (dynamic_) {
+    if (!a.is_quantized()) a = quantize(contiguous(a), dynamic_qparams(contiguous(a)), DType::kU8);
+    if (!b.is_quantized()) b = quantize(contiguous(b), dynamic_qparams(contiguous(b)), DType::kU8);
+  }
+  check_u8("quantized matmul", a);
+  check_u8("quantized matmul", b);
+  const MatmulShapes s = matmul_shapes(a.sizes(), b.sizes());
+  Tensor av = a.raw_view(s.a);
+  if (!av.defined()) av = copy(a, MemoryFormat::kContiguous, DType::kU8).raw_view(s.a);
+  if (!av.is_contiguous()) av = copy(av, MemoryFormat::kContiguous, DType::kU8);
+  // The second operand as s8: q - 128 with zero point - 128 (exact), contiguous.
+  Tensor bv = b.raw_view(s.b);
+  if (!bv.defined()) bv = copy(b, MemoryFormat::kContiguous, DType::kU8).raw_view(s.b);
+  Tensor b8 = Tensor::empty(s.b, DType::kS8);
+  {
+    Tensor bc = contiguous(bv);
+    const uint8_t* src = bc.data<uint8_t>();
+    int8_t* dst = b8.mutable_data<int8_t>();
+    parallel_for(b8.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = static_cast<int8_t>(static_cast<int32_t>(src[i]) - 128);
+    });
+  }
+  const int32_t a_zp = a.q_zero_point(), b_zp = b.q_zero_point() - 128;
+  const DType out_dt = dynamic_ ? DType::kF32 : DType::kU8;
+  Tensor dst = Tensor::empty(s.out, out_dt);
+  if (!dynamic_) dst = dst.with_qparams(dst_);
+  std::vector<int64_t> final_sizes = s.out;
+  if (s.squeeze_n) final_sizes.pop_back();
+  if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
+  if (dst.numel() == 0) return dst.raw_view(final_sizes);
+  // PyTorch convention, one scale for the whole product.
+  const RequantScales r = requant_scales(a.q_scale(), {b.q_scale()}, dynamic_ ? 0.f : dst_->scale());
+  PrimitiveKey key("qmatmul");
+  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads())).add(r.op_scales[0]);
+  key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
+  auto entry = cache_->get(key, [&] {
+    try {
+      dnnl::primitive_attr attr = base_attr();
+      attr.set_output_scales(0, {r.op_scales[0]});
+      if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
+      if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
+      if (!dynamic_ && dst_->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_->zero_point()});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(av), desc_of(b8), desc_of(dst)), attr, cpu_engine());
+      auto e = std::make_shared<Int8Entry>();
+      e->prim = dnnl::matmul(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->src_md = desc_of(av);
+      e->wei_md = desc_of(b8);
+      e->dst_md = desc_of(dst);
+      return e;
+    } catch (const dnnl::error& err) {
+      rethrow_dnnl("creating an int8 matmul", err);
+    }
+  });
+  execute(entry->prim, entry->scratchpad_bytes,
+          {{DNNL_ARG_SRC, mem_of(entry->src_md, av)},
+           {DNNL_ARG_WEIGHTS, mem_of(entry->wei_md, b8)},
+           {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}});
+  return dst.raw_view(final_sizes);
+}
+
+}  // namespace dbrq::kernels

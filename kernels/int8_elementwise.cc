@@ -1,0 +1,262 @@
+// Int8 elementwise, pooling and (re)quantization kernels. The arithmetic mirrors PyTorch's
+// quantized CPU kernels (FMA dequantization, reciprocal scales computed in double, round half to
+// even) so converted models agree with PyTorch's onednn engine.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/dnnl_utils.h"
+#include "kernels/int8.h"
+#include "kernels/loops.h"
+#include "runtime/op_shapes.h"
+
+namespace dbrq::kernels {
+namespace {
+
+constexpr int64_t kGrain = 1 << 16;
+
+// PyTorch passes 1.0 / scale computed in double to its vectorized quantizers.
+inline float inverse(float scale) { return static_cast<float>(1.0 / static_cast<double>(scale)); }
+
+inline uint8_t saturate_u8(int32_t v) { return static_cast<uint8_t>(std::min(std::max(v, 0), 255)); }
+
+void check_u8(const char* op, const Tensor& x) {
+  DBRQ_ENSURE(x.defined() && x.dtype() == DType::kU8 && x.is_quantized() && !x.qparams()->is_per_channel(),
+              DTypeError, op, ": needs a per-tensor quantized u8 tensor, got ",
+              x.defined() ? dtype_name(x.dtype()) : "undefined");
+}
+
+Tensor dense(const Tensor& t) {
+  return t.is_non_overlapping_and_dense() ? t : copy(t, MemoryFormat::kContiguous, t.dtype());
+}
+
+}  // namespace
+
+Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, MemoryFormat format) {
+  check_float("quantize", "input", x_in);
+  DBRQ_ENSURE(qp != nullptr && !qp->is_per_channel() && dtype == DType::kU8, ValueError,
+              "quantize_to: needs per-tensor parameters and dtype u8");
+  Tensor dst = format == MemoryFormat::kPreserve || (format == MemoryFormat::kChannelsLast && x_in.dim() != 4)
+                   ? Tensor::empty_like(x_in, DType::kU8)
+                   : Tensor::empty(x_in.sizes(), DType::kU8, format);
+  dst = dst.with_qparams(qp);
+  const float inv = inverse(qp->scale());
+  const int32_t zp = qp->zero_point();
+  uint8_t* out = static_cast<uint8_t*>(dst.mutable_data_ptr());
+  if (x_in.strides() == dst.strides()) {
+    const float* src = x_in.data<float>();
+    parallel_for(x_in.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = saturate_u8(static_cast<int32_t>(std::nearbyint(src[i] * inv)) + zp);
+    });
+    return dst;
+  }
+  if (x_in.dim() == 4 && dst.is_channels_last() && x_in.is_contiguous()) {
+    // NCHW f32 -> NHWC u8 in one pass (the first conv's input).
+    const int64_t n = x_in.size(0), c = x_in.size(1), hw = x_in.size(2) * x_in.size(3);
+    const float* src = x_in.data<float>();
+    parallel_for(n * hw, 1024, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p / hw, s = p % hw;
+        const float* in = src + b * c * hw + s;
+        uint8_t* o = out + p * c;
+        for (int64_t ch = 0; ch < c; ++ch) o[ch] = saturate_u8(static_cast<int32_t>(std::nearbyint(in[ch * hw] * inv)) + zp);
+      }
+    });
+    return dst;
+  }
+  Tensor tmp = quantize_to(contiguous(x_in), qp, dtype, MemoryFormat::kContiguous);
+  copy_into(dst, tmp);
+  return dst;
+}
+
+Tensor apply_lut(const Tensor& x_in, const Lut& lut, const QuantParamsPtr& out_qparams) {
+  check_u8("lookup table", x_in);
+  const Tensor x = dense(x_in);
+  Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(out_qparams);
+  const uint8_t* src = x.data<uint8_t>();
+  uint8_t* out = dst.mutable_data<uint8_t>();
+  parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = lut[src[i]];
+  });
+  return dst;
+}
+
+Tensor requantize(const Tensor& x, const QuantParamsPtr& qparams) {
+  check_u8("requantize", x);
+  DBRQ_ENSURE(qparams != nullptr && !qparams->is_per_channel(), ValueError, "requantize: needs per-tensor parameters");
+  if (*x.qparams() == *qparams) return x.with_qparams(qparams);
+  // quantize(dequantize(q)) for each code, with PyTorch's FMA dequantization.
+  Lut lut;
+  const float s = x.q_scale(), premul = s * -static_cast<float>(x.q_zero_point());
+  const float inv = inverse(qparams->scale());
+  for (int q = 0; q < 256; ++q) {
+    const float v = std::fma(s, static_cast<float>(q), premul);
+    lut[q] = saturate_u8(static_cast<int32_t>(std::nearbyint(v * inv)) + qparams->zero_point());
+  }
+  return apply_lut(x, lut, qparams);
+}
+
+namespace {
+
+template <typename F>
+Tensor binary_u8(const char* op, const Tensor& a_in, const Tensor& b_in, const QuantParamsPtr& out, F&& f) {
+  check_u8(op, a_in);
+  check_u8(op, b_in);
+  DBRQ_ENSURE(a_in.sizes() == b_in.sizes(), ShapeError, op, ": int8 operands must have equal sizes, got ",
+              a_in.shape_string(), " and ", b_in.shape_string());
+  const Tensor a = dense(a_in);
+  // Walk both operands in a's memory order.
+  Tensor bb = b_in;
+  if (bb.strides() != a.strides()) {
+    bb = Tensor::empty_strided(a.sizes(), a.strides(), DType::kU8).with_qparams(b_in.qparams_ptr());
+    copy_into(bb, b_in);
+  }
+  Tensor dst = Tensor::empty_strided(a.sizes(), a.strides(), DType::kU8).with_qparams(out);
+  const uint8_t* pa = a.data<uint8_t>();
+  const uint8_t* pb = bb.data<uint8_t>();
+  uint8_t* po = dst.mutable_data<uint8_t>();
+  parallel_for(a.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) po[i] = f(pa[i], pb[i]);
+  });
+  return dst;
+}
+
+}  // namespace
+
+Tensor qadd(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu) {
+  check_u8("quantized add", a);
+  check_u8("quantized add", b);
+  const float sa = a.q_scale(), sb = b.q_scale();
+  const float pa = sa * -static_cast<float>(a.q_zero_point()), pb = sb * -static_cast<float>(b.q_zero_point());
+  const float inv = inverse(out->scale());
+  const int32_t zp = out->zero_point();
+  return binary_u8("quantized add", a, b, out, [=](uint8_t x, uint8_t y) {
+    float c = std::fma(sa, static_cast<float>(x), pa) + std::fma(sb, static_cast<float>(y), pb);
+    if (relu) c = std::max(c, 0.f);
+    return saturate_u8(static_cast<int32_t>(std::nearbyint(c * inv)) + zp);
+  });
+}
+
+Tensor qmul(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu) {
+  check_u8("quantized mul", a);
+  check_u8("quantized mul", b);
+  const int32_t za = a.q_zero_point(), zb = b.q_zero_point(), zp = out->zero_point();
+  const float multiplier = a.q_scale() * b.q_scale() * (1.0f / out->scale());
+  return binary_u8("quantized mul", a, b, out, [=](uint8_t x, uint8_t y) {
+    const int32_t c = (static_cast<int32_t>(x) - za) * (static_cast<int32_t>(y) - zb);
+    int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(c) * multiplier)) + zp;
+    if (relu) q = std::max(q, zp);
+    return saturate_u8(q);
+  });
+}
+
+namespace {
+
+// Sum of codes over a window of an NCHW-indexed u8 tensor, turned into a rounded mean the way
+// PyTorch's quantized average pooling does: acc = sum(q) - zp * count, out = round(acc / divisor) + zp.
+inline uint8_t avg_code(int32_t acc, float multiplier, int32_t zp) {
+  return saturate_u8(static_cast<int32_t>(std::nearbyint(static_cast<float>(acc) * multiplier)) + zp);
+}
+
+}  // namespace
+
+Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p) {
+  check_u8("quantized avg_pool2d", x);
+  const PoolGeometry g = pool2d_geometry("quantized avg_pool2d", x, p);
+  Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::kU8, x.suggest_memory_format()).with_qparams(x.qparams_ptr());
+  const uint8_t* src = x.data<uint8_t>();
+  uint8_t* out = dst.mutable_data<uint8_t>();
+  const int32_t zp = x.q_zero_point();
+  const int64_t sn = x.stride(0), sc = x.stride(1), sh = x.stride(2), sw = x.stride(3);
+  const int64_t dn = dst.stride(0), dc = dst.stride(1), dh = dst.stride(2), dw = dst.stride(3);
+  parallel_for(g.n * g.oh, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t nh = lo; nh < hi; ++nh) {
+      const int64_t b = nh / g.oh, oh = nh % g.oh;
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+        int64_t h1 = std::min(h0 + p.kernel_size[0], g.h + p.padding[0]);
+        int64_t w1 = std::min(w0 + p.kernel_size[1], g.w + p.padding[1]);
+        const int64_t pool_size = (h1 - h0) * (w1 - w0);
+        h0 = std::max<int64_t>(h0, 0);
+        w0 = std::max<int64_t>(w0, 0);
+        h1 = std::min(h1, g.h);
+        w1 = std::min(w1, g.w);
+        const int64_t count = (h1 - h0) * (w1 - w0);
+        const int64_t divisor = p.count_include_pad ? pool_size : count;
+        const float multiplier = 1.0f / static_cast<float>(divisor);
+        for (int64_t c = 0; c < g.c; ++c) {
+          int32_t acc = -zp * static_cast<int32_t>(count);
+          for (int64_t y = h0; y < h1; ++y) {
+            for (int64_t z = w0; z < w1; ++z) acc += src[b * sn + c * sc + y * sh + z * sw];
+          }
+          out[b * dn + c * dc + oh * dh + ow * dw] = avg_code(acc, multiplier, zp);
+        }
+      }
+    }
+  });
+  return dst;
+}
+
+Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
+  check_u8("quantized adaptive_avg_pool2d", x);
+  DBRQ_ENSURE(x.dim() == 4, ShapeError, "quantized adaptive_avg_pool2d: input must be 4-D, got ", x.shape_string());
+  DBRQ_ENSURE(os[0] >= 1 && os[1] >= 1, ValueError, "adaptive_avg_pool2d: output_size must be >= 1");
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  Tensor dst = Tensor::empty({n, c, os[0], os[1]}, DType::kU8, x.suggest_memory_format()).with_qparams(x.qparams_ptr());
+  const uint8_t* src = x.data<uint8_t>();
+  uint8_t* out = dst.mutable_data<uint8_t>();
+  const int32_t zp = x.q_zero_point();
+  parallel_for(n * os[0], 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t nh = lo; nh < hi; ++nh) {
+      const int64_t b = nh / os[0], i = nh % os[0];
+      const int64_t h0 = (i * h) / os[0], h1 = ((i + 1) * h + os[0] - 1) / os[0];
+      for (int64_t j = 0; j < os[1]; ++j) {
+        const int64_t w0 = (j * w) / os[1], w1 = ((j + 1) * w + os[1] - 1) / os[1];
+        const int64_t count = (h1 - h0) * (w1 - w0);
+        const float multiplier = 1.0f / static_cast<float>(h1 - h0) / static_cast<float>(w1 - w0);
+        for (int64_t ch = 0; ch < c; ++ch) {
+          int32_t acc = -zp * static_cast<int32_t>(count);
+          for (int64_t y = h0; y < h1; ++y) {
+            for (int64_t z = w0; z < w1; ++z) {
+              acc += src[b * x.stride(0) + ch * x.stride(1) + y * x.stride(2) + z * x.stride(3)];
+            }
+          }
+          out[b * dst.stride(0) + ch * dst.stride(1) + i * dst.stride(2) + j * dst.stride(3)] = avg_code(acc, multiplier, zp);
+        }
+      }
+    }
+  });
+  return dst;
+}
+
+Tensor qmean(const Tensor& x, IntArrayRef dims, bool keepdim) {
+  check_u8("quantized mean", x);
+  // Mean of real values, requantized with the input's own parameters (the output shares them).
+  Tensor real = dequantize(x);
+  Tensor m = mean(real, dims, keepdim);
+  return quantize_to(m, x.qparams_ptr(), DType::kU8, MemoryFormat::kPreserve);
+}
+
+Tensor qclamp(const Tensor& x, double lo, double hi) {
+  check_u8("quantized clamp", x);
+  const float s = x.q_scale();
+  const int32_t zp = x.q_zero_point();
+  auto code = [&](double v) -> int32_t {
+    if (v == std::numeric_limits<double>::infinity()) return 255;
+    if (v == -std::numeric_limits<double>::infinity()) return 0;
+    return std::min(std::max(static_cast<int32_t>(std::nearbyint(static_cast<float>(v) * (1.0f / s))) + zp, 0), 255);
+  };
+  const int32_t qlo = code(lo), qhi = code(hi);
+  Lut lut;
+  for (int q = 0; q < 256; ++q) lut[q] = static_cast<uint8_t>(std::min(std::max(q, qlo), qhi));
+  return apply_lut(x, lut, x.qparams_ptr());
+}
+
+Tensor qsoftmax(const Tensor& x, int64_t dim, const QuantParamsPtr& out) {
+  check_u8("quantized softmax", x);
+  Tensor real = dequantize(x);
+  Tensor y = softmax(real, dim, false);
+  return quantize_to(y, out, DType::kU8, MemoryFormat::kPreserve);
+}
+
+}  // namespace dbrq::kernels
