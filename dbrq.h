@@ -17,6 +17,7 @@
 #include "quant_state/observers.h"
 #include "quant_state/qconfig.h"
 #include "quant_state/qparams.h"
+#include "quant_state/serialization.h"
 #include "runtime/dispatcher.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -27,4 +28,5 @@
 #include "runtime/storage.h"
 #include "runtime/tensor.h"
 #include "runtime/threading.h"
+#include "tracer/numerics.h"
 #include "tracer/quantize.h"

@@ -69,8 +69,13 @@ void Module::replace_module(const std::string& name, std::shared_ptr<Module> mod
 
 namespace {
 
-Tensor register_named(NamedTensors& list, const std::string& what, const std::string& name, Tensor tensor) {
+Tensor register_named(NamedTensors& list, const NamedTensors& other, const std::string& what,
+                      const std::string& name, Tensor tensor) {
   check_name(what, name);
+  for (auto& [n, t] : other) {
+    DBRQ_ENSURE(n != name, ValueError, "register_", what, "(\"", name, "\"): the name is already used by a ",
+                what == "parameter" ? "buffer" : "parameter");
+  }
   for (auto& [n, t] : list) {
     if (n == name) {
       t = std::move(tensor);
@@ -84,11 +89,11 @@ Tensor register_named(NamedTensors& list, const std::string& what, const std::st
 }  // namespace
 
 Tensor Module::register_parameter(const std::string& name, Tensor tensor) {
-  return register_named(params_, "parameter", name, std::move(tensor));
+  return register_named(params_, buffers_, "parameter", name, std::move(tensor));
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor tensor) {
-  return register_named(buffers_, "buffer", name, std::move(tensor));
+  return register_named(buffers_, params_, "buffer", name, std::move(tensor));
 }
 
 std::vector<std::shared_ptr<Module>> Module::children() const {
@@ -239,7 +244,8 @@ void Module::print(std::ostream& os, int indent) const {
     os << extra << ")";
     return;
   }
-  os << extra << "\n";
+  os << "\n";
+  if (!extra.empty()) os << std::string(indent + 2, ' ') << extra << "\n";
   for (auto& [name, m] : children_) {
     os << std::string(indent + 2, ' ') << "(" << name << "): ";
     m->print(os, indent + 2);

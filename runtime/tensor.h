@@ -185,8 +185,8 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
 
-  // Opaque tag for interceptors (the tracer stores its model-wide tensor id here). Copies keep it;
-  // op outputs start at 0.
+  // Opaque tag for interceptors (the tracer stores its model-wide tensor id here). Copies keep it,
+  // raw_* views reset it to 0, and an op that returns its input unchanged returns it as is.
   int64_t trace_id() const { return trace_id_; }
   void set_trace_id(int64_t id) { trace_id_ = id; }
 

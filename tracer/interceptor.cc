@@ -204,6 +204,11 @@ Tensor QuantInterceptor::convert_op(const OpCall& call, Frame* owner, Frame* top
                                                  leaf != nullptr ? leaf->fqn() : "");
   ++owner->cursor;
   if (op.executor == nullptr) return run_fp32(call);
+  if (__builtin_expect(probe_ != nullptr, 0)) {
+    Tensor out = static_cast<ConvertedOp*>(op.executor.get())->run(call);
+    probe_(*owner->state, op, out);
+    return out;
+  }
   return static_cast<ConvertedOp*>(op.executor.get())->run(call);
 }
 

@@ -15,6 +15,7 @@
 // called from several threads at once, and two threads can run two models in different phases.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -68,6 +69,10 @@ class QuantInterceptor : public Interceptor {
   // Whether this model's outputs stay int8 (default: dequantized to fp32).
   void set_int8_outputs(bool on) { int8_outputs_ = on; }
 
+  // Sees every seen op's result after convert (numeric comparison). Not for concurrent calls.
+  using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo&, const Tensor&)>;
+  void set_probe(Probe probe) { probe_ = std::move(probe); }
+
  private:
   Tensor trace_op(const OpCall& call, Frame* owner, Frame* top);
   Tensor observe_op(const OpCall& call, Frame* owner, Frame* top);
@@ -78,6 +83,7 @@ class QuantInterceptor : public Interceptor {
   ModelQuantState& model_;  // owns this interceptor
   std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
   bool int8_outputs_ = false;
+  Probe probe_;
 };
 
 // Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).

@@ -1,6 +1,7 @@
 #include "tracer/quantize.h"
 
 #include <algorithm>
+#include <fstream>
 #include <sstream>
 
 #include "runtime/logging.h"
@@ -154,6 +155,26 @@ bool is_converted(const nn::Module& model) {
 
 ModelQuantState& model_quant_state(const nn::Module& model) {
   return interceptor_of(model, "model_quant_state").model();
+}
+
+void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options) {
+  const std::string text = quant_state_to_json(model_quant_state(model), model.type_name(), options);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  DBRQ_ENSURE(f.good(), IOError, "save_quant_state: cannot open \"", path, "\" for writing");
+  f << text;
+  f.flush();
+  DBRQ_ENSURE(f.good(), IOError, "save_quant_state: failed writing \"", path, "\"");
+}
+
+void load_quant_state(nn::Module& model, const std::string& path) {
+  ModelQuantState& m = interceptor_of(model, "load_quant_state").model();
+  DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError,
+              "load_quant_state: the model is already converted; load the calibration into a freshly prepared model");
+  std::ifstream f(path, std::ios::binary);
+  DBRQ_ENSURE(f.good(), IOError, "load_quant_state: cannot open \"", path, "\" for reading");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  quant_state_from_json(m, model.type_name(), ss.str(), "\"" + path + "\"");
 }
 
 std::string quant_state_to_string(const nn::Module& model) {

@@ -19,6 +19,7 @@
 
 #include "quant_state/auto_quant_state.h"
 #include "quant_state/qconfig.h"
+#include "quant_state/serialization.h"
 #include "runtime/module.h"
 
 namespace dbrq {
@@ -57,6 +58,14 @@ bool is_prepared(const nn::Module& model);
 bool is_converted(const nn::Module& model);
 // The model-wide state of a prepared model; throws UsageError when not prepared.
 ModelQuantState& model_quant_state(const nn::Module& model);
+
+// Writes the calibration of a prepared (calibrated or converted) model as a versioned JSON file
+// (see quant_state/serialization.h). Throws IOError when the file cannot be written.
+void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options = {});
+// Restores a saved calibration into a freshly prepared model, so convert() needs no data.
+// StateMismatchError names the first module / op that differs; FileFormatError for a malformed
+// file; UsageError after convert. The model is unchanged when loading fails.
+void load_quant_state(nn::Module& model, const std::string& path);
 
 // Every module with state, in fqn order, printed as AutoQuantizationState blocks.
 std::string quant_state_to_string(const nn::Module& model);

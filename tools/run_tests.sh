@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# dbrq's whole test suite, as CI runs it: installs what it needs, then runs every test target in
+# the normal build and under AddressSanitizer + UndefinedBehaviorSanitizer, builds the
+# external-client sample (a separate Bazel workspace using dbrq through local_repository), and
+# prints one summary line "N passed, M failed" (GoogleTest cases, plus one per extra check).
+#
+#   tools/run_tests.sh            # everything
+#   tools/run_tests.sh --quick    # normal build only (no sanitizers)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+passed=0
+failed=0
+
+# Adds up the <testsuites tests=.. failures=.. errors=..> counts of every test.xml of the last run.
+count_results() {
+  local label=$1 p=0 f=0
+  while IFS= read -r xml; do
+    local line t fl er
+    line=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || grep -m1 -o '<testsuite [^>]*>' "$xml")
+    t=$(echo "$line" | sed -n 's/.* tests="\([0-9]*\)".*/\1/p')
+    fl=$(echo "$line" | sed -n 's/.* failures="\([0-9]*\)".*/\1/p')
+    er=$(echo "$line" | sed -n 's/.* errors="\([0-9]*\)".*/\1/p')
+    t=${t:-0}; fl=${fl:-0}; er=${er:-0}
+    if [ "$t" -eq 0 ]; then t=1; fl=1; fi  # a target that wrote no cases did not run properly
+    f=$((f + fl + er))
+    p=$((p + t - fl - er))
+  done < <(find -L bazel-testlogs/ -name test.xml 2>/dev/null)
+  echo "$label: $p passed, $f failed" >&2
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+run_suite() {
+  local label=$1; shift
+  rm -rf bazel-testlogs/ 2>/dev/null
+  bazel test --nocache_test_results "$@" //... 2>&1 | tail -n 40
+  local rc=${PIPESTATUS[0]}
+  # Exit code 3: some tests failed (counted from their XML); 1 or others: the build broke.
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then
+    echo "$label: bazel exited with $rc (build failure)" >&2
+    failed=$((failed + 1))
+  fi
+  count_results "$label"
+}
+
+run_suite "normal" -c opt
+if [ "$QUICK" -eq 0 ]; then
+  run_suite "asan+ubsan" --config=asan
+fi
+
+# The external client: a user's own workspace depending on dbrq.
+if (cd samples/external_client && bazel build //... >/tmp/dbrq_external_client.log 2>&1); then
+  passed=$((passed + 1))
+  echo "external client: built" >&2
+else
+  failed=$((failed + 1))
+  echo "external client: FAILED (see /tmp/dbrq_external_client.log)" >&2
+  tail -n 20 /tmp/dbrq_external_client.log >&2
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package dbrq's build, tests, demo and benchmarks need. Idempotent:
+# packages already present are not touched, and nothing is downloaded when all are installed.
+#
+#   tools/setup.sh            # as root, or with sudo available
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java        # Bazel 4.2.3, offline
+  g++ clang libclang-rt-14-dev            # compilers; clang's runtime for libFuzzer
+  libdnnl-dev                             # oneDNN 2.6
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-torch python3-torchvision python3-numpy python3-sklearn   # goldens and the PyTorch side of benchmarks
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

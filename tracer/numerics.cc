@@ -1,0 +1,293 @@
+#include "tracer/numerics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "kernels/eager.h"
+#include "quant_state/auto_quant_state.h"
+#include "tracer/interceptor.h"
+#include "tracer/quantize.h"
+
+namespace dbrq {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<double> real_values(const Tensor& t) {
+  if (t.is_quantized()) return kernels::dequantize(t).to_vector<double>();
+  return t.to_vector<double>();
+}
+
+// Running sums for one compared tensor stream.
+struct Accum {
+  double signal = 0.0, noise = 0.0, max_abs = 0.0;
+  int64_t n = 0;
+  void add(const Tensor& ref, const Tensor& q) {
+    if (!ref.defined() || !q.defined() || ref.sizes() != q.sizes()) return;
+    const std::vector<double> a = real_values(ref), b = real_values(q);
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+      signal += a[i] * a[i];
+      const double d = a[i] - b[i];
+      noise += d * d;
+      max_abs = std::max(max_abs, std::abs(d));
+    }
+    n += static_cast<int64_t>(a.size());
+  }
+  double sqnr() const {
+    if (noise == 0.0) return kInf;
+    if (signal == 0.0) return -kInf;
+    return 10.0 * std::log10(signal / noise);
+  }
+};
+
+using Key = std::pair<std::string, int>;  // module fqn, op index
+
+// Records the fp32 outputs of the ops the converted model treats as seen ops, keyed like them.
+class FloatProbe : public Interceptor {
+ public:
+  FloatProbe(nn::Module& float_model, nn::Module& quantized_model) : q_(quantized_model) {
+    for (auto& [fqn, m] : float_model.named_modules()) fqn_of_[m] = fqn;
+  }
+
+  Tensor on_op(const OpCall& call) override {
+    Tensor out = call.run(call);
+    // The owner is the nearest non-leaf frame; the op's layer, if any, is the top frame.
+    const Frame* owner = nullptr;
+    const Frame* top = stack_.empty() ? nullptr : &stack_.back();
+    for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
+      if (!it->leaf) {
+        owner = &*it;
+        break;
+      }
+    }
+    if (owner == nullptr || owner->state == nullptr) return out;
+    const LeafQuantInfo* leaf = (top != nullptr && top->leaf) ? top->leaf_info : nullptr;
+    if (top != nullptr && top->leaf && leaf == nullptr) return out;
+    if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return out;
+    Frame* f = const_cast<Frame*>(owner);
+    outputs[{f->state->fqn(), f->cursor++}].push_back(out);
+    return out;
+  }
+
+  void on_module_enter(nn::Module& m, absl::Span<Tensor* const>) override {
+    Frame f;
+    f.leaf = m.is_leaf();
+    auto it = fqn_of_.find(&m);
+    if (it != fqn_of_.end()) {
+      nn::Module* qm = q_.find_module(it->second);
+      if (qm != nullptr) {
+        f.state = quant_state_of(*qm);
+        f.leaf_info = dynamic_cast<const LeafQuantInfo*>(qm->extension());
+      }
+    }
+    stack_.push_back(f);
+  }
+  void on_module_exit(nn::Module&, absl::Span<Tensor* const>) override { stack_.pop_back(); }
+  void on_module_unwind(nn::Module&) noexcept override {
+    if (!stack_.empty()) stack_.pop_back();
+  }
+
+  std::map<Key, std::vector<Tensor>> outputs;
+
+ private:
+  struct Frame {
+    bool leaf = false;
+    const AutoQuantizationState* state = nullptr;
+    const LeafQuantInfo* leaf_info = nullptr;
+    int cursor = 0;
+  };
+  nn::Module& q_;
+  std::unordered_map<const nn::Module*, std::string> fqn_of_;
+  std::vector<Frame> stack_;
+};
+
+// The op whose output a seen op's comparison uses: the end of its fused chain, if any.
+bool reports_output(const SeenOpInfo& op) {
+  if (op.role == QuantRole::kNone) return false;
+  if (!op.fusion.fused()) return true;
+  return op.fusion.position == static_cast<int>(op.fusion.pattern.size()) - 1;
+}
+
+std::string fmt_db(double v) {
+  if (v == kInf) return "inf";
+  if (v == -kInf) return "-inf";
+  return absl::StrFormat("%.2f", v);
+}
+
+std::string html_escape(const std::string& s) {
+  return absl::StrReplaceAll(s, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
+}
+
+}  // namespace
+
+double sqnr_db(const Tensor& reference, const Tensor& actual) {
+  DBRQ_ENSURE(reference.sizes() == actual.sizes(), ShapeError, "sqnr_db: sizes ", reference.shape_string(), " and ",
+              actual.shape_string(), " differ");
+  Accum a;
+  a.add(reference, actual);
+  return a.sqnr();
+}
+
+NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_model,
+                               const std::vector<std::vector<Tensor>>& inputs) {
+  DBRQ_ENSURE(is_converted(quantized_model), UsageError,
+              "compare_numerics: the quantized model must be converted (call dbrq::convert first)");
+  DBRQ_ENSURE(!is_prepared(float_model), UsageError,
+              "compare_numerics: the float model must be a plain fp32 model (not prepared)");
+  DBRQ_ENSURE(&float_model != &quantized_model, UsageError, "compare_numerics: pass two different model objects");
+  DBRQ_ENSURE(!inputs.empty(), ValueError, "compare_numerics: no inputs");
+  ModelQuantState& state = model_quant_state(quantized_model);
+  auto* interceptor = static_cast<tracer::QuantInterceptor*>(state.interceptor());
+
+  std::map<Key, Accum> acc;
+  std::map<Key, const SeenOpInfo*> info;
+  Accum output;
+  for (const auto& in : inputs) {
+    FloatProbe probe(float_model, quantized_model);
+    std::vector<Tensor> ref;
+    {
+      InterceptorScope scope(&probe);
+      ref = float_model.forward_tensors(in);
+    }
+    std::map<Key, int> seen_count;
+    interceptor->set_probe([&](const AutoQuantizationState& s, const SeenOpInfo& op, const Tensor& out) {
+      if (!reports_output(op)) return;
+      const Key key{s.fqn(), op.index};
+      const int k = seen_count[key]++;
+      auto it = probe.outputs.find(key);
+      if (it == probe.outputs.end() || k >= static_cast<int>(it->second.size())) return;
+      acc[key].add(it->second[k], out);
+      info[key] = &op;
+    });
+    std::vector<Tensor> q;
+    try {
+      q = quantized_model.forward_tensors(in);
+    } catch (...) {
+      interceptor->set_probe(nullptr);
+      throw;
+    }
+    interceptor->set_probe(nullptr);
+    for (size_t i = 0; i < ref.size() && i < q.size(); ++i) output.add(ref[i], q[i]);
+  }
+
+  NumericReport r;
+  r.batches = static_cast<int>(inputs.size());
+  r.output_sqnr_db = output.sqnr();
+  r.output_max_abs_error = output.max_abs;
+  for (auto& [key, a] : acc) {
+    const SeenOpInfo& op = *info[key];
+    const AutoQuantizationState* s = nullptr;
+    for (AutoQuantizationState* st : state.states()) {
+      if (st->fqn() == key.first) s = st;
+    }
+    const SeenOpInfo& base = op.fusion.fused() ? s->seen_ops()[op.fusion.base] : op;
+    OpNumerics o;
+    o.module_fqn = key.first;
+    o.index = base.index;
+    o.op = base.display_kind();
+    o.fqn = base.fqn;
+    const ModelQuantState::TensorRecord* rec = state.tensor(op.outputs[0].id);
+    if (rec != nullptr && rec->slot >= 0 && state.slot(rec->slot).qparams) {
+      o.qparams = state.slot(rec->slot).qparams->to_string();
+    } else if (op.qconfig && op.qconfig->is_dynamic()) {
+      o.qparams = "dynamic (per call), f32 output";
+    } else {
+      o.qparams = "derived from input";
+    }
+    o.sqnr_db = a.sqnr();
+    o.max_abs_error = a.max_abs;
+    o.elements = a.n;
+    r.ops.push_back(o);
+  }
+  std::stable_sort(r.ops.begin(), r.ops.end(), [](const OpNumerics& a, const OpNumerics& b) { return a.sqnr_db < b.sqnr_db; });
+  return r;
+}
+
+std::string NumericReport::to_table() const {
+  std::ostringstream os;
+  os << absl::StrFormat("%-28s %4s  %-28s %10s %12s  %s\n", "module / op fqn", "idx", "op", "SQNR dB", "max |err|",
+                        "output qparams");
+  for (const OpNumerics& o : ops) {
+    os << absl::StrFormat("%-28s %4d  %-28s %10s %12.5g  %s\n", o.fqn.empty() ? "<model>" : o.fqn, o.index, o.op,
+                          fmt_db(o.sqnr_db),
+                          o.max_abs_error, o.qparams);
+  }
+  os << absl::StrFormat("model output: SQNR %s dB, max |err| %.5g over %d batch(es)\n", fmt_db(output_sqnr_db),
+                        output_max_abs_error, batches);
+  return os.str();
+}
+
+std::string NumericReport::to_csv() const {
+  std::ostringstream os;
+  os << "module_fqn,index,op,fqn,sqnr_db,max_abs_error,elements,qparams\n";
+  auto quote = [](const std::string& s) { return "\"" + absl::StrReplaceAll(s, {{"\"", "\"\""}}) + "\""; };
+  for (const OpNumerics& o : ops) {
+    os << quote(o.module_fqn) << "," << o.index << "," << quote(o.op) << "," << quote(o.fqn) << ","
+       << fmt_db(o.sqnr_db) << "," << absl::StrFormat("%.9g", o.max_abs_error) << "," << o.elements << ","
+       << quote(o.qparams) << "\n";
+  }
+  return os.str();
+}
+
+std::string NumericReport::to_html(const std::string& title) const {
+  std::ostringstream os;
+  os << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << html_escape(title)
+     << " - dbrq numeric report</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        "th{background:#eee}.bad{color:#b00}.warn{color:#b60}.ok{color:#070}</style></head><body>\n";
+  os << "<h1>" << html_escape(title) << ": int8 vs fp32</h1>\n";
+  os << "<p>Model output SQNR: <b>" << fmt_db(output_sqnr_db) << " dB</b>, max |err| "
+     << absl::StrFormat("%.5g", output_max_abs_error) << ", over " << batches
+     << " batch(es). Ops sorted worst first; SQNR = 10 log10(&Sigma; ref&sup2; / &Sigma; (ref &minus; int8)&sup2;).</p>\n";
+  // Inline SVG bar chart: one bar per op, length proportional to SQNR (capped at 60 dB).
+  const int row = 16, label_w = 260, chart_w = 420;
+  const int h = static_cast<int>(ops.size()) * row + 30;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << label_w + chart_w + 60 << "\" height=\"" << h
+     << "\" role=\"img\" aria-label=\"SQNR per op\">\n";
+  for (int db = 0; db <= 60; db += 10) {
+    const int x = label_w + db * chart_w / 60;
+    os << "<line x1=\"" << x << "\" y1=\"0\" x2=\"" << x << "\" y2=\"" << h - 20 << "\" stroke=\"#ddd\"/>"
+       << "<text x=\"" << x << "\" y=\"" << h - 6 << "\" font-size=\"10\" text-anchor=\"middle\">" << db
+       << " dB</text>\n";
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpNumerics& o = ops[i];
+    const double v = std::isfinite(o.sqnr_db) ? std::min(std::max(o.sqnr_db, 0.0), 60.0) : (o.sqnr_db > 0 ? 60.0 : 0.0);
+    const int y = static_cast<int>(i) * row;
+    const char* color = o.sqnr_db < 20 ? "#d33" : (o.sqnr_db < 30 ? "#e90" : "#3a3");
+    os << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" font-size=\"11\" text-anchor=\"end\">"
+       << html_escape((o.fqn.empty() ? "<model>" : o.fqn) + " " + o.op) << "</text><rect x=\"" << label_w << "\" y=\"" << y + 2 << "\" width=\""
+       << static_cast<int>(v * chart_w / 60) << "\" height=\"" << row - 4 << "\" fill=\"" << color << "\"><title>"
+       << html_escape(o.fqn) << ": " << fmt_db(o.sqnr_db) << " dB</title></rect>\n";
+  }
+  os << "</svg>\n<table><tr><th>#</th><th>op fqn</th><th>module</th><th>index</th><th>op</th><th>SQNR dB</th>"
+        "<th>max |err|</th><th>output qparams</th></tr>\n";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpNumerics& o = ops[i];
+    const char* cls = o.sqnr_db < 20 ? "bad" : (o.sqnr_db < 30 ? "warn" : "ok");
+    os << "<tr><td>" << i + 1 << "</td><td>" << html_escape(o.fqn) << "</td><td>" << html_escape(o.module_fqn)
+       << "</td><td>" << o.index << "</td><td>" << html_escape(o.op) << "</td><td class=\"" << cls << "\">"
+       << fmt_db(o.sqnr_db) << "</td><td>" << absl::StrFormat("%.5g", o.max_abs_error) << "</td><td>"
+       << html_escape(o.qparams) << "</td></tr>\n";
+  }
+  os << "</table>\n</body></html>\n";
+  return os.str();
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  DBRQ_ENSURE(f.good(), IOError, "cannot open \"", path, "\" for writing");
+  f << text;
+  f.close();
+  DBRQ_ENSURE(!f.fail(), IOError, "failed writing \"", path, "\"");
+}
+
+}  // namespace dbrq

@@ -1,0 +1,57 @@
+// Numeric comparison of a converted model against its fp32 original, op by op: when int8 accuracy
+// disappoints, this shows which layer is to blame.
+//
+//   auto ref = build_model();  ref->load_state_dict(w);  ref->eval();          // fp32
+//   auto q = build_model();    q->load_state_dict(w);    q->eval();
+//   dbrq::prepare(*q, {x});  calibrate(*q);  dbrq::convert(*q);
+//   dbrq::NumericReport r = dbrq::compare_numerics(*ref, *q, {{x1}, {x2}});
+//   std::cout << r.to_table();                      // worst op first
+//   dbrq::write_text_file("report.html", r.to_html("ResNet-18"));
+//
+// Each quantized op (or fused chain) of the converted model is matched with the same op of the
+// fp32 model by module fqn and op index; its output is compared with the fp32 output: SQNR in dB
+// (10 log10(sum ref^2 / sum (ref - q)^2)), max absolute error, and the quantization parameters
+// used. The fp32 model must be the same architecture, unprepared.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/module.h"
+
+namespace dbrq {
+
+struct OpNumerics {
+  std::string module_fqn;  // the module whose seen op this is
+  int index = 0;           // the op's index in that module
+  std::string op;          // "conv2d+batch_norm+relu"
+  std::string fqn;         // the layer, or the module for functional ops
+  std::string qparams;     // of the op's output
+  double sqnr_db = 0.0;    // +inf when identical
+  double max_abs_error = 0.0;
+  int64_t elements = 0;    // compared, over all inputs
+};
+
+struct NumericReport {
+  std::vector<OpNumerics> ops;  // worst SQNR first
+  double output_sqnr_db = 0.0;  // the model's outputs
+  double output_max_abs_error = 0.0;
+  int batches = 0;
+
+  std::string to_table() const;
+  std::string to_csv() const;
+  // A self-contained HTML page (inline CSS and SVG bar chart of SQNR per op; no external assets).
+  std::string to_html(const std::string& title) const;
+};
+
+// `inputs`: one tensor list per call (the tensors forward takes, 1 to 4 of them).
+NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_model,
+                               const std::vector<std::vector<Tensor>>& inputs);
+
+// SQNR in dB of `actual` against `reference` (f32 or quantized; +inf when equal).
+double sqnr_db(const Tensor& reference, const Tensor& actual);
+
+// Writes text to a file; throws IOError.
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace dbrq
