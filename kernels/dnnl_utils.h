@@ -103,6 +103,7 @@ class LruCache {
         return it->second.first;
       }
     }
+    apply_thread_setting();  // oneDNN sizes its work split by the creating thread's team size
     std::shared_ptr<V> value = create();  // outside the lock: creation can take milliseconds
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);

@@ -431,6 +431,14 @@ void copy_into(Tensor& dst, const Tensor& src) {
   char* dbase = static_cast<char*>(dst.storage()->data());
   const char* sbase = static_cast<const char*>(src.storage()->data());
   const int64_t doff = dst.storage_offset(), soff = src.storage_offset();
+  if (src.dtype() == dst.dtype()) {
+    // Element bytes as they are: going through double would round s64 values beyond 2^53.
+    const int64_t es = static_cast<int64_t>(dst.element_size());
+    for_each_offset<2>(dst.sizes(), {dst.strides(), IntArrayRef(src_st)}, [&](const std::array<int64_t, 2>& off) {
+      std::memcpy(dbase + (doff + off[0]) * es, sbase + (soff + off[1]) * es, es);
+    });
+    return;
+  }
   for_each_offset<2>(dst.sizes(), {dst.strides(), IntArrayRef(src_st)}, [&](const std::array<int64_t, 2>& off) {
     double v;
     const int64_t si = soff + off[1];
@@ -475,7 +483,8 @@ namespace {
 template <typename Q>
 inline Q quantize_value(float v, float inv, int32_t zp) {
   constexpr int32_t qmin = std::numeric_limits<Q>::min(), qmax = std::numeric_limits<Q>::max();
-  const float r = std::min(std::max(std::nearbyint(v * inv), static_cast<float>(qmin - zp)), static_cast<float>(qmax - zp));
+  const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
+  const float r = std::min(std::max(std::nearbyint(v * inv), lo), hi);
   return static_cast<Q>(static_cast<int32_t>(r) + zp);
 }
 

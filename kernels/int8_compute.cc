@@ -56,6 +56,7 @@ class PrimitiveCacheImpl {
         return entries_.front();
       }
     }
+    apply_thread_setting();  // oneDNN sizes its work split by the creating thread's team size
     std::shared_ptr<Int8Entry> e = create();
     e->key = key;
     entries_.push_front(e);

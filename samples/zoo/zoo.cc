@@ -1,0 +1,144 @@
+#include "samples/zoo/zoo.h"
+
+#include <random>
+#include <utility>
+
+namespace zoo {
+
+using dbrq::Tensor;
+namespace nn = dbrq::nn;
+
+namespace {
+
+template <typename M>
+Tensor run_as(nn::Module& model, const Tensor& input, const std::string& expected) {
+  auto* typed = dynamic_cast<M*>(&model);
+  DBRQ_ENSURE(typed != nullptr, dbrq::ValueError, "zoo: model \"", expected, "\" cannot run a ", model.type_name(),
+              " module");
+  return (*typed)(input);
+}
+
+// The parts every entry shares: construction from a per-variant config, and the typed call.
+template <typename M, typename Config>
+ModelSpec spec_for(std::string name, std::string description, dbrq::DType input_dtype, Config (*config)(Variant)) {
+  ModelSpec s;
+  s.name = std::move(name);
+  s.description = std::move(description);
+  s.input_dtype = input_dtype;
+  s.make = [config](Variant v) -> std::shared_ptr<nn::Module> { return std::make_shared<M>(config(v)); };
+  s.run = [name = s.name](nn::Module& m, const Tensor& x) { return run_as<M>(m, x, name); };
+  return s;
+}
+
+// [N, channels, hw, hw] N(0, 1) images, hw depending on the variant.
+void set_image_input(ModelSpec* s, int64_t channels, int64_t full_hw, int64_t tiny_hw) {
+  s->input_shape = [=](Variant v, int64_t batch) {
+    const int64_t hw = v == Variant::kFull ? full_hw : tiny_hw;
+    return std::vector<int64_t>{batch, channels, hw, hw};
+  };
+  s->example_input = [shape = s->input_shape](Variant v, int64_t batch, uint64_t seed) {
+    return dbrq::randn(shape(v, batch), seed);
+  };
+}
+
+std::vector<ModelSpec> build_registry() {
+  std::vector<ModelSpec> specs;
+
+  specs.push_back(spec_for<ResNet18>("resnet18", "ResNet-18 (torchvision architecture and keys), image classifier",
+                                     dbrq::DType::kF32, resnet18_config));
+  set_image_input(&specs.back(), 3, 224, 64);
+
+  specs.push_back(spec_for<MobileNetV2>("mobilenet_v2",
+                                        "MobileNetV2 (torchvision architecture and keys), image classifier",
+                                        dbrq::DType::kF32, mobilenet_v2_config));
+  set_image_input(&specs.back(), 3, 224, 64);
+
+  specs.push_back(spec_for<BertEncoder>(
+      "bert_encoder", "BERT-style transformer encoder (HuggingFace key names), token ids -> hidden states",
+      dbrq::DType::kS64, bert_config));
+  specs.back().input_shape = [](Variant v, int64_t batch) {
+    return std::vector<int64_t>{batch, bert_example_seq_len(v)};
+  };
+  specs.back().example_input = [](Variant v, int64_t batch, uint64_t seed) {
+    const int64_t seq = bert_example_seq_len(v);
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<int64_t> token(0, bert_config(v).vocab_size - 1);
+    std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
+    for (auto& id : ids) id = token(gen);
+    return dbrq::from_vector(ids, {batch, seq});
+  };
+
+  specs.push_back(spec_for<SmallCnn>("small_cnn", "small CNN for 8x8 digit images (10 classes), quantization friendly",
+                                     dbrq::DType::kF32, small_cnn_config));
+  set_image_input(&specs.back(), 1, 8, 8);
+  return specs;
+}
+
+}  // namespace
+
+const char* variant_name(Variant variant) { return variant == Variant::kFull ? "full" : "tiny"; }
+
+Variant parse_variant(const std::string& name) {
+  if (name == "full") return Variant::kFull;
+  if (name == "tiny") return Variant::kTiny;
+  DBRQ_THROW(dbrq::ValueError, "zoo: unknown variant \"", name, "\"; expected \"full\" or \"tiny\"");
+}
+
+ResNet18Config resnet18_config(Variant variant) {
+  if (variant == Variant::kFull) return {};
+  return {/*base_width=*/8, /*num_classes=*/10};
+}
+
+MobileNetV2Config mobilenet_v2_config(Variant variant) {
+  if (variant == Variant::kFull) return {};
+  return {/*width_mult=*/0.25, /*num_classes=*/10};
+}
+
+BertConfig bert_config(Variant variant) {
+  BertConfig c;
+  if (variant == Variant::kTiny) {
+    c.vocab_size = 1000;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.intermediate_size = 128;
+    c.max_position = 32;
+  }
+  return c;
+}
+
+SmallCnnConfig small_cnn_config(Variant) { return {}; }
+
+int64_t bert_example_seq_len(Variant variant) { return variant == Variant::kFull ? 128 : 16; }
+
+const std::vector<ModelSpec>& model_registry() {
+  static const std::vector<ModelSpec>* registry = new std::vector<ModelSpec>(build_registry());
+  return *registry;
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const ModelSpec& s : model_registry()) names.push_back(s.name);
+  return names;
+}
+
+const ModelSpec& find_model(const std::string& name) {
+  for (const ModelSpec& s : model_registry()) {
+    if (s.name == name) return s;
+  }
+  std::string known;
+  for (const ModelSpec& s : model_registry()) known += (known.empty() ? "" : ", ") + s.name;
+  DBRQ_THROW(dbrq::ValueError, "zoo: unknown model \"", name, "\"; known models: ", known);
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name, Variant variant) {
+  return find_model(name).make(variant);
+}
+
+int64_t parameter_count(const nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& [name, p] : model.named_parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace zoo

@@ -1,0 +1,78 @@
+// The model zoo: eager models written against dbrq's public API, plus a registry so a demo, a
+// test or a CLI can pick one by name.
+//
+//   #include "samples/zoo/zoo.h"
+//
+//   const zoo::ModelSpec& spec = zoo::find_model("resnet18");        // throws dbrq::ValueError if unknown
+//   std::shared_ptr<dbrq::nn::Module> model = spec.make(zoo::Variant::kFull);
+//   model->eval();
+//   dbrq::Tensor x = spec.example_input(zoo::Variant::kFull, /*batch=*/2, /*seed=*/0);  // [2, 3, 224, 224]
+//   dbrq::Tensor logits = spec.run(*model, x);                          // the typed call operator
+//
+//   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
+//
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn". Each has two variants:
+//   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
+//          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
+//          on 8x8 digits).
+//   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
+//          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
+//          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is.
+// Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
+// with load_state_dict.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dbrq.h"
+#include "samples/zoo/bert_encoder.h"
+#include "samples/zoo/mobilenet_v2.h"
+#include "samples/zoo/resnet.h"
+#include "samples/zoo/small_cnn.h"
+
+namespace zoo {
+
+enum class Variant { kFull, kTiny };
+
+const char* variant_name(Variant variant);  // "full", "tiny"
+// Parses "full" or "tiny"; throws dbrq::ValueError otherwise.
+Variant parse_variant(const std::string& name);
+
+// The configurations behind each variant (kTiny ones are what the golden tests build).
+ResNet18Config resnet18_config(Variant variant);
+MobileNetV2Config mobilenet_v2_config(Variant variant);
+BertConfig bert_config(Variant variant);
+SmallCnnConfig small_cnn_config(Variant variant);
+// Sequence length of bert_encoder's example input.
+int64_t bert_example_seq_len(Variant variant);
+
+struct ModelSpec {
+  std::string name;
+  std::string description;
+  dbrq::DType input_dtype = dbrq::DType::kF32;  // f32 images, or s64 token ids
+  // Builds the model with default-initialized weights (training mode, as PyTorch constructs it).
+  std::function<std::shared_ptr<dbrq::nn::Module>(Variant)> make;
+  // Sizes of an example input holding `batch` samples.
+  std::function<std::vector<int64_t>(Variant, int64_t batch)> input_shape;
+  // A deterministic example input: N(0, 1) images, or token ids uniform over the vocabulary.
+  std::function<dbrq::Tensor(Variant, int64_t batch, uint64_t seed)> example_input;
+  // Calls a model made by `make` through its call operator (so quantization hooks see the call);
+  // throws dbrq::ValueError when `model` is another type.
+  std::function<dbrq::Tensor(dbrq::nn::Module& model, const dbrq::Tensor& input)> run;
+};
+
+// Every model, in a fixed order.
+const std::vector<ModelSpec>& model_registry();
+std::vector<std::string> model_names();
+// Throws dbrq::ValueError naming the known models when `name` is not one of them.
+const ModelSpec& find_model(const std::string& name);
+std::shared_ptr<dbrq::nn::Module> make_model(const std::string& name, Variant variant = Variant::kFull);
+
+// Number of parameter elements (buffers such as BN running statistics are not counted).
+int64_t parameter_count(const dbrq::nn::Module& model);
+
+}  // namespace zoo
