@@ -7,6 +7,7 @@
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/loops.h"
+#include "kernels/simd.h"
 #include "runtime/op_shapes.h"
 
 namespace dbrq::kernels {
@@ -517,7 +518,11 @@ void dequantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     const float scale = qp.scale();
     const float zp = static_cast<float>(qp.zero_point());
     parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) out[i] = (static_cast<float>(src[i]) - zp) * scale;
+      if constexpr (std::is_same_v<Q, uint8_t>) {
+        simd::dequantize_u8(src + begin, out + begin, end - begin, scale, static_cast<int32_t>(zp));
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = (static_cast<float>(src[i]) - zp) * scale;
+      }
     });
     return;
   }

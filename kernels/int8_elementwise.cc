@@ -8,6 +8,7 @@
 #include "kernels/dnnl_utils.h"
 #include "kernels/int8.h"
 #include "kernels/loops.h"
+#include "kernels/simd.h"
 #include "runtime/op_shapes.h"
 
 namespace dbrq::kernels {
@@ -43,11 +44,10 @@ Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, Me
   const float inv = inverse(qp->scale());
   const int32_t zp = qp->zero_point();
   uint8_t* out = static_cast<uint8_t*>(dst.mutable_data_ptr());
-  if (x_in.strides() == dst.strides()) {
+  if (x_in.strides() == dst.strides() && x_in.is_non_overlapping_and_dense()) {
     const float* src = x_in.data<float>();
-    parallel_for(x_in.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = saturate_u8(static_cast<int32_t>(std::nearbyint(src[i] * inv)) + zp);
-    });
+    parallel_for(x_in.numel(), kGrain,
+                 [&](int64_t lo, int64_t hi) { simd::quantize_u8(src + lo, out + lo, hi - lo, inv, zp); });
     return dst;
   }
   if (x_in.dim() == 4 && dst.is_channels_last() && x_in.is_contiguous()) {
@@ -59,7 +59,7 @@ Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, Me
         const int64_t b = p / hw, s = p % hw;
         const float* in = src + b * c * hw + s;
         uint8_t* o = out + p * c;
-        for (int64_t ch = 0; ch < c; ++ch) o[ch] = saturate_u8(static_cast<int32_t>(std::nearbyint(in[ch * hw] * inv)) + zp);
+        for (int64_t ch = 0; ch < c; ++ch) o[ch] = simd::quantize_one(in[ch * hw], inv, zp);
       }
     });
     return dst;
@@ -75,9 +75,8 @@ Tensor apply_lut(const Tensor& x_in, const Lut& lut, const QuantParamsPtr& out_q
   Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(out_qparams);
   const uint8_t* src = x.data<uint8_t>();
   uint8_t* out = dst.mutable_data<uint8_t>();
-  parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) out[i] = lut[src[i]];
-  });
+  parallel_for(x.numel(), kGrain,
+               [&](int64_t lo, int64_t hi) { simd::apply_lut_u8(src + lo, out + lo, hi - lo, lut.data()); });
   return dst;
 }
 
@@ -115,9 +114,7 @@ Tensor binary_u8(const char* op, const Tensor& a_in, const Tensor& b_in, const Q
   const uint8_t* pa = a.data<uint8_t>();
   const uint8_t* pb = bb.data<uint8_t>();
   uint8_t* po = dst.mutable_data<uint8_t>();
-  parallel_for(a.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) po[i] = f(pa[i], pb[i]);
-  });
+  parallel_for(a.numel(), kGrain, [&](int64_t lo, int64_t hi) { f(pa + lo, pb + lo, po + lo, hi - lo); });
   return dst;
 }
 
@@ -130,10 +127,8 @@ Tensor qadd(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool re
   const float pa = sa * -static_cast<float>(a.q_zero_point()), pb = sb * -static_cast<float>(b.q_zero_point());
   const float inv = inverse(out->scale());
   const int32_t zp = out->zero_point();
-  return binary_u8("quantized add", a, b, out, [=](uint8_t x, uint8_t y) {
-    float c = std::fma(sa, static_cast<float>(x), pa) + std::fma(sb, static_cast<float>(y), pb);
-    if (relu) c = std::max(c, 0.f);
-    return saturate_u8(static_cast<int32_t>(std::nearbyint(c * inv)) + zp);
+  return binary_u8("quantized add", a, b, out, [=](const uint8_t* x, const uint8_t* y, uint8_t* o, int64_t n) {
+    simd::qadd_u8(x, y, o, n, sa, pa, sb, pb, relu, inv, zp);
   });
 }
 
@@ -142,11 +137,13 @@ Tensor qmul(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool re
   check_u8("quantized mul", b);
   const int32_t za = a.q_zero_point(), zb = b.q_zero_point(), zp = out->zero_point();
   const float multiplier = a.q_scale() * b.q_scale() * (1.0f / out->scale());
-  return binary_u8("quantized mul", a, b, out, [=](uint8_t x, uint8_t y) {
-    const int32_t c = (static_cast<int32_t>(x) - za) * (static_cast<int32_t>(y) - zb);
-    int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(c) * multiplier)) + zp;
-    if (relu) q = std::max(q, zp);
-    return saturate_u8(q);
+  return binary_u8("quantized mul", a, b, out, [=](const uint8_t* x, const uint8_t* y, uint8_t* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t c = (static_cast<int32_t>(x[i]) - za) * (static_cast<int32_t>(y[i]) - zb);
+      int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(c) * multiplier)) + zp;
+      if (relu) q = std::max(q, zp);
+      o[i] = saturate_u8(q);
+    }
   });
 }
 

@@ -9,6 +9,33 @@
 
 namespace dbrq::tracer {
 
+namespace {
+
+// The last f32 tensor this thread quantized: an fp32 result feeding several int8 ops (the q, k
+// and v projections after a layer norm) is quantized once, not once per consumer.
+struct QuantizeMemo {
+  Tensor source;  // keeps the storage alive, so its identity cannot be reused
+  uint64_t version = 0;
+  const QuantParams* want = nullptr;
+  MemoryFormat format = MemoryFormat::kPreserve;
+  Tensor result;
+};
+thread_local QuantizeMemo tls_memo;
+
+Tensor quantize_memoized(const Tensor& t, const InputSpec& spec) {
+  QuantizeMemo& m = tls_memo;
+  if (m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
+      m.source.storage_offset() == t.storage_offset() && m.source.sizes() == t.sizes() &&
+      m.source.strides() == t.strides() && m.version == t.storage()->version()) {
+    return m.result;
+  }
+  Tensor q = kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
+  m = QuantizeMemo{t, t.storage()->version(), spec.want.get(), spec.format, q};
+  return q;
+}
+
+}  // namespace
+
 Tensor prepare_input(const Tensor& t, const InputSpec& spec) {
   if (spec.want == nullptr) return t;
   if (t.dtype() == DType::kU8 && t.qparams_ptr() == spec.want) return t;  // the common case
@@ -20,7 +47,7 @@ Tensor prepare_input(const Tensor& t, const InputSpec& spec) {
   }
   DBRQ_ENSURE(t.dtype() == DType::kF32, DTypeError, "int8 op: input has dtype ", dtype_name(t.dtype()),
               "; expected f32 or a quantized u8 tensor");
-  return kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
+  return quantize_memoized(t, spec);
 }
 
 namespace {

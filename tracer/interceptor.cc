@@ -46,7 +46,8 @@ size_t num_activation_inputs(const OpCall& call) {
 }
 
 Tensor run_fp32(const OpCall& call) {
-  if (!any_quantized(call)) return call.run(call);
+  // An explicit dequantize in user code takes its int8 argument as it is.
+  if (call.kind == OpKind::kDequantize || !any_quantized(call)) return call.run(call);
   // Dequantize every int8 argument; keep the rest. At most a handful of inputs except for cat.
   std::vector<Tensor> deq(call.inputs.size());
   absl::InlinedVector<const Tensor*, 8> ptrs(call.inputs.size());
@@ -249,9 +250,15 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
 }
 
 void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) {
+  DBRQ_CHECK(!tls_stack.empty() && tls_stack.back().module == &module, "module stack out of order");
+  {
+    // Validate while this module's frame is still on the stack: if it throws, on_module_unwind pops
+    // exactly this frame (popping first made the unwind pop the callers' frames too).
+    const Frame& top = tls_stack.back();
+    if (!top.fp32_region && top.state != nullptr && !top.recording) top.state->validate_op_count(top.cursor);
+  }
   Frame f = tls_stack.back();
   tls_stack.pop_back();
-  DBRQ_CHECK(f.module == &module, "module stack out of order");
   if (f.fp32_region) {
     detail::tls_interceptor = f.saved;
     if (model_.phase() == Phase::kTracing) {
@@ -264,13 +271,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     }
     return;
   }
-  if (f.state != nullptr) {
-    if (f.recording) {
-      f.state->set_recorded();
-    } else {
-      f.state->validate_op_count(f.cursor);
-    }
-  }
+  if (f.state != nullptr && f.recording) f.state->set_recorded();
   // A layer's output is its op's output, not a use of it; only non-leaf module outputs escape.
   if (model_.phase() == Phase::kTracing && f.leaf == nullptr) {
     TraceEvent e;

@@ -1,0 +1,93 @@
+// Vectorized inner loops for u8 quantization arithmetic (AVX-512 when the build targets it, plain
+// loops otherwise). Every vector path computes exactly what its scalar twin does: multiply in f32,
+// clamp in f32 (so huge values and NaN saturate instead of overflowing), round half to even.
+// Internal to kernels/.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define DBRQ_AVX512 1
+#endif
+
+namespace dbrq::kernels::simd {
+
+// u8 code of real value v: clamp(round(v * inv) + zp, 0, 255).
+inline uint8_t quantize_one(float v, float inv, int32_t zp) {
+  const float lo = static_cast<float>(-zp), hi = static_cast<float>(255 - zp);
+  float r = v * inv;
+  r = r > lo ? r : lo;  // NaN becomes lo, as _mm512_max_ps(r, lo) does
+  r = r < hi ? r : hi;
+  return static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(r)) + zp);
+}
+
+// out[i] = quantize_one(in[i], inv, zp)
+inline void quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int32_t zp) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(-zp)), hi = _mm512_set1_ps(static_cast<float>(255 - zp));
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  for (; i + 16 <= n; i += 16) {
+    // min/max take the bound when the value is NaN, like the scalar std::min/std::max order.
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(in + i), vinv);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtusepi32_epi8(q));
+  }
+#endif
+  for (; i < n; ++i) out[i] = quantize_one(in[i], inv, zp);
+}
+
+// out[i] = (in[i] - zp) * scale
+inline void dequantize_u8(const uint8_t* in, float* out, int64_t n, float scale, int32_t zp) {
+  int64_t i = 0;
+  const float fzp = static_cast<float>(zp);
+#ifdef DBRQ_AVX512
+  const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps(fzp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_sub_ps(v, vz), vs));
+  }
+#endif
+  for (; i < n; ++i) out[i] = (static_cast<float>(in[i]) - fzp) * scale;
+}
+
+// PyTorch's quantized add: fma(sa, a, pa) + fma(sb, b, pb), optional relu, requantized.
+inline uint8_t qadd_one(uint8_t a, uint8_t b, float sa, float pa, float sb, float pb, bool relu, float inv,
+                        int32_t zp) {
+  float c = std::fma(sa, static_cast<float>(a), pa) + std::fma(sb, static_cast<float>(b), pb);
+  if (relu) c = std::max(c, 0.f);
+  return quantize_one(c, inv, zp);
+}
+
+inline void qadd_u8(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, float sa, float pa, float sb,
+                    float pb, bool relu, float inv, int32_t zp) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  const __m512 vsa = _mm512_set1_ps(sa), vpa = _mm512_set1_ps(pa), vsb = _mm512_set1_ps(sb), vpb = _mm512_set1_ps(pb);
+  const __m512 vinv = _mm512_set1_ps(inv), zero = _mm512_setzero_ps();
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(-zp)), hi = _mm512_set1_ps(static_cast<float>(255 - zp));
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 fa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))));
+    __m512 fb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))));
+    __m512 c = _mm512_add_ps(_mm512_fmadd_ps(vsa, fa, vpa), _mm512_fmadd_ps(vsb, fb, vpb));
+    if (relu) c = _mm512_max_ps(c, zero);
+    c = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(c, vinv), lo), hi);
+    __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtusepi32_epi8(q));
+  }
+#endif
+  for (; i < n; ++i) out[i] = qadd_one(a[i], b[i], sa, pa, sb, pb, relu, inv, zp);
+}
+
+// out[i] = lut[in[i]]
+inline void apply_lut_u8(const uint8_t* in, uint8_t* out, int64_t n, const uint8_t* lut) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lut[in[i]];
+}
+
+}  // namespace dbrq::kernels::simd
