@@ -262,7 +262,10 @@ BackendConfig BackendConfig::onednn() {
   b.set_op({OpKind::kConv2d, QuantRole::kWeighted, {static_u8}, {}});
   b.set_op({OpKind::kLinear, QuantRole::kWeighted, {static_u8, dynamic_u8}, {}});
   b.set_op({OpKind::kMatmul, QuantRole::kMatmul, {static_u8, dynamic_u8}, {}});
-  for (OpKind k : {OpKind::kAdd, OpKind::kMul}) b.set_op({k, QuantRole::kBinary, {static_u8}, {}});
+  // sub and div are int8 only with a scalar (x - c, x / c: parameters shift or rescale).
+  for (OpKind k : {OpKind::kAdd, OpKind::kMul, OpKind::kSub, OpKind::kDiv}) {
+    b.set_op({k, QuantRole::kBinary, {static_u8}, {}});
+  }
   b.set_op({OpKind::kCat, QuantRole::kCat, {static_u8}, {}});
   for (OpKind k : {OpKind::kMaxPool2d, OpKind::kAvgPool2d, OpKind::kAdaptiveAvgPool2d, OpKind::kMean,
                    OpKind::kFlatten, OpKind::kReshape, OpKind::kPermute, OpKind::kTranspose, OpKind::kNarrow,
