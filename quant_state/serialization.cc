@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
+
 namespace dbrq {
 namespace {
 
@@ -159,18 +161,22 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
   return doc.dump(1);
 }
 
-void quant_state_from_json(ModelQuantState& model, const std::string& model_type, const std::string& text,
-                           const std::string& source) {
+namespace {
+
+struct Loaded {
+  QuantParamsPtr qparams;
+  std::optional<Observer::Stats> stats;
+};
+
+// Parses a document and checks it against the model; returns what to apply, per slot.
+std::vector<Loaded> parse_and_check(ModelQuantState& model, const std::string& model_type, const std::string& text,
+                                    const std::string& source) {
   json doc;
   try {
     doc = json::parse(text);
   } catch (const json::exception& e) {
     DBRQ_THROW(FileFormatError, "quant state ", source, " is not valid JSON: ", e.what());
   }
-  struct Loaded {
-    QuantParamsPtr qparams;
-    std::optional<Observer::Stats> stats;
-  };
   std::vector<Loaded> loaded(model.num_slots());
   try {
     DBRQ_ENSURE(doc.is_object() && doc.value("format", "") == kFormat, FileFormatError, "quant state ", source,
@@ -261,7 +267,19 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
   } catch (const DTypeError& e) {
     DBRQ_THROW(FileFormatError, "quant state ", source, " has an invalid value: ", e.what());
   }
-  // Everything checked: apply.
+  return loaded;
+}
+
+}  // namespace
+
+void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json,
+                       const std::string& source) {
+  parse_and_check(model, model_type, json, source);
+}
+
+void quant_state_from_json(ModelQuantState& model, const std::string& model_type, const std::string& text,
+                           const std::string& source) {
+  const std::vector<Loaded> loaded = parse_and_check(model, model_type, text, source);
   for (size_t i = 0; i < loaded.size(); ++i) {
     if (model.find(static_cast<int>(i)) != static_cast<int>(i)) continue;
     ObserverSlot& slot = model.slot(static_cast<int>(i));

@@ -38,4 +38,8 @@ std::string quant_state_to_json(const ModelQuantState& model, const std::string&
 void quant_state_from_json(ModelQuantState& model, const std::string& model_type, const std::string& json,
                            const std::string& source = "<string>");
 
+// Checks a document against a model's state without changing anything (same errors as loading).
+void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json,
+                       const std::string& source = "<string>");
+
 }  // namespace dbrq

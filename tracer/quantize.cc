@@ -157,6 +157,22 @@ ModelQuantState& model_quant_state(const nn::Module& model) {
   return interceptor_of(model, "model_quant_state").model();
 }
 
+void merge_calibration(nn::Module& model, const nn::Module& replica) {
+  ModelQuantState& into = interceptor_of(model, "merge_calibration").model();
+  ModelQuantState& from = interceptor_of(replica, "merge_calibration").model();
+  DBRQ_ENSURE(&into != &from, UsageError, "merge_calibration: the replica is the model itself");
+  DBRQ_ENSURE(into.phase() == Phase::kCalibrating && from.phase() == Phase::kCalibrating, UsageError,
+              "merge_calibration: both models must be prepared and not yet converted");
+  // Same structure: same modules, ops and observer placement, checked like a quant-state file.
+  const std::string replica_doc = quant_state_to_json(from, replica.type_name());
+  check_quant_state(into, model.type_name(), replica_doc, "(replica " + replica.type_name() + ")");
+  for (size_t i = 0; i < into.num_slots(); ++i) {
+    const int s = static_cast<int>(i);
+    if (into.find(s) != s) continue;
+    into.observer(s).merge(from.observer(s));
+  }
+}
+
 void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options) {
   const std::string text = quant_state_to_json(model_quant_state(model), model.type_name(), options);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

@@ -59,6 +59,12 @@ bool is_converted(const nn::Module& model);
 // The model-wide state of a prepared model; throws UsageError when not prepared.
 ModelQuantState& model_quant_state(const nn::Module& model);
 
+// Folds the observer statistics of `replica` (a separately prepared copy of the same model, with
+// the same qconfig, calibrated on another shard of the data, e.g. on another thread) into
+// `model`'s observers. Min/max observers merge exactly; histograms by re-binning. Throws
+// StateMismatchError when the two were prepared differently, UsageError after convert.
+void merge_calibration(nn::Module& model, const nn::Module& replica);
+
 // Writes the calibration of a prepared (calibrated or converted) model as a versioned JSON file
 // (see quant_state/serialization.h). Throws IOError when the file cannot be written.
 void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options = {});
