@@ -218,7 +218,7 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   f.module = &module;
   f.owner = this;
   nn::ModuleExtension* ext = module.extension();
-  if (auto* nt = dynamic_cast<NonTraceableInfo*>(ext)) {
+  if (dynamic_cast<NonTraceableInfo*>(ext) != nullptr) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
     if (model_.phase() != Phase::kTracing) {
