@@ -84,12 +84,14 @@ Tensor requantize(const Tensor& x, const QuantParamsPtr& qparams) {
   check_u8("requantize", x);
   DBRQ_ENSURE(qparams != nullptr && !qparams->is_per_channel(), ValueError, "requantize: needs per-tensor parameters");
   if (*x.qparams() == *qparams) return x.with_qparams(qparams);
-  // quantize(dequantize(q)) for each code, with PyTorch's FMA dequantization.
+  // quantize(dequantize(q)) for each code. PyTorch's Tensor.dequantize() (what FX's dequantize ->
+  // quantize_per_tensor pairs and its non-NHWC quantized cat run) computes (q - zp) * scale
+  // without an FMA; with exact ties (e.g. 0.03 -> 0.04) the FMA form rounds the other way.
   Lut lut;
-  const float s = x.q_scale(), premul = s * -static_cast<float>(x.q_zero_point());
+  const float s = x.q_scale(), zp_in = static_cast<float>(x.q_zero_point());
   const float inv = inverse(qparams->scale());
   for (int q = 0; q < 256; ++q) {
-    const float v = std::fma(s, static_cast<float>(q), premul);
+    const float v = (static_cast<float>(q) - zp_in) * s;
     lut[q] = saturate_u8(static_cast<int32_t>(std::nearbyint(v * inv)) + qparams->zero_point());
   }
   return apply_lut(x, lut, qparams);
@@ -150,9 +152,16 @@ Tensor qmul(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool re
 namespace {
 
 // Sum of codes over a window of an NCHW-indexed u8 tensor, turned into a rounded mean the way
-// PyTorch's quantized average pooling does: acc = sum(q) - zp * count, out = round(acc / divisor) + zp.
+// PyTorch's quantized average pooling does. PyTorch has two kernels and picks by layout; their
+// roundings differ on exact ties (even divisors), so dbrq picks the same way:
+//   channels-last input (its NHWC kernel): acc = sum(q) - zp * count, out = round(acc * (1/divisor)) + zp
+//   any other layout (its NCHW frame):    out = round(acc * float(1.0 / divisor) + zp)
 inline uint8_t avg_code(int32_t acc, float multiplier, int32_t zp) {
   return saturate_u8(static_cast<int32_t>(std::nearbyint(static_cast<float>(acc) * multiplier)) + zp);
+}
+
+inline uint8_t avg_code_nchw(int32_t acc, float multiplier, int32_t zp) {
+  return saturate_u8(static_cast<int32_t>(std::nearbyint(static_cast<float>(acc) * multiplier + static_cast<float>(zp))));
 }
 
 }  // namespace
@@ -164,6 +173,7 @@ Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p) {
   const uint8_t* src = x.data<uint8_t>();
   uint8_t* out = dst.mutable_data<uint8_t>();
   const int32_t zp = x.q_zero_point();
+  const bool nhwc = x.is_channels_last();  // which of PyTorch's two kernels this input would take
   const int64_t sn = x.stride(0), sc = x.stride(1), sh = x.stride(2), sw = x.stride(3);
   const int64_t dn = dst.stride(0), dc = dst.stride(1), dh = dst.stride(2), dw = dst.stride(3);
   parallel_for(g.n * g.oh, 1, [&](int64_t lo, int64_t hi) {
@@ -186,7 +196,8 @@ Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p) {
           for (int64_t y = h0; y < h1; ++y) {
             for (int64_t z = w0; z < w1; ++z) acc += src[b * sn + c * sc + y * sh + z * sw];
           }
-          out[b * dn + c * dc + oh * dh + ow * dw] = avg_code(acc, multiplier, zp);
+          out[b * dn + c * dc + oh * dh + ow * dw] =
+              nhwc ? avg_code(acc, multiplier, zp) : avg_code_nchw(acc, multiplier, zp);
         }
       }
     }
@@ -203,6 +214,9 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
   const uint8_t* src = x.data<uint8_t>();
   uint8_t* out = dst.mutable_data<uint8_t>();
   const int32_t zp = x.q_zero_point();
+  // PyTorch's NHWC kernel rounds the zero-point-free mean and adds zp back; its NCHW frame rounds
+  // the mean of the raw codes (the output shares the input's parameters). They differ on ties.
+  const bool nhwc = x.is_channels_last();
   parallel_for(n * os[0], 1, [&](int64_t lo, int64_t hi) {
     for (int64_t nh = lo; nh < hi; ++nh) {
       const int64_t b = nh / os[0], i = nh % os[0];
@@ -210,15 +224,18 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
       for (int64_t j = 0; j < os[1]; ++j) {
         const int64_t w0 = (j * w) / os[1], w1 = ((j + 1) * w + os[1] - 1) / os[1];
         const int64_t count = (h1 - h0) * (w1 - w0);
-        const float multiplier = 1.0f / static_cast<float>(h1 - h0) / static_cast<float>(w1 - w0);
+        // NHWC: 1 / (kh * kw); NCHW: (1 / kh) / kw. Both in float; they differ for some windows (6 x 41).
+        const float multiplier = nhwc ? 1.0f / static_cast<float>(count)
+                                      : 1.0f / static_cast<float>(h1 - h0) / static_cast<float>(w1 - w0);
         for (int64_t ch = 0; ch < c; ++ch) {
-          int32_t acc = -zp * static_cast<int32_t>(count);
+          int32_t acc = nhwc ? -zp * static_cast<int32_t>(count) : 0;
           for (int64_t y = h0; y < h1; ++y) {
             for (int64_t z = w0; z < w1; ++z) {
               acc += src[b * x.stride(0) + ch * x.stride(1) + y * x.stride(2) + z * x.stride(3)];
             }
           }
-          out[b * dst.stride(0) + ch * dst.stride(1) + i * dst.stride(2) + j * dst.stride(3)] = avg_code(acc, multiplier, zp);
+          out[b * dst.stride(0) + ch * dst.stride(1) + i * dst.stride(2) + j * dst.stride(3)] =
+              nhwc ? avg_code(acc, multiplier, zp) : avg_code(acc, multiplier, 0);
         }
       }
     }
