@@ -27,6 +27,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
   check_float("conv2d", "weight", w_in);
   if (b.defined()) check_float("conv2d", "bias", b);
   const Tensor src = x.is_channels_last() ? x : copy(x, MemoryFormat::kChannelsLast, DType::kF32);
+  // Described as nhwc even when its strides are ambiguous (one channel, or 1x1 images): oneDNN
+  // matches layouts by exact strides, and an NCHW-looking source sends it to its reference conv.
+  const dnnl::memory::desc src_md = plain_desc(src.sizes(), DType::kF32, tag::nhwc);
   const Tensor w = w_in.is_contiguous() ? w_in : copy(w_in, MemoryFormat::kContiguous, DType::kF32);
   Tensor dst = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::kF32, MemoryFormat::kChannelsLast);
   if (dst.numel() == 0) return dst;
@@ -37,7 +40,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
   add_post_ops_to_key(key, post);
   auto entry = primitive_cache().get_or_create(key, [&] {
     try {
-      auto src_md = desc_of(src), dst_md = desc_of(dst);
+      auto dst_md = desc_of(dst);
       dnnl::memory::desc w_md(conv_weights_dims(w, p.groups), dt::f32, tag::any);
       dnnl::memory::desc b_md = b.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
@@ -58,7 +61,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
   });
   dnnl::memory wmem = packed_weights(w, conv_weights_user_desc(w, p.groups), entry->weights_desc);
   std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, mem_of(src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
+      {DNNL_ARG_SRC, mem_of(src_md, src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
   const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
   execute(entry->prim, entry->scratchpad_bytes, std::move(args));

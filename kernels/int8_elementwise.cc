@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/dnnl_utils.h"
 #include "kernels/int8.h"
@@ -217,7 +218,10 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
   // PyTorch's NHWC kernel rounds the zero-point-free mean and adds zp back; its NCHW frame rounds
   // the mean of the raw codes (the output shares the input's parameters). They differ on ties.
   const bool nhwc = x.is_channels_last();
+  const int64_t sn = x.stride(0), sc = x.stride(1), sh = x.stride(2), sw = x.stride(3);
+  const int64_t dn = dst.stride(0), dc = dst.stride(1), dh = dst.stride(2), dw = dst.stride(3);
   parallel_for(n * os[0], 1, [&](int64_t lo, int64_t hi) {
+    std::vector<int32_t> acc(static_cast<size_t>(c));
     for (int64_t nh = lo; nh < hi; ++nh) {
       const int64_t b = nh / os[0], i = nh % os[0];
       const int64_t h0 = (i * h) / os[0], h1 = ((i + 1) * h + os[0] - 1) / os[0];
@@ -227,15 +231,17 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
         // NHWC: 1 / (kh * kw); NCHW: (1 / kh) / kw. Both in float; they differ for some windows (6 x 41).
         const float multiplier = nhwc ? 1.0f / static_cast<float>(count)
                                       : 1.0f / static_cast<float>(h1 - h0) / static_cast<float>(w1 - w0);
-        for (int64_t ch = 0; ch < c; ++ch) {
-          int32_t acc = nhwc ? -zp * static_cast<int32_t>(count) : 0;
-          for (int64_t y = h0; y < h1; ++y) {
-            for (int64_t z = w0; z < w1; ++z) {
-              acc += src[b * x.stride(0) + ch * x.stride(1) + y * x.stride(2) + z * x.stride(3)];
-            }
+        // Sums per channel, walking the window pixel by pixel (channels innermost: contiguous in NHWC).
+        std::fill(acc.begin(), acc.end(), nhwc ? -zp * static_cast<int32_t>(count) : 0);
+        for (int64_t y = h0; y < h1; ++y) {
+          for (int64_t z = w0; z < w1; ++z) {
+            const uint8_t* px = src + b * sn + y * sh + z * sw;
+            for (int64_t ch = 0; ch < c; ++ch) acc[static_cast<size_t>(ch)] += px[ch * sc];
           }
-          out[b * dst.stride(0) + ch * dst.stride(1) + i * dst.stride(2) + j * dst.stride(3)] =
-              nhwc ? avg_code(acc, multiplier, zp) : avg_code(acc, multiplier, 0);
+        }
+        uint8_t* o = out + b * dn + i * dh + j * dw;
+        for (int64_t ch = 0; ch < c; ++ch) {
+          o[ch * dc] = avg_code(acc[static_cast<size_t>(ch)], multiplier, nhwc ? zp : 0);
         }
       }
     }
