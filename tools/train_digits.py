@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+"""Trains dbrq's zoo SmallCnn on scikit-learn's 8x8 handwritten digits and writes the bundled data.
+
+    /usr/bin/python3 tools/train_digits.py          # Debian's python3 (PyTorch 1.13, scikit-learn)
+
+Writes, under samples/data/:
+  digits_small_cnn.safetensors  the trained weights, with the state-dict keys of zoo::SmallCnn
+                                (samples/zoo/small_cnn.h), loadable with load_state_dict(strict)
+  digits_calib.safetensors      the calibration split: "images" f32 [N, 1, 8, 8], "labels" s64 [N]
+  digits_test.safetensors       the held-back test split, same layout
+
+The 1797 images are shuffled once with a fixed seed and split into train / calibration / test; the
+calibration and test images are never trained on. Pixels (0..16 in scikit-learn) are normalized as
+the model expects them: x / 16, then standardized with the training split's mean and std (both
+stored in every file's metadata, so other data can be prepared the same way).
+
+Everything is deterministic (fixed seeds, one thread, deterministic algorithms): rerunning the
+script reproduces the files byte for byte on the same PyTorch build. Training takes seconds.
+
+The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
+little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
+"""
+
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(os.path.dirname(HERE), "samples", "data")
+
+SEED = 0
+NUM_TEST = 360       # held back: reported accuracy
+NUM_CALIB = 256      # int8 calibration; not trained on either
+EPOCHS = 12
+BATCH_SIZE = 32
+LEARNING_RATE = 3e-3
+
+DTYPE_NAMES = {torch.float32: "F32", torch.int64: "I64"}
+
+
+class SmallCnn(nn.Module):
+    """Mirror of samples/zoo/small_cnn.cc: same layers, same names, same order."""
+
+    def __init__(self, in_channels=1, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.relu2 = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+        self.relu3 = nn.ReLU()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        y = self.relu1(self.bn1(self.conv1(x)))
+        y = self.pool(self.relu2(self.bn2(self.conv2(y))))
+        y = self.relu3(self.conv3(y))
+        return self.fc(torch.flatten(self.avgpool(y), 1))
+
+
+# Keys zoo::SmallCnn's state_dict() has, in its order (parameters then buffers of each module).
+EXPECTED_KEYS = [
+    "conv1.weight",
+    "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
+    "conv2.weight",
+    "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked",
+    "conv3.weight", "conv3.bias",
+    "fc.weight", "fc.bias",
+]
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: list of (name, tensor) in file order; metadata: str -> str."""
+    header = {"__metadata__": metadata}
+    blobs = []
+    offset = 0
+    for name, t in tensors:
+        t = t.detach().contiguous().cpu()
+        if t.dtype not in DTYPE_NAMES:
+            raise ValueError(f"{name}: unsupported dtype {t.dtype}")
+        data = t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    # Readers may expect the data to start 8-byte aligned; the format pads the header with spaces.
+    header_bytes += b" " * (-len(header_bytes) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for b in blobs:
+            f.write(b)
+
+
+def accuracy(model, images, labels):
+    model.eval()
+    with torch.no_grad():
+        return (model(images).argmax(1) == labels).float().mean().item()
+
+
+def main():
+    torch.manual_seed(SEED)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    digits = load_digits()
+    images = digits.images.astype(np.float32) / 16.0          # [1797, 8, 8] in [0, 1]
+    labels = digits.target.astype(np.int64)
+    order = np.random.RandomState(SEED).permutation(len(labels))
+    test_idx = order[:NUM_TEST]
+    calib_idx = order[NUM_TEST:NUM_TEST + NUM_CALIB]
+    train_idx = order[NUM_TEST + NUM_CALIB:]
+
+    mean = float(images[train_idx].mean())
+    std = float(images[train_idx].std())
+
+    def split(idx):
+        x = torch.from_numpy((images[idx] - mean) / std).reshape(-1, 1, 8, 8).contiguous()
+        return x.float(), torch.from_numpy(labels[idx])
+
+    x_train, y_train = split(train_idx)
+    x_calib, y_calib = split(calib_idx)
+    x_test, y_test = split(test_idx)
+
+    model = SmallCnn()
+    keys = list(model.state_dict().keys())
+    if keys != EXPECTED_KEYS:
+        sys.exit(f"state-dict keys differ from zoo::SmallCnn's: {keys}")
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS)
+    gen = torch.Generator().manual_seed(SEED)
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(EPOCHS):
+        model.train()
+        perm = torch.randperm(len(y_train), generator=gen)
+        total = 0.0
+        for i in range(0, len(perm), BATCH_SIZE):
+            b = perm[i:i + BATCH_SIZE]
+            optimizer.zero_grad()
+            loss = loss_fn(model(x_train[b]), y_train[b])
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(b)
+        scheduler.step()
+        print(f"epoch {epoch + 1:2d}/{EPOCHS}: loss {total / len(y_train):.4f}, "
+              f"calibration-split accuracy {accuracy(model, x_calib, y_calib) * 100:.2f}%")
+
+    model.eval()
+    train_acc = accuracy(model, x_train, y_train)
+    test_acc = accuracy(model, x_test, y_test)
+    print(f"PyTorch fp32 accuracy: train {train_acc * 100:.2f}% ({len(y_train)} images), "
+          f"test {test_acc * 100:.2f}% ({len(y_test)} held-back images)")
+    if test_acc < 0.95:
+        sys.exit(f"test accuracy {test_acc:.4f} is below 0.95; not writing files")
+
+    os.makedirs(DATA_DIR, exist_ok=True)
+    common = {
+        "source": "sklearn.datasets.load_digits, written by tools/train_digits.py",
+        "normalization": "x = (pixel / 16 - mean) / std",
+        "mean": repr(mean),
+        "std": repr(std),
+        "seed": str(SEED),
+    }
+    weights_path = os.path.join(DATA_DIR, "digits_small_cnn.safetensors")
+    write_safetensors(weights_path, list(model.state_dict().items()),
+                      dict(common, model="small_cnn", torch_test_accuracy=f"{test_acc:.6f}",
+                           torch_version=torch.__version__))
+    for name, x, y in (("calib", x_calib, y_calib), ("test", x_test, y_test)):
+        path = os.path.join(DATA_DIR, f"digits_{name}.safetensors")
+        write_safetensors(path, [("images", x), ("labels", y)], dict(common, split=name))
+    total_bytes = 0
+    for f in sorted(os.listdir(DATA_DIR)):
+        if f.endswith(".safetensors"):
+            size = os.path.getsize(os.path.join(DATA_DIR, f))
+            total_bytes += size
+            print(f"wrote samples/data/{f} ({size} bytes)")
+    print(f"total {total_bytes} bytes")
+
+
+if __name__ == "__main__":
+    main()
