@@ -71,9 +71,186 @@ float half_to_float(uint16_t h) {
   throw FileFormatError(absl::StrCat("safetensors ", source, ": ", what));
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// The header is read with nlohmann's SAX interface, not into a json DOM: a DOM costs 16 to 80
+// bytes per byte of hostile JSON ("[[[[..." or "[0,0,0,...") and a 100 MB header could ask for
+// gigabytes. The handler keeps only what the format uses (per entry: dtype, the first few shape
+// and offset items, their counts), and the tensor count limit is enforced while parsing. Nesting
+// costs a bit per level (the parser's own stack); nlohmann's lexer keeps the current run of
+// punctuation and whitespace as its last token (for error messages), so reading a header peaks at
+// a few times the header's size, whatever its structure. The checks on the collected entries
+// afterwards are the ones a DOM would allow, in the same (name) order, with the same messages.
 
-NamedTensors parse_safetensors(std::string_view bytes, const std::string& source, const SafetensorsLimits& limits) {
+// One item of a shape or data_offsets array: only non-negative integers are usable.
+struct RawItem {
+  bool is_unsigned = false;
+  uint64_t value = 0;
+};
+
+struct RawArray {
+  bool present = false;   // the key was there
+  bool is_array = false;  // and its value is an array
+  size_t count = 0;       // items, all of them
+  std::vector<RawItem> items;  // the first kMaxItems
+};
+
+struct RawEntry {
+  bool is_object = false;
+  bool has_dtype = false, dtype_is_string = false;
+  std::string dtype;
+  RawArray shape, offsets;
+};
+
+// Items kept per array: enough for kMaxDims dims and the two offsets; more are only counted.
+constexpr size_t kMaxItems = static_cast<size_t>(kMaxDims) > 2 ? static_cast<size_t>(kMaxDims) : 2;
+
+class HeaderReader {
+ public:
+  using string_t = json::string_t;
+
+  HeaderReader(const std::string& source, size_t max_tensors, bool keep_metadata)
+      : source_(source), max_tensors_(max_tensors), keep_metadata_(keep_metadata) {}
+
+  bool root_is_object() const { return root_is_object_; }
+  const std::map<std::string, RawEntry>& entries() const { return entries_; }
+  std::map<std::string, std::string>& metadata() { return metadata_; }
+
+  bool null() { return scalar(Kind::kOther); }
+  bool boolean(bool) { return scalar(Kind::kOther); }
+  bool number_integer(json::number_integer_t) { return scalar(Kind::kOther); }
+  bool number_unsigned(json::number_unsigned_t v) { return scalar(Kind::kUnsigned, v); }
+  bool number_float(json::number_float_t, const string_t&) { return scalar(Kind::kOther); }
+  bool binary(json::binary_t&) { return scalar(Kind::kOther); }
+  bool string(string_t& s) { return scalar(Kind::kString, 0, &s); }
+  bool start_object(size_t) { return open(Kind::kObject); }
+  bool start_array(size_t) { return open(Kind::kArray); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
+  bool key(string_t& k) {
+    switch (frame()) {
+      case Frame::kRoot:
+        if (k == "__metadata__") {
+          entry_ = nullptr;
+          in_metadata_ = true;
+          metadata_.clear();  // a repeated key replaces the earlier value, as in a DOM
+        } else {
+          in_metadata_ = false;
+          auto [it, inserted] = entries_.try_emplace(k);
+          if (!inserted) it->second = RawEntry();
+          if (entries_.size() > max_tensors_) bad(source_, absl::StrCat("header lists more than ", max_tensors_, " tensors"));
+          entry_ = &it->second;
+        }
+        break;
+      case Frame::kEntry:
+        field_ = nullptr;
+        field_is_dtype_ = k == "dtype";
+        if (field_is_dtype_) {
+          entry_->has_dtype = true;
+          entry_->dtype_is_string = false;
+          entry_->dtype.clear();
+        } else if (k == "shape" || k == "data_offsets") {
+          field_ = k == "shape" ? &entry_->shape : &entry_->offsets;
+          *field_ = RawArray();
+          field_->present = true;
+        }
+        break;
+      case Frame::kMetadata:
+        if (keep_metadata_) {
+          metadata_key_ = k;
+          metadata_.erase(k);
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  }
+
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    // nlohmann quotes the last token, which can be most of the header ("[[[[..."): keep it short.
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "...";
+    bad(source_, absl::StrCat("header is not valid JSON: ", what));
+  }
+
+ private:
+  enum class Kind { kObject, kArray, kString, kUnsigned, kOther };
+  // What the innermost open container is. Only the first three levels matter; deeper ones are
+  // counted in depth_ and otherwise ignored.
+  enum class Frame { kNone, kRoot, kEntry, kMetadata, kItems, kIgnored };
+  static constexpr size_t kTrackedLevels = 3;
+
+  Frame frame() const {
+    if (depth_ == 0) return Frame::kNone;
+    return depth_ <= kTrackedLevels ? frames_[depth_ - 1] : Frame::kIgnored;
+  }
+
+  // A value (scalar, or a container being opened) in the current frame; returns the frame the
+  // value opens when it is a container.
+  Frame value(Kind kind, uint64_t v, string_t* s) {
+    switch (frame()) {
+      case Frame::kNone:
+        root_is_object_ = kind == Kind::kObject;
+        return kind == Kind::kObject ? Frame::kRoot : Frame::kIgnored;
+      case Frame::kRoot:
+        if (in_metadata_) return kind == Kind::kObject ? Frame::kMetadata : Frame::kIgnored;
+        entry_->is_object = kind == Kind::kObject;
+        return entry_->is_object ? Frame::kEntry : Frame::kIgnored;
+      case Frame::kEntry:
+        if (field_is_dtype_ && kind == Kind::kString) {
+          entry_->dtype_is_string = true;
+          entry_->dtype = std::move(*s);
+        } else if (field_ != nullptr && kind == Kind::kArray) {
+          field_->is_array = true;
+          return Frame::kItems;
+        }
+        return Frame::kIgnored;
+      case Frame::kMetadata:
+        if (keep_metadata_ && kind == Kind::kString) metadata_[metadata_key_] = std::move(*s);
+        return Frame::kIgnored;
+      case Frame::kItems:
+        if (++field_->count <= kMaxItems) field_->items.push_back({kind == Kind::kUnsigned, v});
+        return Frame::kIgnored;
+      default:
+        return Frame::kIgnored;
+    }
+  }
+
+  bool scalar(Kind kind, uint64_t v = 0, string_t* s = nullptr) {
+    value(kind, v, s);
+    return true;
+  }
+
+  bool open(Kind kind) {
+    const Frame f = value(kind, 0, nullptr);
+    if (depth_ < kTrackedLevels) frames_[depth_] = f;
+    ++depth_;
+    return true;
+  }
+
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  const std::string& source_;
+  const size_t max_tensors_;
+  const bool keep_metadata_;
+  size_t depth_ = 0;
+  Frame frames_[kTrackedLevels] = {};
+  bool root_is_object_ = false;
+  std::map<std::string, RawEntry> entries_;  // ordered by name, like a json object
+  RawEntry* entry_ = nullptr;                 // the entry whose value is being read
+  bool in_metadata_ = false;                  // the value being read is __metadata__'s
+  RawArray* field_ = nullptr;                 // shape or data_offsets of entry_
+  bool field_is_dtype_ = false;
+  std::map<std::string, std::string> metadata_;
+  std::string metadata_key_;
+};
+
+NamedTensors parse(std::string_view bytes, const std::string& source, const SafetensorsLimits& limits,
+                   std::map<std::string, std::string>* metadata) {
   if (bytes.size() < 8) bad(source, absl::StrCat("file is ", bytes.size(), " bytes, shorter than the 8-byte header length"));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
@@ -83,17 +260,11 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
   if (header_len > bytes.size() - 8) {
     bad(source, absl::StrCat("header length ", header_len, " runs past the end of the file (", bytes.size(), " bytes)"));
   }
-  json header;
-  try {
-    header = json::parse(bytes.substr(8, header_len));
-  } catch (const json::exception& e) {
-    bad(source, absl::StrCat("header is not valid JSON: ", e.what()));
-  }
-  if (!header.is_object()) bad(source, "header must be a JSON object");
+  const std::string_view header = bytes.substr(8, header_len);
+  HeaderReader reader(source, limits.max_tensors, metadata != nullptr);
+  json::sax_parse(header.data(), header.data() + header.size(), &reader);
+  if (!reader.root_is_object()) bad(source, "header must be a JSON object");
   const std::string_view data = bytes.substr(8 + header_len);
-  if (header.size() - (header.contains("__metadata__") ? 1 : 0) > limits.max_tensors) {
-    bad(source, absl::StrCat("header lists more than ", limits.max_tensors, " tensors"));
-  }
 
   struct Entry {
     std::string name;
@@ -102,20 +273,18 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
+  entries.reserve(reader.entries().size());
   uint64_t total = 0;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const json& v = it.value();
-    const std::string& name = it.key();
-    if (!v.is_object()) bad(source, absl::StrCat("entry \"", name, "\" must be an object"));
-    if (!v.contains("dtype") || !v["dtype"].is_string()) bad(source, absl::StrCat("entry \"", name, "\" has no string dtype"));
-    if (!v.contains("shape") || !v["shape"].is_array()) bad(source, absl::StrCat("entry \"", name, "\" has no shape array"));
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
+  for (const auto& [name, v] : reader.entries()) {
+    if (!v.is_object) bad(source, absl::StrCat("entry \"", name, "\" must be an object"));
+    if (!v.has_dtype || !v.dtype_is_string) bad(source, absl::StrCat("entry \"", name, "\" has no string dtype"));
+    if (!v.shape.present || !v.shape.is_array) bad(source, absl::StrCat("entry \"", name, "\" has no shape array"));
+    if (!v.offsets.present || !v.offsets.is_array || v.offsets.count != 2) {
       bad(source, absl::StrCat("entry \"", name, "\" needs data_offsets [begin, end]"));
     }
     Entry e;
     e.name = name;
-    const std::string dt = v["dtype"].get<std::string>();
+    const std::string& dt = v.dtype;
     e.dtype = nullptr;
     for (const FileDType& f : kFileDTypes) {
       if (dt == f.name) e.dtype = &f;
@@ -123,16 +292,16 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
     if (e.dtype == nullptr) {
       bad(source, absl::StrCat("entry \"", name, "\" has unsupported dtype \"", dt, "\" (supported: F32, F16, BF16, I64, I32, U8, I8)"));
     }
-    if (v["shape"].size() > static_cast<size_t>(kMaxDims)) {
-      bad(source, absl::StrCat("entry \"", name, "\" has ", v["shape"].size(), " dims; at most ", kMaxDims, " are supported"));
+    if (v.shape.count > static_cast<size_t>(kMaxDims)) {
+      bad(source, absl::StrCat("entry \"", name, "\" has ", v.shape.count, " dims; at most ", kMaxDims, " are supported"));
     }
     uint64_t numel = 1;
     // The product of the non-zero dims bounds the tensor's strides, which must fit in int64 even
     // when another dim is 0 and the tensor is empty.
     uint64_t extent = 1;
-    for (const json& s : v["shape"]) {
-      if (!s.is_number_unsigned()) bad(source, absl::StrCat("entry \"", name, "\" has a shape entry that is not a non-negative integer"));
-      const uint64_t d = s.get<uint64_t>();
+    for (const RawItem& s : v.shape.items) {
+      if (!s.is_unsigned) bad(source, absl::StrCat("entry \"", name, "\" has a shape entry that is not a non-negative integer"));
+      const uint64_t d = s.value;
       if (d != 0 && numel > limits.max_total_bytes / d) bad(source, absl::StrCat("entry \"", name, "\" has a shape whose size overflows"));
       if (d != 0 && extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / d) {
         bad(source, absl::StrCat("entry \"", name, "\" has a shape whose size overflows"));
@@ -141,15 +310,16 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
       extent *= std::max<uint64_t>(d, 1);
       e.shape.push_back(static_cast<int64_t>(d));
     }
-    for (const json& o : v["data_offsets"]) {
-      if (!o.is_number_unsigned()) bad(source, absl::StrCat("entry \"", name, "\" has data_offsets that are not non-negative integers"));
+    for (const RawItem& o : v.offsets.items) {
+      if (!o.is_unsigned) bad(source, absl::StrCat("entry \"", name, "\" has data_offsets that are not non-negative integers"));
     }
-    e.begin = v["data_offsets"][0].get<uint64_t>();
-    e.end = v["data_offsets"][1].get<uint64_t>();
+    e.begin = v.offsets.items[0].value;
+    e.end = v.offsets.items[1].value;
     if (e.begin > e.end || e.end > data.size()) {
       bad(source, absl::StrCat("entry \"", name, "\" has data_offsets [", e.begin, ", ", e.end,
                                "] outside the data section of ", data.size(), " bytes (file truncated?)"));
     }
+    // The byte count must match the data actually present before anything is allocated.
     if (numel > limits.max_total_bytes / e.dtype->bytes || e.end - e.begin != numel * e.dtype->bytes) {
       bad(source, absl::StrCat("entry \"", name, "\" has ", e.end - e.begin, " bytes of data but dtype ", dt, " and shape ",
                                shape_to_string(e.shape), " need ", numel * e.dtype->bytes));
@@ -186,7 +356,14 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& source
     }
     out.emplace_back(e.name, std::move(t));
   }
+  if (metadata != nullptr) *metadata = std::move(reader.metadata());
   return out;
+}
+
+}  // namespace
+
+NamedTensors parse_safetensors(std::string_view bytes, const std::string& source, const SafetensorsLimits& limits) {
+  return parse(bytes, source, limits, nullptr);
 }
 
 namespace {
@@ -209,17 +386,8 @@ NamedTensors load_safetensors(const std::string& path, const SafetensorsLimits& 
 }
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
-  const std::string bytes = read_file(path);
-  parse_safetensors(bytes, "\"" + path + "\"");  // validates
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  const json header = json::parse(bytes.substr(8, header_len));
   std::map<std::string, std::string> out;
-  if (header.contains("__metadata__") && header["__metadata__"].is_object()) {
-    for (auto it = header["__metadata__"].begin(); it != header["__metadata__"].end(); ++it) {
-      if (it.value().is_string()) out[it.key()] = it.value().get<std::string>();
-    }
-  }
+  parse(read_file(path), "\"" + path + "\"", SafetensorsLimits{}, &out);  // validates the whole file
   return out;
 }
 
