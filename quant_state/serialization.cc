@@ -374,7 +374,10 @@ std::vector<Loaded> parse_and_check(ModelQuantState& model, const std::string& m
   try {
     doc = json::parse(text, limit);
   } catch (const json::exception& e) {
-    DBRQ_THROW(FileFormatError, "quant state ", source, " is not valid JSON: ", e.what());
+    // nlohmann quotes the last token, which can be most of the document ("[[[[..."): keep it short.
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "...";
+    DBRQ_THROW(FileFormatError, "quant state ", source, " is not valid JSON: ", what);
   }
   std::vector<Loaded> loaded(model.num_slots());
   const std::string where = "quant state " + source;
