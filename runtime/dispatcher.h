@@ -23,6 +23,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
+#include "runtime/error.h"
 #include "runtime/op_params.h"
 #include "runtime/tensor.h"
 
@@ -68,6 +69,10 @@ class Interceptor {
   virtual void on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) = 0;
   // Instead of on_module_exit when forward (or a hook) threw. Must restore per-call state.
   virtual void on_module_unwind(nn::Module& module) noexcept = 0;
+  // When `module`'s forward threw a dbrq::Error that does not say where it happened yet
+  // (!error.has_location()): may rethrow it with the module's name (rethrow_with_location). When it
+  // returns, the original error propagates. Called before on_module_unwind, with the frame intact.
+  virtual void on_module_error(nn::Module& module, const Error& error) {}
 };
 
 namespace detail {
@@ -91,10 +96,23 @@ class InterceptorScope {
   Interceptor* saved_;
 };
 
+namespace detail {
+// Whether an error message already starts with an op's name ("conv2d: ...", "slice: ...").
+bool names_an_op(const Error& e);
+}  // namespace detail
+
 inline Tensor dispatch(const OpCall& call) {
   Interceptor* interceptor = detail::tls_interceptor;
   if (__builtin_expect(interceptor != nullptr, 0)) return interceptor->on_op(call);
-  return call.run(call);
+  // The handler costs nothing until something throws (table-driven unwinding). It makes every
+  // error of an eager op name the op, including those from shared helpers such as dim wrapping
+  // ("dim 5 is out of range for a 2-D tensor").
+  try {
+    return call.run(call);
+  } catch (const Error& e) {
+    if (e.has_location() || detail::names_an_op(e)) throw;
+    e.rethrow_with_context(absl::StrCat(op_name(call.kind), ": "));
+  }
 }
 
 }  // namespace dbrq

@@ -25,19 +25,40 @@ class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
   // Throws a copy of this error, of the same dynamic type, whose message is `context` + what().
-  // Used to add where an error happened (module fqn, op index) as it propagates.
-  [[noreturn]] virtual void rethrow_with_context(const std::string& context) const {
-    throw Error(context + what());
+  // Used to add what was being done (e.g. "prepare: the example run failed: ") as it propagates.
+  [[noreturn]] void rethrow_with_context(const std::string& context) const {
+    rethrow_as(context, has_location_);
+    __builtin_unreachable();  // rethrow_as always throws; GCC does not trust [[noreturn]] on virtuals
   }
+  // The same, for the place the error happened ("in module \"layer1.0\" (BasicBlock), op 3 conv2d
+  // (layer1.0.conv2): "). The innermost place that knows it adds it; callers check has_location()
+  // so that an error crossing nested modules or ops is located once.
+  [[noreturn]] void rethrow_with_location(const std::string& location) const {
+    rethrow_as(location, true);
+    __builtin_unreachable();
+  }
+  bool has_location() const { return has_location_; }
+
+ protected:
+  [[noreturn]] virtual void rethrow_as(const std::string& prefix, bool located) const {
+    Error e(prefix + what());
+    e.has_location_ = located;
+    throw e;
+  }
+  bool has_location_ = false;
 };
 
-#define DBRQ_DEFINE_ERROR(Name)                                                   \
-  class Name : public Error {                                                     \
-   public:                                                                        \
-    using Error::Error;                                                           \
-    [[noreturn]] void rethrow_with_context(const std::string& context) const override { \
-      throw Name(context + what());                                               \
-    }                                                                             \
+#define DBRQ_DEFINE_ERROR(Name)                                                    \
+  class Name : public Error {                                                      \
+   public:                                                                         \
+    using Error::Error;                                                            \
+                                                                                   \
+   protected:                                                                      \
+    [[noreturn]] void rethrow_as(const std::string& prefix, bool located) const override { \
+      Name e(prefix + what());                                                     \
+      e.has_location_ = located;                                                   \
+      throw e;                                                                     \
+    }                                                                              \
   }
 
 // A tensor's sizes do not fit the op (rank, broadcast, channel count, state-dict shape, ...).

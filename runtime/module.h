@@ -292,6 +292,18 @@ class CallableModule : public Module {
     return result;
   }
 
+  // forward, letting the interceptor say where an error that does not say so yet happened. The
+  // handler costs nothing unless forward throws.
+  template <typename Tuple>
+  auto run_forward(Interceptor* interceptor, Tuple& in) {
+    try {
+      return std::apply([&](auto&... a) { return derived().forward(a...); }, in);
+    } catch (const Error& e) {
+      if (!e.has_location()) interceptor->on_module_error(*this, e);
+      throw;
+    }
+  }
+
   template <typename... Args>
   auto call_hooked(Interceptor* interceptor, Args&&... args) {
     std::tuple<std::decay_t<Args>...> in(std::forward<Args>(args)...);
@@ -301,11 +313,11 @@ class CallableModule : public Module {
     interceptor->on_module_enter(*this, ptrs);
     using Out = std::decay_t<decltype(std::declval<Derived&>().forward(std::declval<std::decay_t<Args>&>()...))>;
     if constexpr (std::is_void_v<Out>) {
-      std::apply([&](auto&... a) { derived().forward(a...); }, in);
+      run_forward(interceptor, in);
       interceptor->on_module_exit(*this, {});
       guard.release();
     } else {
-      Out out = std::apply([&](auto&... a) { return derived().forward(a...); }, in);
+      Out out = run_forward(interceptor, in);
       ptrs.clear();
       detail::collect_tensors(out, ptrs);
       interceptor->on_module_exit(*this, ptrs);

@@ -65,6 +65,8 @@ thread_local absl::flat_hash_map<const ConvExec*, Pending> tls_pending;
 
 }  // namespace
 
+void drop_pending_on_this_thread() noexcept { tls_pending.clear(); }
+
 // ---------------------------------------------------------------------------------------------
 
 ConvExec::ConvExec(Factory factory, Conv2dParams params, InputSpec input, const Tensor& weight, bool deferred)

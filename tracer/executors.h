@@ -201,6 +201,10 @@ class SoftmaxExec : public ConvertedOp {
   QuantParamsPtr out_;
 };
 
+// Forgets this thread's fused convs that wait for their residual add (after an exception cut a
+// call short between the two; called when the thread's module stack has fully unwound).
+void drop_pending_on_this_thread() noexcept;
+
 // The real-valued function of a LUT-able op kind.
 std::function<float(float)> elementwise_fn(OpKind kind, const OpParamsCopy& params);
 

@@ -1,13 +1,41 @@
 #include "tracer/interceptor.h"
 
+#include "absl/strings/str_cat.h"
 #include "runtime/logging.h"
 #include "runtime/ops.h"
+#include "tracer/executors.h"
 
 namespace dbrq::tracer {
 namespace {
 
 // The module call stack of this thread (shared by every model; frames remember their owner).
 thread_local std::vector<Frame> tls_stack;
+
+// The observer statistics of a calibrating model as they were when this thread's outermost call
+// of it began. A call that throws (a bad batch, a control-flow change) restores them, so it leaves
+// no partial observations behind; a call that returns drops them. Calibration is not a hot path:
+// copying the statistics costs far less than the forward pass.
+struct CalibrationSnapshot {
+  ModelQuantState* model = nullptr;
+  std::vector<std::pair<int, Observer::Stats>> observers;  // root slot, its statistics
+};
+thread_local std::vector<CalibrationSnapshot> tls_snapshots;
+
+void save_calibration(ModelQuantState& m) {
+  CalibrationSnapshot snap;
+  snap.model = &m;
+  for (size_t i = 0; i < m.num_slots(); ++i) {
+    const int s = static_cast<int>(i);
+    if (m.find(s) == s) snap.observers.emplace_back(s, m.slot(s).observer->stats());
+  }
+  tls_snapshots.push_back(std::move(snap));
+}
+
+void restore_calibration() noexcept {
+  const CalibrationSnapshot& snap = tls_snapshots.back();
+  for (const auto& [s, stats] : snap.observers) snap.model->slot(s).observer->load_stats(stats);
+  tls_snapshots.pop_back();
+}
 
 // The frame whose module owns ops running now: the top frame if it has state, or the nearest
 // stateful frame under a leaf.
@@ -29,6 +57,68 @@ bool any_quantized(const OpCall& call) {
     if (t->defined() && t->is_quantized()) return true;
   }
   return false;
+}
+
+// Where an op runs, captured before it runs (frame pointers into tls_stack are not kept).
+struct OpSite {
+  const AutoQuantizationState* state = nullptr;  // the module whose op it is (null: no state)
+  const LeafQuantInfo* leaf = nullptr;           // the layer running it, if any
+  const nn::Module* module = nullptr;            // the innermost module on the stack
+  int index = -1;                                // seen-op index in `state`; -1: not a seen op
+};
+
+OpSite site_of(const Frame* owner, const Frame* top, int index) {
+  OpSite s;
+  s.state = owner != nullptr ? owner->state : nullptr;
+  s.leaf = top != nullptr ? top->leaf : nullptr;
+  s.module = top != nullptr ? top->module : nullptr;
+  s.index = index;
+  return s;
+}
+
+// "in module "layer1.0" (BasicBlock), op 0 conv2d (layer1.0.conv1): " for a seen op,
+// "in module "" (Net), flatten (not quantized): " for another one. Only built when throwing.
+std::string op_location(OpKind kind, const OpSite& site) {
+  std::string where;
+  if (site.state != nullptr) {
+    where = absl::StrCat("in module \"", site.state->fqn(), "\" (", site.state->type_name(), "), ");
+  } else if (site.module != nullptr) {
+    // A module without quantization state (not part of the prepared model's tree).
+    where = absl::StrCat("in a ", site.module->type_name(), " module, ");
+  }
+  const std::string op_fqn = site.leaf != nullptr ? site.leaf->fqn() : site.state != nullptr ? site.state->fqn() : "";
+  if (site.index >= 0) {
+    absl::StrAppend(&where, "op ", site.index, " ", op_name(kind), " (", op_fqn, "): ");
+  } else if (site.leaf != nullptr) {
+    absl::StrAppend(&where, op_name(kind), " (", op_fqn, ", not quantized): ");
+  } else {
+    absl::StrAppend(&where, op_name(kind), " (not quantized): ");
+  }
+  return where;
+}
+
+// Runs `f`, adding the op's location to a dbrq::Error that has none yet. Costs nothing unless `f`
+// throws.
+template <typename F>
+Tensor located(OpKind kind, const OpSite& site, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.has_location()) throw;
+    e.rethrow_with_location(op_location(kind, site));
+  }
+}
+
+// The op-sequence checks (validate_cur_op, validate_op_count) name the module and the op in their
+// messages already: mark them located so that no module adds itself in front.
+template <typename F>
+decltype(auto) self_located(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.has_location()) throw;
+    e.rethrow_with_location("");
+  }
 }
 
 }  // namespace
@@ -101,7 +191,7 @@ Tensor QuantInterceptor::on_op(const OpCall& call) {
     case Phase::kConverted:
       return convert_op(call, owner, top);
   }
-  return run_fp32(call);
+  return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
 }
 
 namespace {
@@ -122,7 +212,8 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
   assign_ids(call);
   const LeafQuantInfo* leaf = leaf_of(top);
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
-  Tensor out = call.run(call);
+  Tensor out = located(call.kind, site_of(owner, top, qconfig != nullptr ? owner->cursor : -1),
+                       [&] { return call.run(call); });
   const int64_t out_id = ModelQuantState::new_tensor_id();
   out.set_trace_id(out_id);
   model_.tensors()[out_id] = {out.dtype(), out.dtype(), -1};
@@ -161,8 +252,10 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
       e.op_index = owner->cursor;
     } else {
       // A module called again during the trace: its ops were recorded on its first call.
-      SeenOpInfo& op = s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                         leaf != nullptr ? leaf->fqn() : "");
+      SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
+        return s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                 leaf != nullptr ? leaf->fqn() : "");
+      });
       e.kind = TraceEvent::Kind::kSeenOp;
       e.state = &s;
       e.op_index = op.index;
@@ -182,35 +275,48 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
 Tensor QuantInterceptor::observe_op(const OpCall& call, Frame* owner, Frame* top) {
   const LeafQuantInfo* leaf = leaf_of(top);
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
-  if (qconfig == nullptr) return run_fp32(call);
-  SeenOpInfo& op = owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                                 leaf != nullptr ? leaf->fqn() : "");
+  if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
+    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                         leaf != nullptr ? leaf->fqn() : "");
+  });
   ++owner->cursor;
   const bool observe = model_.observers_enabled();
-  if (observe) {
+  auto observe_inputs = [&] {
     for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
       if (op.input_observers[k] >= 0) model_.observer(op.input_observers[k]).observe(*call.inputs[k]);
     }
-  }
-  Tensor out = run_fp32(call);
-  if (observe && op.output_observer >= 0) model_.observer(op.output_observer).observe(out);
-  return out;
+  };
+  return located(call.kind, site_of(owner, top, op.index), [&] {
+    // The op runs before its inputs are observed, so an input it rejects is reported by the op
+    // ("conv2d: input must have dtype f32") rather than by an observer. Each observer still sees
+    // its tensors in the same order. An in-place op overwrites its input: observe that first.
+    if (observe && call.inplace) observe_inputs();
+    Tensor out = run_fp32(call);
+    if (observe && !call.inplace) observe_inputs();
+    if (observe && op.output_observer >= 0) model_.observer(op.output_observer).observe(out);
+    return out;
+  });
 }
 
 Tensor QuantInterceptor::convert_op(const OpCall& call, Frame* owner, Frame* top) {
   const LeafQuantInfo* leaf = leaf_of(top);
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
-  if (qconfig == nullptr) return run_fp32(call);
-  SeenOpInfo& op = owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                                 leaf != nullptr ? leaf->fqn() : "");
+  if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
+    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
+                                         leaf != nullptr ? leaf->fqn() : "");
+  });
   ++owner->cursor;
-  if (op.executor == nullptr) return run_fp32(call);
+  const OpSite site = site_of(owner, top, op.index);
+  if (op.executor == nullptr) return located(call.kind, site, [&] { return run_fp32(call); });
+  auto* exec = static_cast<ConvertedOp*>(op.executor.get());
   if (__builtin_expect(probe_ != nullptr, 0)) {
-    Tensor out = static_cast<ConvertedOp*>(op.executor.get())->run(call);
+    Tensor out = located(call.kind, site, [&] { return exec->run(call); });
     probe_(*owner->state, op, out);
     return out;
   }
-  return static_cast<ConvertedOp*>(op.executor.get())->run(call);
+  return located(call.kind, site, [&] { return exec->run(call); });
 }
 
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
@@ -246,7 +352,12 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
       model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
     }
   }
+  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   tls_stack.push_back(f);
+  if (outermost && model_.phase() == Phase::kCalibrating && model_.observers_enabled()) {
+    save_calibration(model_);
+    tls_stack.back().snapshot = true;
+  }
 }
 
 void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) {
@@ -255,10 +366,13 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     // Validate while this module's frame is still on the stack: if it throws, on_module_unwind pops
     // exactly this frame (popping first made the unwind pop the callers' frames too).
     const Frame& top = tls_stack.back();
-    if (!top.fp32_region && top.state != nullptr && !top.recording) top.state->validate_op_count(top.cursor);
+    if (!top.fp32_region && top.state != nullptr && !top.recording) {
+      self_located([&] { top.state->validate_op_count(top.cursor); });
+    }
   }
   Frame f = tls_stack.back();
   tls_stack.pop_back();
+  if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   if (f.fp32_region) {
     detail::tls_interceptor = f.saved;
     if (model_.phase() == Phase::kTracing) {
@@ -292,14 +406,33 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   }
 }
 
+void QuantInterceptor::on_module_error(nn::Module& module, const Error& error) {
+  // Errors from ops are located where the op runs; this is for a module's own code (a check in
+  // a user's forward, Tensor::size on a wrong-rank input, ...). Modules outside the prepared tree
+  // have no name; the next enclosing one will say where.
+  nn::ModuleExtension* ext = module.extension();
+  if (auto* s = dynamic_cast<AutoQuantizationState*>(ext)) {
+    error.rethrow_with_location(absl::StrCat("in module \"", s->fqn(), "\" (", s->type_name(), "): "));
+  }
+  if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
+    error.rethrow_with_location(absl::StrCat("in module \"", l->fqn(), "\" (", module.type_name(), "): "));
+  }
+  if (auto* n = dynamic_cast<NonTraceableInfo*>(ext)) {
+    error.rethrow_with_location(absl::StrCat("in module \"", n->fqn(), "\" (", module.type_name(), ", not traced): "));
+  }
+}
+
 void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
   // Pop this module's frame (and any frame left above it by a failure in a hook).
   while (!tls_stack.empty()) {
     Frame f = tls_stack.back();
     tls_stack.pop_back();
     if (f.fp32_region) detail::tls_interceptor = f.saved;
+    if (f.snapshot) restore_calibration();
     if (f.module == &module) break;
   }
+  // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned.
+  if (tls_stack.empty()) drop_pending_on_this_thread();
 }
 
 }  // namespace dbrq::tracer

@@ -13,6 +13,13 @@
 //
 // Everything per call lives on the calling thread's stack of frames, so a converted model can be
 // called from several threads at once, and two threads can run two models in different phases.
+//
+// Errors say where they happened: a dbrq::Error thrown while an op runs gets the module and the op
+// in front of its message ("in module \"layer1.0\" (BasicBlock), op 0 conv2d (layer1.0.conv1):
+// conv2d: input has 5 channels ..."), once, however many modules it crosses; one thrown by a
+// module's own code (outside any op) gets the module. After an exception the thread's frames are
+// unwound and a calibrating call's observer statistics are restored to what they were before it,
+// so the model computes and calibrates exactly as if the failed call had not happened.
 #pragma once
 
 #include <functional>
@@ -53,6 +60,7 @@ struct Frame {
   bool fp32_region = false;                 // non-traceable: interception suspended inside
   Interceptor* saved = nullptr;             // the interceptor to restore after an fp32 region
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
+  bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
 };
 
 class QuantInterceptor : public Interceptor {
@@ -63,6 +71,7 @@ class QuantInterceptor : public Interceptor {
   void on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) override;
   void on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) override;
   void on_module_unwind(nn::Module& module) noexcept override;
+  void on_module_error(nn::Module& module, const Error& error) override;
 
   ModelQuantState& model() { return model_; }
 
