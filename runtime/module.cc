@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -13,7 +14,8 @@
 namespace dbrq::nn {
 namespace {
 
-ModulePrintHook g_print_hook = nullptr;
+// Set by every prepare(), possibly on several threads at once (replicas prepared in parallel).
+std::atomic<ModulePrintHook> g_print_hook{nullptr};
 
 void check_name(const std::string& what, const std::string& name) {
   DBRQ_ENSURE(!name.empty() && name.find('.') == std::string::npos, ValueError, what, " name \"", name,
@@ -235,11 +237,12 @@ std::vector<Tensor> Module::forward_tensors(const std::vector<Tensor>& inputs) {
 void Module::print(std::ostream& os, int indent) const {
   os << type_name_ << "(";
   const std::string extra = extra_repr();
-  if (children_.empty() && g_print_hook == nullptr) {
+  const ModulePrintHook hook = g_print_hook.load(std::memory_order_relaxed);
+  if (children_.empty() && hook == nullptr) {
     os << extra << ")";
     return;
   }
-  std::string hooked = g_print_hook ? g_print_hook(*this, indent + 2) : "";
+  std::string hooked = hook ? hook(*this, indent + 2) : "";
   if (children_.empty() && hooked.empty()) {
     os << extra << ")";
     return;
@@ -263,6 +266,6 @@ std::string Module::to_string() const {
 
 std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.to_string(); }
 
-void set_module_print_hook(ModulePrintHook hook) { g_print_hook = hook; }
+void set_module_print_hook(ModulePrintHook hook) { g_print_hook.store(hook, std::memory_order_relaxed); }
 
 }  // namespace dbrq::nn
