@@ -96,11 +96,15 @@ class Converter {
     }
     ObserverSlot& slot = m_.slot(r->slot);
     if (slot.qparams == nullptr) {
-      DBRQ_ENSURE(slot.observer->has_data(), NotCalibratedError, "convert: no calibration data for tensor t",
-                  slot.tensor_id, " used by ", op_name(op.kind), " (", op.fqn, ") in module \"", s.fqn(), "\", op ",
-                  op.index, ": its ", observer_kind_name(slot.observer->spec().kind),
-                  " observer saw nothing. Run the prepared model on calibration data (with observers enabled) "
-                  "before convert");
+      const Observer& obs = *slot.observer;
+      DBRQ_ENSURE(obs.has_data(), NotCalibratedError, "convert: no calibration data for tensor t", slot.tensor_id,
+                  " used by ", op_name(op.kind), " (", op.fqn, ") in module \"", s.fqn(), "\", op ", op.index, ": its ",
+                  observer_kind_name(obs.spec().kind), " observer saw ",
+                  obs.nan_count() + obs.inf_count() == 0
+                      ? std::string("nothing")
+                      : absl::StrCat("no finite values (it skipped ", obs.nan_count(), " NaN and ", obs.inf_count(),
+                                     " Inf)"),
+                  ". Run the prepared model on calibration data (with observers enabled) before convert");
       slot.qparams = slot.observer->calculate_qparams();
     }
     return slot.qparams;
