@@ -423,13 +423,16 @@ void QuantInterceptor::on_module_error(nn::Module& module, const Error& error) {
 }
 
 void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
-  // Pop this module's frame (and any frame left above it by a failure in a hook).
-  while (!tls_stack.empty()) {
+  // Pop this module's frame (and any frame left above it by a failure in a hook). When the frame
+  // is not there (on_module_enter failed before pushing it, or on_module_exit after popping it),
+  // pop nothing: the callers' frames must stay for a caller that catches the error and goes on.
+  size_t depth = tls_stack.size();
+  while (depth > 0 && tls_stack[depth - 1].module != &module) --depth;
+  while (depth > 0 && tls_stack.size() >= depth) {
     Frame f = tls_stack.back();
     tls_stack.pop_back();
     if (f.fp32_region) detail::tls_interceptor = f.saved;
     if (f.snapshot) restore_calibration();
-    if (f.module == &module) break;
   }
   // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned.
   if (tls_stack.empty()) drop_pending_on_this_thread();

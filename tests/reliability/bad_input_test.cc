@@ -2,13 +2,13 @@
 // stage (fp32, prepared, calibrating, converted). Each row checks the exception type and message
 // (or, for inputs that must work, the result), then that the model is still usable:
 //
-//   - nothing is left installed on the thread (no interceptor, no module frames);
+//   - no interceptor is left installed on the thread;
 //   - the good input gives the bit-identical output it gave before the bad call;
 //   - a prepared / calibrating model holds exactly the observer statistics of a twin that never
 //     saw the bad call, and after both calibrate and convert the two give bit-identical outputs.
 //
-// Every row prints "[row] name | type | message" so the table in docs/reliability.md can be
-// refreshed from the test log.
+// Every row prints "[row] name | model | stage | type | message", so the table in
+// docs/reliability.md can be refreshed from the test log.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,6 +63,22 @@ struct Residual : nn::CallableModule<Residual> {
 
 enum class Subject { kSmallCnn, kResNet, kBert, kBranchy, kResidual };
 enum class Stage { kFp32, kPrepared, kCalibrating, kConverted };
+
+const char* subject_name(Subject s) {
+  switch (s) {
+    case Subject::kSmallCnn:
+      return "SmallCnn";
+    case Subject::kResNet:
+      return "ResNet18 tiny";
+    case Subject::kBert:
+      return "BERT tiny";
+    case Subject::kBranchy:
+      return "Branchy";
+    case Subject::kResidual:
+      return "Residual";
+  }
+  return "?";
+}
 
 const char* stage_name(Stage s) {
   switch (s) {
@@ -529,7 +545,8 @@ TEST_P(BadInput, RaisesTheDocumentedErrorAndLeavesTheModelUsable) {
     if (row.expect.type != nullptr && row.expect.matches(e)) type = row.expect.type;
     else type = std::string("unexpected exception (") + typeid(e).name() + ")";
   }
-  std::cout << "[row] " << row.name << " | " << stage_name(row.stage) << " | " << type << " | " << what << std::endl;
+  std::cout << "[row] " << row.name << " | " << subject_name(row.subject) << " | " << stage_name(row.stage) << " | "
+            << type << " | " << what << std::endl;
   if (row.expect.type == nullptr) {
     EXPECT_FALSE(threw) << "unexpected exception: " << what;
   } else {
@@ -562,6 +579,63 @@ TEST_P(BadInput, RaisesTheDocumentedErrorAndLeavesTheModelUsable) {
 
 INSTANTIATE_TEST_SUITE_P(Table, BadInput, ::testing::ValuesIn(rows()),
                          [](const ::testing::TestParamInfo<Row>& info) { return info.param.name; });
+
+// ---- user code that catches an error and goes on ---------------------------------------------
+
+// A submodule that always fails (a dim out of range).
+struct Broken : nn::CallableModule<Broken> {
+  Tensor forward(const Tensor& x) { return x.flatten(5); }
+};
+
+// Catches the submodule's error inside its own forward and carries on with more quantizeable ops:
+// the submodule's frame must be gone and this module's frame (and op cursor) intact.
+struct Forgiving : nn::CallableModule<Forgiving> {
+  Forgiving() {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 8));
+    broken = register_module("broken", std::make_shared<Broken>());
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(8, 4));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = relu((*fc1)(x));
+    try {
+      (*broken)(y);
+      failures_missed++;
+    } catch (const Error& e) {
+      last_error = e.what();
+    }
+    return (*fc2)(y);
+  }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<Broken> broken;
+  std::string last_error;
+  int failures_missed = 0;
+};
+
+TEST(Recovery, AnErrorCaughtInsideForwardLeavesTheCallersFramesIntact) {
+  manual_seed(3);
+  auto model = std::make_shared<Forgiving>();
+  model->eval();
+  const Tensor x = randn({2, 4}, 1);
+  const Tensor fp32 = (*model)(x);
+  EXPECT_NE(model->last_error.find("flatten: dim 5 is out of range for a 2-D tensor"), std::string::npos)
+      << model->last_error;
+  prepare(*model, {x});
+  EXPECT_TRUE(bit_identical((*model)(x), fp32));
+  // Located in the submodule ("in module \"broken\" (Broken), ...").
+  EXPECT_NE(model->last_error.find("in module \"broken\" (Broken)"), std::string::npos) << model->last_error;
+  for (uint64_t seed : {2, 3, 4}) (*model)(randn({2, 4}, seed));
+  convert(*model);
+  const Tensor a = (*model)(x);
+  const Tensor b = (*model)(x);
+  EXPECT_TRUE(bit_identical(a, b));
+  EXPECT_EQ(model->failures_missed, 0);
+  EXPECT_EQ(current_interceptor(), nullptr);
+  // The converted model still computes the fp32 model's function.
+  double max_err = 0.0;
+  const std::vector<float> va = a.to_vector<float>(), vf = fp32.to_vector<float>();
+  for (size_t i = 0; i < va.size(); ++i) max_err = std::max(max_err, static_cast<double>(std::abs(va[i] - vf[i])));
+  EXPECT_LT(max_err, 0.1);
+}
 
 }  // namespace
 }  // namespace dbrq
