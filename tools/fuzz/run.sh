@@ -3,7 +3,7 @@
 #
 #   tools/fuzz/run.sh safetensors 600      # dbrq::parse_safetensors, 10 minutes
 #   tools/fuzz/run.sh quant_state 600      # check_quant_state / quant_state_from_json, then convert
-#   tools/fuzz/run.sh quant_state 60 -jobs=2 -workers=2    # extra arguments go to libFuzzer
+#   tools/fuzz/run.sh safetensors 60 -max_len=65536         # extra arguments go to libFuzzer
 #
 # The committed seeds (tools/fuzz/corpus/<target>) are read but never written: new inputs go to a
 # scratch corpus under $DBRQ_FUZZ_BUILD (default ~/.cache/dbrq-fuzz), crashes to
