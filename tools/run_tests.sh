@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # dbrq's whole test suite, as CI runs it: installs what it needs, then runs every test target in
-# the normal build and under AddressSanitizer + UndefinedBehaviorSanitizer, builds the
-# external-client sample (a separate Bazel workspace using dbrq through local_repository), and
-# prints one summary line "N passed, M failed" (GoogleTest cases, plus one per extra check).
+# the normal build and under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer on), the
+# concurrency tests (tagged "tsan") under ThreadSanitizer, builds the external-client sample (a
+# separate Bazel workspace using dbrq through local_repository), and prints one summary line
+# "N passed, M failed" (GoogleTest cases, plus one per extra check). Each pass reports its own
+# count and wall time on stderr.
 #
 #   tools/run_tests.sh            # everything
 #   tools/run_tests.sh --quick    # normal build only (no sanitizers)
@@ -17,9 +19,10 @@ QUICK=0
 passed=0
 failed=0
 
-# Adds up the <testsuites tests=.. failures=.. errors=..> counts of every test.xml of the last run.
+# Adds up the <testsuites tests=.. failures=.. errors=..> counts of every test.xml the last run
+# wrote (newer than $2: the sanitizer configs keep their own, older test logs, see .bazelrc).
 count_results() {
-  local label=$1 p=0 f=0
+  local label=$1 since=$2 p=0 f=0
   while IFS= read -r xml; do
     local line t fl er
     line=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || grep -m1 -o '<testsuite [^>]*>' "$xml")
@@ -30,7 +33,7 @@ count_results() {
     if [ "$t" -eq 0 ]; then t=1; fl=1; fi  # a target that wrote no cases did not run properly
     f=$((f + fl + er))
     p=$((p + t - fl - er))
-  done < <(find -L bazel-testlogs/ -name test.xml 2>/dev/null)
+  done < <(find -L bazel-testlogs/ -name test.xml -newer "$since" 2>/dev/null)
   echo "$label: $p passed, $f failed" >&2
   passed=$((passed + p))
   failed=$((failed + f))
@@ -38,20 +41,28 @@ count_results() {
 
 run_suite() {
   local label=$1; shift
-  rm -rf bazel-testlogs/ 2>/dev/null
+  local since start
+  since=$(mktemp)
+  start=$(date +%s)
+  sleep 1  # test.xml files written from now on are -newer than $since
   bazel test --nocache_test_results "$@" //... 2>&1 | tail -n 40
   local rc=${PIPESTATUS[0]}
-  # Exit code 3: some tests failed (counted from their XML); 1 or others: the build broke.
+  # Exit code 3: some tests failed (counted from their XML); 1 or others: the build broke (or, 4,
+  # no test matched).
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then
     echo "$label: bazel exited with $rc (build failure)" >&2
     failed=$((failed + 1))
   fi
-  count_results "$label"
+  count_results "$label" "$since"
+  echo "$label: $(($(date +%s) - start)) s" >&2
+  rm -f "$since"
 }
 
 run_suite "normal" -c opt
 if [ "$QUICK" -eq 0 ]; then
   run_suite "asan+ubsan" --config=asan
+  # The concurrency tests under ThreadSanitizer (only they are built in that configuration).
+  run_suite "tsan" --config=tsan --test_tag_filters=tsan --build_tests_only
 fi
 
 # The external client: a user's own workspace depending on dbrq.
