@@ -503,10 +503,13 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     return;
   }
   // Per channel: src and dst share a dense layout, so one stride walk serves both.
+  // Runs of st elements share a channel.
   const int64_t axis = qp.axis, n = x.numel(), st = x.stride(axis), sz = x.size(axis);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / st) % sz;
-    out[i] = quantize_value<Q>(src[i], 1.0f / qp.scales[c], qp.zero_points[c]);
+  for (int64_t first = 0, run = 0; first < n; first += st, ++run) {
+    const int64_t c = run % sz, end = std::min(n, first + st);
+    const float inv = 1.0f / qp.scales[c];
+    const int32_t zp = qp.zero_points[c];
+    for (int64_t i = first; i < end; ++i) out[i] = quantize_value<Q>(src[i], inv, zp);
   }
 }
 
@@ -527,9 +530,10 @@ void dequantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     return;
   }
   const int64_t axis = qp.axis, n = x.numel(), st = x.stride(axis), sz = x.size(axis);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / st) % sz;
-    out[i] = (static_cast<float>(src[i]) - static_cast<float>(qp.zero_points[c])) * qp.scales[c];
+  for (int64_t first = 0, run = 0; first < n; first += st, ++run) {
+    const int64_t c = run % sz, end = std::min(n, first + st);
+    const float zp = static_cast<float>(qp.zero_points[c]), scale = qp.scales[c];
+    for (int64_t i = first; i < end; ++i) out[i] = (static_cast<float>(src[i]) - zp) * scale;
   }
 }
 

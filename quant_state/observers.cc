@@ -2,15 +2,48 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
+
+#include <omp.h>
 
 #include "absl/strings/str_format.h"
 #include "runtime/logging.h"
+#include "runtime/threading.h"
 
 namespace dbrq {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Below this many values a scan runs on the calling thread alone.
+constexpr int64_t kParallelMin = 1 << 16;
+
+// Threads for a scan over n values (the team follows dbrq::set_num_threads).
+int scan_threads(int64_t n) {
+  if (n < kParallelMin) return 1;
+  apply_thread_setting();
+  return get_num_threads();
+}
+
+// Min and max of n finite values (n >= 1). Exact in any order, so the split does not matter.
+std::pair<float, float> min_max_of(const float* x, int64_t n) {
+  float mn = x[0], mx = x[0];
+#pragma omp parallel for simd num_threads(scan_threads(n)) reduction(min : mn) reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  return {mn, mx};
+}
+
+// Calls f(first, count, channel) for each run of consecutive elements of a dense tensor that
+// share one index along a dimension of stride `st` and size `c` (in memory order).
+template <typename F>
+void for_each_channel_run(int64_t n, int64_t st, int64_t c, F&& f) {
+  for (int64_t first = 0, run = 0; first < n; first += st, ++run) f(first, std::min(st, n - first), run % c);
+}
 
 // ---------------------------------------------------------------------------------------------
 // A histogram over [min, max] that grows its range the way PyTorch's HistogramObserver does:
@@ -35,11 +68,7 @@ class RangeHistogram {
 
   void add(const float* x, int64_t n) {
     if (n == 0) return;
-    float mn = x[0], mx = x[0];
-    for (int64_t i = 1; i < n; ++i) {
-      mn = std::min(mn, x[i]);
-      mx = std::max(mx, x[i]);
-    }
+    auto [mn, mx] = min_max_of(x, n);
     if (anchor_at_zero_) mn = std::min(mn, 0.f);
     const bool same_values = min_ == max_;
     if (empty() || same_values) {
@@ -110,12 +139,25 @@ class RangeHistogram {
       hi += 1.f;
     }
     const float width = hi - lo;
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      if (v < lo || v > hi) continue;
-      int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins_) / width);
-      if (pos >= bins_) pos = bins_ - 1;
-      (*out)[pos] += 1.0;
+    // Integer counts per thread, added up at the end: exact, so the split does not matter.
+    const int nt = scan_threads(n);
+    std::vector<int64_t> counts(static_cast<size_t>(nt) * bins_, 0);
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num(), team = omp_get_num_threads();
+      const int64_t chunk = (n + team - 1) / team, begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+      int64_t* c = counts.data() + static_cast<size_t>(t) * bins_;
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = x[i];
+        if (v < lo || v > hi) continue;
+        int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins_) / width);
+        if (pos >= bins_) pos = bins_ - 1;
+        ++c[pos];
+      }
+    }
+    for (int t = 0; t < nt; ++t) {
+      const int64_t* c = counts.data() + static_cast<size_t>(t) * bins_;
+      for (int b = 0; b < bins_; ++b) (*out)[b] += static_cast<double>(c[b]);
     }
   }
 
@@ -271,11 +313,7 @@ class MinMaxObserver : public Observer {
  protected:
   void observe_finite(const float* x, int64_t n, const Tensor&) override {
     if (n == 0) return;
-    float mn = x[0], mx = x[0];
-    for (int64_t i = 1; i < n; ++i) {
-      mn = std::min(mn, x[i]);
-      mx = std::max(mx, x[i]);
-    }
+    const auto [mn, mx] = min_max_of(x, n);
     update(mn, mx);
   }
   virtual void update(float mn, float mx) {
@@ -363,13 +401,17 @@ class PerChannelMinMaxObserver : public Observer {
     }
     DBRQ_ENSURE(static_cast<int64_t>(min_.size()) == c, ShapeError, "PerChannelMinMax: saw ", min_.size(),
                 " channels before, now a tensor with ", c, " (sizes ", t.shape_string(), ")");
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      if (!std::isfinite(v)) continue;
-      const int64_t ch = (i / st) % c;
-      min_[ch] = std::min(min_[ch], v);
-      max_[ch] = std::max(max_[ch], v);
-    }
+    for_each_channel_run(n, st, c, [&](int64_t first, int64_t count, int64_t ch) {
+      float mn = min_[ch], mx = max_[ch];
+      for (int64_t i = first; i < first + count; ++i) {
+        const float v = x[i];
+        if (!std::isfinite(v)) continue;
+        mn = std::min(mn, v);
+        mx = std::max(mx, v);
+      }
+      min_[ch] = mn;
+      max_[ch] = mx;
+    });
   }
   void merge_from(const Observer& other) override {
     const auto& o = static_cast<const PerChannelMinMaxObserver&>(other);
@@ -794,9 +836,19 @@ void Observer::observe(const Tensor& x) {
   const Tensor t = x.is_non_overlapping_and_dense() ? x : dense_values(x);
   const float* data = t.data<float>();
   const int64_t n = t.numel();
-  int64_t nans = 0, infs = 0;
+  // Non-finite values have all exponent bits set; count them without branches first.
+  int64_t nonfinite = 0;
+#pragma omp parallel for simd num_threads(scan_threads(n)) reduction(+ : nonfinite)
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(data[i])) (std::isnan(data[i]) ? nans : infs)++;
+    uint32_t b;
+    std::memcpy(&b, data + i, sizeof b);
+    nonfinite += (b & 0x7f800000u) == 0x7f800000u;
+  }
+  int64_t nans = 0, infs = 0;
+  if (nonfinite != 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(data[i])) (std::isnan(data[i]) ? nans : infs)++;
+    }
   }
   ++num_batches_;
   if (nans + infs == 0) {
