@@ -185,7 +185,14 @@ bool Tensor::is_non_overlapping_and_dense() const {
   for (int d = 0; d < ndim_; ++d) {
     if (sizes_[d] != 1) perm[m++] = d;
   }
-  std::sort(perm, perm + m, [&](int a, int b) { return strides_[a] < strides_[b]; });
+  // Insertion sort: at most kMaxDims entries (std::sort here also draws a GCC -Warray-bounds false
+  // positive for its 16-element threshold).
+  for (int i = 1; i < m; ++i) {
+    const int v = perm[i];
+    int j = i;
+    for (; j > 0 && strides_[perm[j - 1]] > strides_[v]; --j) perm[j] = perm[j - 1];
+    perm[j] = v;
+  }
   int64_t expected = 1;
   for (int i = 0; i < m; ++i) {
     if (strides_[perm[i]] != expected) return false;

@@ -70,7 +70,9 @@ TEST_F(Numerics, ReportsEveryQuantizedOpWorstFirst) {
     EXPECT_GT(o.sqnr_db, 15.0) << o.op;  // int8 of a sane model: tens of dB
     EXPECT_GE(o.max_abs_error, 0.0);
     EXPECT_THAT(o.qparams, HasSubstr("scale")) << o.op;
-    if (i > 0) EXPECT_LE(r.ops[i - 1].sqnr_db, o.sqnr_db) << "not sorted worst first";
+    if (i > 0) {
+      EXPECT_LE(r.ops[i - 1].sqnr_db, o.sqnr_db) << "not sorted worst first";
+    }
   }
   EXPECT_TRUE(ops.count("conv2d+batch_norm+relu@conv1"));
   EXPECT_TRUE(ops.count("conv2d+batch_norm+relu@conv2"));
