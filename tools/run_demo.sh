@@ -11,6 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tools/setup.sh
+tools/setup.sh --build-only
 bazel build -c opt //samples/demo //tools/cli:dbrq
 exec bazel run -c opt //samples/demo -- "$@"

@@ -2,17 +2,24 @@
 # Installs every Debian 12 package dbrq's build, tests, demo and benchmarks need. Idempotent:
 # packages already present are not touched, and nothing is downloaded when all are installed.
 #
-#   tools/setup.sh            # as root, or with sudo available
+#   tools/setup.sh            # everything (as root, or with sudo available)
+#   tools/setup.sh --build-only   # only what building, the tests and the demo need: they never need
+#                               # Python (golden data and demo data are committed) nor clang
 set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap bazel-rules-java        # Bazel 4.2.3, offline
-  g++ clang libclang-rt-14-dev            # compilers; clang's runtime for libFuzzer
+  g++                                     # the compiler of every Bazel build
   libdnnl-dev                             # oneDNN 2.6
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch python3-torchvision python3-numpy python3-sklearn   # goldens and the PyTorch side of benchmarks
 )
+if [ "${1:-}" != "--build-only" ]; then
+  PACKAGES+=(
+    clang libclang-rt-14-dev              # libFuzzer (tools/fuzz/run.sh)
+    python3 python3-torch python3-torchvision python3-numpy python3-sklearn   # goldens, training data, the PyTorch side of benchmarks
+  )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
