@@ -2,7 +2,7 @@
 
 Run with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-torchvision 0.14).
 
-- resnet18 / mobilenet_v2 are torchvision's own classes; bert_encoder is written here with the
+- resnet18 / mobilenet_v2 are torchvision's own classes; bert_encoder (tools/torch_zoo.py) has the
   module tree and state-dict keys of samples/zoo/bert_encoder.h (HuggingFace BERT names), so a
   state_dict exported from these models loads into dbrq's zoo models with load_state_dict.
 - Every model is randomly initialized under a fixed seed; BatchNorm / LayerNorm statistics and
@@ -12,20 +12,23 @@ Run with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-tor
   encoder therefore has variants whose linears (and optionally its two attention matmuls) run on
   PyTorch's oneDNN path, torch._C._nn.mkldnn_linear on mkldnn tensors; compare.py times every
   variant and keeps PyTorch's fastest.
-- safetensors files are written by hand (Debian has no safetensors package): an 8-byte
-  little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, raw bytes.
+- The encoder's classes, randomize_norms and the safetensors reader / writer come from
+  tools/torch_zoo.py, shared with the other PyTorch scripts.
 """
 
 import copy
-import json
-import math
-import struct
+import os
+import sys
 import time
 import warnings
 
 import torch
 import torchvision
 from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from torch_zoo import BertEncoder, BertSelfAttention, randomize_norms  # noqa: E402,F401
+from torch_zoo import read_safetensors, write_safetensors  # noqa: E402,F401  (compare.py uses them)
 
 # samples/zoo/zoo.cc, Variant::kFull.
 BERT_FULL = {
@@ -40,46 +43,6 @@ BERT_FULL = {
 }
 BERT_SEQ = 128
 IMAGE_HW = 224
-
-# ---------------------------------------------------------------------------------------------
-# safetensors
-
-_TO_NAME = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32"}
-_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
-
-
-def write_safetensors(path, tensors):
-    """tensors: iterable of (name, tensor), written in that order."""
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors:
-        t = t.detach().contiguous().cpu()
-        data = t.numpy().tobytes()  # native order; x86 is little-endian as the format requires
-        header[name] = {"dtype": _TO_NAME[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * (-len(hb) % 8)  # data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for b in blobs:
-            f.write(b)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = h["data_offsets"]
-        buf = bytearray(raw[8 + n + lo:8 + n + hi])
-        out[name] = torch.frombuffer(buf, dtype=_FROM_NAME[h["dtype"]]).reshape(h["shape"]).clone()
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # oneDNN-backed linear algebra (PyTorch's own mkldnn ops)
@@ -108,113 +71,7 @@ def matmul_onednn(a, b):
 
 
 # ---------------------------------------------------------------------------------------------
-# the BERT-style encoder of samples/zoo/bert_encoder.h
-
-
-class BertEmbeddings(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.position_embeddings = nn.Embedding(c["max_position"], c["hidden_size"])
-        self.token_type_embeddings = nn.Embedding(c["type_vocab_size"], c["hidden_size"])
-        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
-        self.dropout = nn.Dropout(0.1)
-
-    def forward(self, input_ids):
-        positions = torch.arange(input_ids.shape[1], dtype=torch.long)
-        token_types = torch.zeros_like(input_ids)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        x = x + self.token_type_embeddings(token_types)
-        return self.dropout(self.LayerNorm(x))
-
-
-class BertSelfAttention(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        h = c["hidden_size"]
-        self.num_heads = c["num_heads"]
-        self.head_size = h // self.num_heads
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
-        self.dropout = nn.Dropout(0.1)
-        self.matmul = torch.matmul  # or matmul_onednn (set_attention_matmul)
-
-    def split_heads(self, x):
-        return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_size).permute(0, 2, 1, 3)
-
-    def forward(self, hidden):
-        q = self.split_heads(self.query(hidden))
-        k = self.split_heads(self.key(hidden))
-        v = self.split_heads(self.value(hidden))
-        scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
-        probs = self.dropout(torch.softmax(scores, -1))
-        context = self.matmul(probs, v).permute(0, 2, 1, 3)
-        return context.reshape(hidden.shape[0], hidden.shape[1], self.num_heads * self.head_size)
-
-
-class BertResidualOutput(nn.Module):
-    def __init__(self, in_features, c):
-        super().__init__()
-        self.dense = nn.Linear(in_features, c["hidden_size"])
-        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
-        self.dropout = nn.Dropout(0.1)
-
-    def forward(self, hidden, residual):
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
-class BertAttention(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.self = BertSelfAttention(c)
-        self.output = BertResidualOutput(c["hidden_size"], c)
-
-    def forward(self, hidden):
-        return self.output(self.self(hidden), hidden)
-
-
-class BertIntermediate(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.dense = nn.Linear(c["hidden_size"], c["intermediate_size"])
-        self.intermediate_act_fn = nn.GELU()
-
-    def forward(self, hidden):
-        return self.intermediate_act_fn(self.dense(hidden))
-
-
-class BertLayer(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.attention = BertAttention(c)
-        self.intermediate = BertIntermediate(c)
-        self.output = BertResidualOutput(c["intermediate_size"], c)
-
-    def forward(self, hidden):
-        attended = self.attention(hidden)
-        return self.output(self.intermediate(attended), attended)
-
-
-class BertLayerStack(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.layer = nn.ModuleList([BertLayer(c) for _ in range(c["num_layers"])])
-
-    def forward(self, hidden):
-        for layer in self.layer:
-            hidden = layer(hidden)
-        return hidden
-
-
-class BertEncoder(nn.Module):
-    def __init__(self, c=BERT_FULL):
-        super().__init__()
-        self.embeddings = BertEmbeddings(c)
-        self.encoder = BertLayerStack(c)
-
-    def forward(self, input_ids):
-        return self.encoder(self.embeddings(input_ids))
+# the encoder on oneDNN
 
 
 def with_mkldnn_linears(model):
@@ -228,6 +85,7 @@ def with_mkldnn_linears(model):
 
 
 def set_attention_matmul(model, fn):
+    """Runs the two attention matmuls of every BertSelfAttention of `model` on `fn`."""
     for mod in model.modules():
         if isinstance(mod, BertSelfAttention):
             mod.matmul = fn
@@ -236,21 +94,6 @@ def set_attention_matmul(model, fn):
 
 # ---------------------------------------------------------------------------------------------
 # models and data
-
-
-def randomize_norms(model, gen):
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.2)
-                m.running_var.copy_(torch.rand(n, generator=gen) * 1.5 + 0.5)
-                m.weight.copy_(torch.rand(n, generator=gen) * 1.0 + 0.5)
-                m.bias.copy_(torch.randn(n, generator=gen) * 0.1)
-                m.num_batches_tracked.fill_(100)
-            elif isinstance(m, nn.LayerNorm):
-                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 1.0 + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
 
 
 def make_model(name, seed):
@@ -263,7 +106,7 @@ def make_model(name, seed):
         m = BertEncoder(BERT_FULL)
     else:
         raise ValueError(f"unknown model {name}")
-    randomize_norms(m, torch.Generator().manual_seed(seed + 1000))
+    randomize_norms(m, torch.Generator().manual_seed(seed + 1000), num_batches_tracked=100)
     return m.eval()
 
 

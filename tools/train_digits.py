@@ -17,13 +17,10 @@ stored in every file's metadata, so other data can be prepared the same way).
 Everything is deterministic (fixed seeds, one thread, deterministic algorithms): rerunning the
 script reproduces the files byte for byte on the same PyTorch build. Training takes seconds.
 
-The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
-little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
+SmallCnn and the safetensors writer are shared with the other PyTorch scripts in torch_zoo.py.
 """
 
-import json
 import os
-import struct
 import sys
 
 import numpy as np
@@ -32,6 +29,9 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from torch_zoo import SmallCnn, write_safetensors  # noqa: E402
+
 DATA_DIR = os.path.join(os.path.dirname(HERE), "samples", "data")
 
 SEED = 0
@@ -40,33 +40,6 @@ NUM_CALIB = 256      # int8 calibration; not trained on either
 EPOCHS = 12
 BATCH_SIZE = 32
 LEARNING_RATE = 3e-3
-
-DTYPE_NAMES = {torch.float32: "F32", torch.int64: "I64"}
-
-
-class SmallCnn(nn.Module):
-    """Mirror of samples/zoo/small_cnn.cc: same layers, same names, same order."""
-
-    def __init__(self, in_channels=1, num_classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.relu1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(32)
-        self.relu2 = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
-        self.relu3 = nn.ReLU()
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(64, num_classes)
-
-    def forward(self, x):
-        y = self.relu1(self.bn1(self.conv1(x)))
-        y = self.pool(self.relu2(self.bn2(self.conv2(y))))
-        y = self.relu3(self.conv3(y))
-        return self.fc(torch.flatten(self.avgpool(y), 1))
-
 
 # Keys zoo::SmallCnn's state_dict() has, in its order (parameters then buffers of each module).
 EXPECTED_KEYS = [
@@ -77,30 +50,6 @@ EXPECTED_KEYS = [
     "conv3.weight", "conv3.bias",
     "fc.weight", "fc.bias",
 ]
-
-
-def write_safetensors(path, tensors, metadata):
-    """tensors: list of (name, tensor) in file order; metadata: str -> str."""
-    header = {"__metadata__": metadata}
-    blobs = []
-    offset = 0
-    for name, t in tensors:
-        t = t.detach().contiguous().cpu()
-        if t.dtype not in DTYPE_NAMES:
-            raise ValueError(f"{name}: unsupported dtype {t.dtype}")
-        data = t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    # Readers may expect the data to start 8-byte aligned; the format pads the header with spaces.
-    header_bytes += b" " * (-len(header_bytes) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header_bytes)))
-        f.write(header_bytes)
-        for b in blobs:
-            f.write(b)
 
 
 def accuracy(model, images, labels):

@@ -434,10 +434,9 @@ def make_op_goldens():
 # ---------------------------------------------------------------------------------------------
 # end-to-end goldens: PyTorch FX on the zoo models
 
-# The zoo's PyTorch twins (same module trees and state-dict keys as samples/zoo) live with the
-# model goldens; reuse them rather than keeping a second copy.
-sys.path.insert(0, os.path.join(HERE, "..", "models"))
-from make_model_goldens import ResNet18W, SmallCnn, randomize_norms  # noqa: E402
+# The zoo's PyTorch twins (same module trees and state-dict keys as samples/zoo).
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+from torch_zoo import ResNet18W, SmallCnn, randomize_norms  # noqa: E402
 
 # Keep in sync with int8_e2e_test.cc.
 SMALL_CNN = {"in_channels": 1, "num_classes": 10}

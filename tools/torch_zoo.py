@@ -1,0 +1,276 @@
+"""PyTorch twins of dbrq's model zoo (samples/zoo), and a safetensors reader / writer.
+
+Shared by the scripts that need PyTorch versions of the zoo models:
+  tests/models/make_model_goldens.py   the zoo golden files
+  tests/int8/make_int8_goldens.py      (through make_model_goldens)
+  bench/torch_models.py                the PyTorch side of bench/compare.sh
+  tools/train_digits.py                the bundled digits SmallCnn
+
+Run them with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-torchvision
+0.14). They are run as scripts from anywhere, so they import this module by putting this folder on
+sys.path (relative to their own __file__):
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import torch_zoo
+
+Every model has the module tree and state-dict keys (names and order) of its C++ counterpart, so a
+state_dict of one loads into the other with load_state_dict. ResNet-18 at reduced width uses
+torchvision's own BasicBlock, _make_layer and forward; MobileNetV2 needs nothing here
+(torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names.
+
+The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
+little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
+"""
+
+import json
+import math
+import struct
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8", torch.int8: "I8",
+                      torch.int32: "I32"}
+_FROM_NAME = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: iterable of (name, tensor), written in that order; metadata: str -> str, stored as
+    the header's "__metadata__" (first) unless None."""
+    header = {} if metadata is None else {"__metadata__": metadata}
+    blobs = []
+    offset = 0
+    for name, t in tensors:
+        t = t.detach().contiguous().cpu()
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {t.dtype}")
+        a = t.numpy()
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()  # the format is little-endian
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    # Readers may expect the data to start 8-byte aligned; the format pads the header with spaces.
+    header_bytes += b" " * (-len(header_bytes) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    """name -> tensor for every tensor of the file (the metadata is dropped)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = h["data_offsets"]
+        buf = bytearray(raw[8 + n + lo:8 + n + hi])
+        out[name] = torch.frombuffer(buf, dtype=_FROM_NAME[h["dtype"]]).reshape(h["shape"]).clone()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ResNet-18 (samples/zoo/resnet.h)
+
+
+class ResNet18W(ResNet):
+    """torchvision's ResNet-18 with the base width (64) as a parameter."""
+
+    def __init__(self, base_width=64, num_classes=1000):
+        nn.Module.__init__(self)
+        # The attributes torchvision's _make_layer reads.
+        self._norm_layer = nn.BatchNorm2d
+        self.inplanes = base_width
+        self.dilation = 1
+        self.groups = 1
+        self.base_width = 64  # BasicBlock insists on 64; it is not the channel count
+        w = base_width
+        self.conv1 = nn.Conv2d(3, w, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(w)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(BasicBlock, w, 2)
+        self.layer2 = self._make_layer(BasicBlock, 2 * w, 2, stride=2)
+        self.layer3 = self._make_layer(BasicBlock, 4 * w, 2, stride=2)
+        self.layer4 = self._make_layer(BasicBlock, 8 * w, 2, stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(8 * w, num_classes)
+
+
+# ---------------------------------------------------------------------------------------------
+# the BERT-style encoder (samples/zoo/bert_encoder.h); c is its configuration dict
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.position_embeddings = nn.Embedding(c["max_position"], c["hidden_size"])
+        self.token_type_embeddings = nn.Embedding(c["type_vocab_size"], c["hidden_size"])
+        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, input_ids):
+        positions = torch.arange(input_ids.shape[1], dtype=torch.long)
+        token_types = torch.zeros_like(input_ids)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = x + self.token_type_embeddings(token_types)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        h = c["hidden_size"]
+        self.num_heads = c["num_heads"]
+        self.head_size = h // self.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.dropout = nn.Dropout(0.1)
+        # The two attention matmuls; bench/torch_models.py swaps in a oneDNN one
+        # (set_attention_matmul). A plain attribute: not part of the state dict.
+        self.matmul = torch.matmul
+
+    def split_heads(self, x):
+        return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_size).permute(0, 2, 1, 3)
+
+    def forward(self, hidden):
+        q = self.split_heads(self.query(hidden))
+        k = self.split_heads(self.key(hidden))
+        v = self.split_heads(self.value(hidden))
+        scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
+        probs = self.dropout(torch.softmax(scores, -1))
+        context = self.matmul(probs, v).permute(0, 2, 1, 3)
+        return context.reshape(hidden.shape[0], hidden.shape[1], self.num_heads * self.head_size)
+
+
+class BertResidualOutput(nn.Module):
+    """HuggingFace's BertSelfOutput / BertOutput."""
+
+    def __init__(self, in_features, c):
+        super().__init__()
+        self.dense = nn.Linear(in_features, c["hidden_size"])
+        self.LayerNorm = nn.LayerNorm(c["hidden_size"], eps=c["layer_norm_eps"])
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.self = BertSelfAttention(c)
+        self.output = BertResidualOutput(c["hidden_size"], c)
+
+    def forward(self, hidden):
+        return self.output(self.self(hidden), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dense = nn.Linear(c["hidden_size"], c["intermediate_size"])
+        self.intermediate_act_fn = nn.GELU()
+
+    def forward(self, hidden):
+        return self.intermediate_act_fn(self.dense(hidden))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attention = BertAttention(c)
+        self.intermediate = BertIntermediate(c)
+        self.output = BertResidualOutput(c["intermediate_size"], c)
+
+    def forward(self, hidden):
+        attended = self.attention(hidden)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertLayerStack(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(c) for _ in range(c["num_layers"])])
+
+    def forward(self, hidden):
+        for layer in self.layer:
+            hidden = layer(hidden)
+        return hidden
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = BertLayerStack(c)
+
+    def forward(self, input_ids):
+        return self.encoder(self.embeddings(input_ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# SmallCnn (samples/zoo/small_cnn.h)
+
+
+class SmallCnn(nn.Module):
+    """Mirror of samples/zoo/small_cnn.cc: same layers, same names, same order."""
+
+    def __init__(self, in_channels=1, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.relu2 = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+        self.relu3 = nn.ReLU()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        y = self.relu1(self.bn1(self.conv1(x)))
+        y = self.pool(self.relu2(self.bn2(self.conv2(y))))
+        y = self.relu3(self.conv3(y))
+        return self.fc(torch.flatten(self.avgpool(y), 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def randomize_norms(model, gen, num_batches_tracked=None):
+    """Gives every BatchNorm / LayerNorm non-trivial statistics and affine parameters, drawn from
+    `gen`, so no norm is an identity. BatchNorm's num_batches_tracked is set to
+    `num_batches_tracked`, or drawn from `gen` too (1..999) when that is None."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.2)
+                m.running_var.copy_(torch.rand(n, generator=gen) * 1.5 + 0.5)
+                m.weight.copy_(torch.rand(n, generator=gen) * 1.0 + 0.5)
+                m.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+                count = num_batches_tracked
+                if count is None:
+                    count = int(torch.randint(1, 1000, (1,), generator=gen))
+                m.num_batches_tracked.fill_(count)
+            elif isinstance(m, nn.LayerNorm):
+                shape = m.weight.shape
+                m.weight.copy_(torch.rand(shape, generator=gen) * 1.0 + 0.5)
+                m.bias.copy_(torch.randn(shape, generator=gen) * 0.1)
