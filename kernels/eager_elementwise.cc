@@ -57,6 +57,7 @@ inline float apply(BinaryAlg alg, float a, float b) {
 template <typename Op>
 void same_layout_loop(const float* a, const float* b, float* out, int64_t n, Op op) {
   parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
     for (int64_t i = begin; i < end; ++i) out[i] = op(a[i], b[i]);
   });
 }
