@@ -188,7 +188,9 @@ Observer::Stats stats_from_json(const json& j, const std::string& where, size_t 
     std::vector<double> values;
     values.reserve(values_json.size());
     for (const json& v : values_json) {
-      values.push_back(get_float(v, "an observer statistic"));
+      // Counts stay doubles (a long calibration puts more than 2^24 values in a bin); ranges are
+      // floats in the observers.
+      values.push_back(counts ? get_double(v, "an observer statistic") : get_float(v, "an observer statistic"));
       DBRQ_ENSURE(!counts || values.back() >= 0, FileFormatError, where, ": observer ", slot, " statistics field \"",
                   name, "\" has a negative count ", values.back());
     }

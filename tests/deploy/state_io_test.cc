@@ -204,6 +204,34 @@ TEST_F(StateFile, ObserverStatisticsLetCalibrationResume) {
   for (size_t i = 0; i < actual.size(); ++i) expect_equal(actual[i], expected[i], "output " + std::to_string(i));
 }
 
+TEST_F(StateFile, HistogramCountsBeyondFloatPrecisionRoundTripExactly) {
+  // A long calibration puts more than 2^24 values in one bin; float would round such counts.
+  auto a = prepared_fresh();
+  d_.calibrate(*a, 1, 1);
+  ModelQuantState& m = model_quant_state(*a);
+  Observer& obs = *m.slot(0).observer;
+  Observer::Stats st = obs.stats();
+  bool found = false;
+  for (auto& [name, values] : st.fields) {
+    if (name == "histogram") {
+      values[values.size() / 2] = 16777217.0;  // 2^24 + 1: not a float
+      found = true;
+    }
+  }
+  ASSERT_TRUE(found) << "slot 0 is not a histogram observer";
+  obs.load_stats(st);
+  const std::string path = temp_file("big_counts.qstate.json");
+  save_quant_state(*a, path, SaveQuantStateOptions{true});
+  auto b = prepared_fresh();
+  load_quant_state(*b, path);
+  const Observer::Stats back = model_quant_state(*b).slot(0).observer->stats();
+  ASSERT_EQ(back.fields.size(), st.fields.size());
+  for (size_t i = 0; i < st.fields.size(); ++i) {
+    EXPECT_EQ(back.fields[i].first, st.fields[i].first);
+    EXPECT_EQ(back.fields[i].second, st.fields[i].second) << st.fields[i].first;
+  }
+}
+
 TEST_F(StateFile, ParametersOnlyFileFreezesTheCalibration) {
   // Without statistics the file carries final parameters: further calls may not move them.
   const std::string path = saved("frozen.qstate.json");
