@@ -33,8 +33,8 @@ from torchvision.models.resnet import BasicBlock, ResNet
 # ---------------------------------------------------------------------------------------------
 # safetensors
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8", torch.int8: "I8",
-                      torch.int32: "I32"}
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64", torch.uint8: "U8",
+                      torch.int8: "I8", torch.int32: "I32"}
 _FROM_NAME = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 

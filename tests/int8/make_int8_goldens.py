@@ -53,7 +53,6 @@ ResNet-18 uses get_default_qconfig_mapping('onednn') (HistogramObserver, per-cha
 
 import json
 import os
-import struct
 import sys
 
 import torch
@@ -68,6 +67,8 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN_DIR = os.path.join(HERE, "golden")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+import torch_zoo  # noqa: E402  (the safetensors writer and the zoo's PyTorch twins)
 
 DTYPES = {
     torch.float32: "F32",
@@ -83,29 +84,13 @@ torch.set_num_threads(1)
 
 
 # ---------------------------------------------------------------------------------------------
-# safetensors writer (Debian has no safetensors package): 8-byte little-endian header length, a
-# JSON header {name: {dtype, shape, data_offsets}}, the raw little-endian bytes.
+# safetensors files (tools/torch_zoo.py writes the format; Debian has no safetensors package)
 
 
 def write_safetensors(path, named, metadata):
-    header = {"__metadata__": dict(metadata, generator="tests/int8/make_int8_goldens.py", torch=torch.__version__)}
-    blobs = []
-    offset = 0
-    for name in sorted(named):
-        t = named[name].detach().contiguous().cpu()
-        assert t.dtype in DTYPES, (name, t.dtype)
-        data = t.numpy().tobytes()  # x86 is little-endian, as the format requires
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)  # keeps the data section 8-byte aligned
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    torch_zoo.write_safetensors(path, sorted(named.items()),
+                                dict(metadata, generator="tests/int8/make_int8_goldens.py", torch=torch.__version__))
     print(f"wrote {path}: {len(named)} tensors, {os.path.getsize(path)} bytes")
 
 
@@ -435,7 +420,6 @@ def make_op_goldens():
 # end-to-end goldens: PyTorch FX on the zoo models
 
 # The zoo's PyTorch twins (same module trees and state-dict keys as samples/zoo).
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 from torch_zoo import ResNet18W, SmallCnn, randomize_norms  # noqa: E402
 
 # Keep in sync with int8_e2e_test.cc.

@@ -13,13 +13,14 @@ place on each side. The file is written with a hand-rolled safetensors writer be
 raw little-endian data.
 """
 
-import json
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import torch_zoo  # noqa: E402  (the safetensors writer)
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "ops.safetensors")
 
@@ -42,23 +43,9 @@ def put(name, t):
 
 
 def write_safetensors(path, named):
-    header = {"__metadata__": {"generator": "tests/ops/make_op_goldens.py", "torch": torch.__version__}}
-    blobs = []
-    offset = 0
-    for name in sorted(named):
-        t = named[name]
-        data = t.numpy().tobytes()  # numpy is little-endian on every platform we run on
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)  # keeps the data section 8-byte aligned
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    torch_zoo.write_safetensors(path, sorted(named.items()),
+                                {"generator": "tests/ops/make_op_goldens.py", "torch": torch.__version__})
 
 
 def randn(*shape, scale=1.0):

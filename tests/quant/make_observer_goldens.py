@@ -23,9 +23,8 @@ written by hand (8-byte little-endian header length, JSON header, raw little-end
 Debian has no safetensors package.
 """
 
-import json
 import os
-import struct
+import sys
 
 import torch
 from torch.ao.quantization.observer import (
@@ -34,6 +33,9 @@ from torch.ao.quantization.observer import (
     MovingAverageMinMaxObserver,
     PerChannelMinMaxObserver,
 )
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import torch_zoo  # noqa: E402  (the safetensors writer)
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "observers.safetensors")
 
@@ -50,23 +52,9 @@ def put(name, t):
 
 
 def write_safetensors(path, named):
-    header = {"__metadata__": {"generator": "tests/quant/make_observer_goldens.py", "torch": torch.__version__}}
-    blobs = []
-    offset = 0
-    for name in sorted(named):
-        t = named[name]
-        data = t.numpy().tobytes()  # little-endian on every platform we run on
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    torch_zoo.write_safetensors(path, sorted(named.items()),
+                                {"generator": "tests/quant/make_observer_goldens.py", "torch": torch.__version__})
 
 
 def gen(seed, shape, scale, shift):
