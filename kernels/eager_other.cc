@@ -503,14 +503,11 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     return;
   }
   // Per channel: src and dst share a dense layout, so one stride walk serves both.
-  // Runs of st elements share a channel.
-  const int64_t axis = qp.axis, n = x.numel(), st = x.stride(axis), sz = x.size(axis);
-  for (int64_t first = 0, run = 0; first < n; first += st, ++run) {
-    const int64_t c = run % sz, end = std::min(n, first + st);
+  for_each_channel_run(x.numel(), x.stride(qp.axis), x.size(qp.axis), [&](int64_t first, int64_t end, int64_t c) {
     const float inv = 1.0f / qp.scales[c];
     const int32_t zp = qp.zero_points[c];
     for (int64_t i = first; i < end; ++i) out[i] = quantize_value<Q>(src[i], inv, zp);
-  }
+  });
 }
 
 template <typename Q>
@@ -529,12 +526,10 @@ void dequantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     });
     return;
   }
-  const int64_t axis = qp.axis, n = x.numel(), st = x.stride(axis), sz = x.size(axis);
-  for (int64_t first = 0, run = 0; first < n; first += st, ++run) {
-    const int64_t c = run % sz, end = std::min(n, first + st);
+  for_each_channel_run(x.numel(), x.stride(qp.axis), x.size(qp.axis), [&](int64_t first, int64_t end, int64_t c) {
     const float zp = static_cast<float>(qp.zero_points[c]), scale = qp.scales[c];
     for (int64_t i = first; i < end; ++i) out[i] = (static_cast<float>(src[i]) - zp) * scale;
-  }
+  });
 }
 
 }  // namespace

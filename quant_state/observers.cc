@@ -38,13 +38,6 @@ std::pair<float, float> min_max_of(const float* x, int64_t n) {
   return {mn, mx};
 }
 
-// Calls f(first, count, channel) for each run of consecutive elements of a dense tensor that
-// share one index along a dimension of stride `st` and size `c` (in memory order).
-template <typename F>
-void for_each_channel_run(int64_t n, int64_t st, int64_t c, F&& f) {
-  for (int64_t first = 0, run = 0; first < n; first += st, ++run) f(first, std::min(st, n - first), run % c);
-}
-
 // ---------------------------------------------------------------------------------------------
 // A histogram over [min, max] that grows its range the way PyTorch's HistogramObserver does:
 // when new data falls outside, the old histogram is upsampled onto a finer grid aligned with the
@@ -401,9 +394,9 @@ class PerChannelMinMaxObserver : public Observer {
     }
     DBRQ_ENSURE(static_cast<int64_t>(min_.size()) == c, ShapeError, "PerChannelMinMax: saw ", min_.size(),
                 " channels before, now a tensor with ", c, " (sizes ", t.shape_string(), ")");
-    for_each_channel_run(n, st, c, [&](int64_t first, int64_t count, int64_t ch) {
+    for_each_channel_run(n, st, c, [&](int64_t first, int64_t end, int64_t ch) {
       float mn = min_[ch], mx = max_[ch];
-      for (int64_t i = first; i < first + count; ++i) {
+      for (int64_t i = first; i < end; ++i) {
         const float v = x[i];
         if (!std::isfinite(v)) continue;
         mn = std::min(mn, v);

@@ -256,6 +256,17 @@ Tensor from_vector(const std::vector<T>& values, std::initializer_list<int64_t> 
   return from_vector(values, IntArrayRef(s.begin(), s.size()));
 }
 
+// Walks a dense (non-overlapping and dense) tensor in memory order by runs of consecutive elements
+// that share one index along a dimension of stride `stride` and size `size`: calls
+// f(first, end, index) for each run [first, end) of a tensor of `numel` elements. Per-channel loops
+// use it to look up a channel's parameters once per run instead of dividing per element.
+template <typename F>
+void for_each_channel_run(int64_t numel, int64_t stride, int64_t size, F&& f) {
+  for (int64_t first = 0, run = 0; first < numel; first += stride, ++run) {
+    f(first, first + stride < numel ? first + stride : numel, run % size);
+  }
+}
+
 }  // namespace dbrq
 
 #include "runtime/tensor_inl.h"
