@@ -358,6 +358,15 @@ int64_t batch_size_or(int64_t fallback) {
 
 pipeline::ProgressMode progress_mode() { return pipeline::parse_progress_mode(absl::GetFlag(FLAGS_progress)); }
 
+// How quantize and eval walk their data: --batch_size (default 32), --batches, --progress.
+pipeline::RunOptions data_run_options() {
+  pipeline::RunOptions opts;
+  opts.batch_size = batch_size_or(32);
+  opts.max_batches = absl::GetFlag(FLAGS_batches);
+  opts.progress = progress_mode();
+  return opts;
+}
+
 // Runs `f`, prefixing any dbrq::Error's message with the flag whose file failed ("--calib: ...").
 template <typename F>
 auto for_flag(const std::string& flag, F&& f) -> decltype(f()) {
@@ -429,10 +438,7 @@ int run_quantize() {
   Setup s = build_model();
   const pipeline::Dataset calib = load_data("calib", FLAGS_calib, s);
   std::cout << "calib:     " << absl::GetFlag(FLAGS_calib) << ": " << pipeline::describe(calib) << "\n";
-  pipeline::RunOptions opts;
-  opts.batch_size = batch_size_or(32);
-  opts.max_batches = absl::GetFlag(FLAGS_batches);
-  opts.progress = progress_mode();
+  pipeline::RunOptions opts = data_run_options();
   dbrq::prepare(*s.model, {calib.input_batch(0, opts.batch_size)},
                 pipeline::qconfig_mapping_for(absl::GetFlag(FLAGS_observer)));
   const pipeline::OpCounts counts = pipeline::op_counts(*s.model);
@@ -450,10 +456,7 @@ int run_eval() {
   Setup s = build_model();
   const pipeline::Dataset data = load_data("data", FLAGS_data, s);
   std::cout << "data:      " << absl::GetFlag(FLAGS_data) << ": " << pipeline::describe(data) << "\n";
-  pipeline::RunOptions opts;
-  opts.batch_size = batch_size_or(32);
-  opts.max_batches = absl::GetFlag(FLAGS_batches);
-  opts.progress = progress_mode();
+  pipeline::RunOptions opts = data_run_options();
   opts.progress_label = "evaluating";
   auto q = quantized_from_state(s, data.input_batch(0, opts.batch_size));
   const pipeline::EvalResult r = pipeline::evaluate(*s.spec, *s.model, *q, data, opts);
