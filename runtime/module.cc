@@ -41,6 +41,15 @@ std::string demangle_type_name(const char* mangled) {
   return name;
 }
 
+void throw_foreign_forward(const Module& module, const char* callable_mangled) {
+  const std::string actual = demangle_type_name(typeid(module).name());
+  const std::string callable = demangle_type_name(callable_mangled);
+  DBRQ_THROW(UsageError, "module class ", actual, " derives from ", callable,
+             ", a module class with its own call operator: calling it runs ", callable, "::forward, never ", actual,
+             "'s. Derive ", actual, " from dbrq::nn::CallableModule<", actual,
+             "> (for a Sequential with its own forward: dbrq::nn::SequentialBase<", actual, ">)");
+}
+
 }  // namespace detail
 
 Module::Module(std::string type_name, std::type_index type) : type_name_(std::move(type_name)), type_(type) {}

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,7 +32,9 @@
 #include <tuple>
 #include <type_traits>
 #include <typeindex>
+#include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "runtime/dispatcher.h"
@@ -58,6 +61,25 @@ struct LoadReport {
   bool ok() const { return missing_keys.empty() && unexpected_keys.empty() && mismatched_keys.empty(); }
 };
 
+namespace detail {
+// Whether M's call operator runs M::forward: M is the Derived of the CallableModule<Derived> it
+// derives from (or is not callable at all, like ModuleList).
+template <typename M, typename = void>
+struct CallableTypeOf {
+  using type = M;
+};
+template <typename M>
+struct CallableTypeOf<M, std::void_t<typename M::DbrqCallableType>> {
+  using type = typename M::DbrqCallableType;
+};
+template <typename M>
+constexpr bool runs_own_forward() {
+  return std::is_same_v<typename CallableTypeOf<M>::type, M>;
+}
+// Throws UsageError: `module`'s dynamic class derives from the callable class `callable`.
+[[noreturn]] void throw_foreign_forward(const Module& module, const char* callable_mangled);
+}  // namespace detail
+
 class Module {
  public:
   virtual ~Module();
@@ -71,6 +93,11 @@ class Module {
 
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(detail::runs_own_forward<M>(),
+                  "this module class derives from another module class that is callable (e.g. struct X : "
+                  "Sequential, or struct X : Y with Y a CallableModule<Y>): its call operator would run the base's "
+                  "forward, never X's. Derive X from dbrq::nn::CallableModule<X> (for a Sequential with its own "
+                  "forward: dbrq::nn::SequentialBase<X>)");
     add_child(name, module);
     return module;
   }
@@ -159,14 +186,58 @@ namespace detail {
 
 std::string demangle_type_name(const char* mangled);
 
-// Collects pointers to the tensors inside a value (tensors, containers and tuples of them).
-// Every overload is declared before any is defined, so containers nest in any order (ADL would
-// not find overloads declared later: the arguments' namespaces are std and dbrq).
+// Probe argument for detecting a dbrq_for_each_tensor overload.
+struct TensorVisitProbe {
+  template <typename T>
+  void operator()(T&) const {}
+};
+
+template <typename T, typename = void>
+struct HasTensorVisitor : std::false_type {};
+template <typename T>
+struct HasTensorVisitor<T, std::void_t<decltype(dbrq_for_each_tensor(std::declval<T&>(),
+                                                                     std::declval<TensorVisitProbe&>()))>>
+    : std::true_type {};
+
+template <typename T>
+struct IsStdPointer : std::false_type {};
+template <typename T>
+struct IsStdPointer<std::shared_ptr<T>> : std::true_type {};
+template <typename T, typename D>
+struct IsStdPointer<std::unique_ptr<T, D>> : std::true_type {};
+template <typename T>
+struct IsStdPointer<std::weak_ptr<T>> : std::true_type {};
+
+// Values a module boundary may carry that hold no tensor dbrq must see: scalars, enums, strings,
+// pointers (dbrq does not follow them), empty types, std::function, and types declared with
+// DBRQ_NO_TENSORS.
+template <typename T>
+constexpr bool is_tensor_free() {
+  return std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_pointer_v<T> || std::is_null_pointer_v<T> ||
+         std::is_member_pointer_v<T> || std::is_same_v<T, std::string> || std::is_same_v<T, std::string_view> ||
+         IsStdPointer<T>::value || std::is_empty_v<T>;  // empty: nullopt_t, monostate, tag types
+}
+template <typename T>
+struct IsStdFunction : std::false_type {};
+template <typename R, typename... A>
+struct IsStdFunction<std::function<R(A...)>> : std::true_type {};
+
+template <typename T>
+constexpr bool dependent_false() {
+  return false;
+}
+
+// Collects pointers to the tensors inside a value: tensors, std containers, tuples, pairs,
+// optionals and variants of them, and user types that declare their tensors (DBRQ_TENSOR_STRUCT or
+// a dbrq_for_each_tensor overload). Any other class type at a module boundary is a compile error:
+// tensors hidden in it would escape the tracer, and after convert user code could receive int8 codes
+// where it expects real values. Every overload is declared before any is defined, so containers nest
+// in any order.
 inline void collect_tensors(Tensor& t, TensorPtrs& out) { out.push_back(&t); }
 template <typename T>
-void collect_tensors(T&, TensorPtrs&) {}  // non-tensor values: nothing to see
-template <typename T>
-void collect_tensors(std::vector<T>& v, TensorPtrs& out);
+void collect_tensors(T& v, TensorPtrs& out);
+template <typename T, typename A>
+void collect_tensors(std::vector<T, A>& v, TensorPtrs& out);
 template <typename T, size_t N>
 void collect_tensors(std::array<T, N>& v, TensorPtrs& out);
 template <typename T>
@@ -175,9 +246,29 @@ template <typename A, typename B>
 void collect_tensors(std::pair<A, B>& v, TensorPtrs& out);
 template <typename... T>
 void collect_tensors(std::tuple<T...>& v, TensorPtrs& out);
+template <typename... T>
+void collect_tensors(std::variant<T...>& v, TensorPtrs& out);
+template <typename K, typename V, typename C, typename A>
+void collect_tensors(std::map<K, V, C, A>& v, TensorPtrs& out);
+template <typename K, typename V, typename H, typename E, typename A>
+void collect_tensors(std::unordered_map<K, V, H, E, A>& v, TensorPtrs& out);
 
 template <typename T>
-void collect_tensors(std::vector<T>& v, TensorPtrs& out) {
+void collect_tensors(T& v, TensorPtrs& out) {
+  if constexpr (HasTensorVisitor<T>::value) {
+    dbrq_for_each_tensor(v, [&out](auto& field) { collect_tensors(field, out); });
+  } else if constexpr (is_tensor_free<std::remove_cv_t<T>>() || IsStdFunction<std::remove_cv_t<T>>::value) {
+    // nothing to see
+  } else {
+    static_assert(dependent_false<T>(),
+                  "dbrq cannot see the tensors inside this type, which a module's forward takes or returns. "
+                  "Declare them next to the type: DBRQ_TENSOR_STRUCT(Type, field1, field2, ...), or define "
+                  "template <typename F> void dbrq_for_each_tensor(Type& v, F&& visit) { visit(v.a); ... } in "
+                  "its namespace; a type without tensors: DBRQ_NO_TENSORS(Type)");
+  }
+}
+template <typename T, typename A>
+void collect_tensors(std::vector<T, A>& v, TensorPtrs& out) {
   for (auto& e : v) collect_tensors(e, out);
 }
 template <typename T, size_t N>
@@ -196,6 +287,18 @@ void collect_tensors(std::pair<A, B>& v, TensorPtrs& out) {
 template <typename... T>
 void collect_tensors(std::tuple<T...>& v, TensorPtrs& out) {
   std::apply([&](auto&... e) { (collect_tensors(e, out), ...); }, v);
+}
+template <typename... T>
+void collect_tensors(std::variant<T...>& v, TensorPtrs& out) {
+  std::visit([&](auto& e) { collect_tensors(e, out); }, v);
+}
+template <typename K, typename V, typename C, typename A>
+void collect_tensors(std::map<K, V, C, A>& v, TensorPtrs& out) {
+  for (auto& [k, e] : v) collect_tensors(e, out);  // keys are const: only values may hold tensors
+}
+template <typename K, typename V, typename H, typename E, typename A>
+void collect_tensors(std::unordered_map<K, V, H, E, A>& v, TensorPtrs& out) {
+  for (auto& [k, e] : v) collect_tensors(e, out);
 }
 
 // Calls on_module_unwind unless released (forward threw).
@@ -229,11 +332,21 @@ struct HasUnaryForward<D, std::void_t<decltype(std::declval<D&>().forward(std::d
 
 // Base for every module class: gives `Derived` a call operator that runs Derived::forward through
 // the interception point.
+//
+// The call operator runs Derived::forward. A class derived from Derived does not get its own forward
+// called (C++17 has no way to find it), so that case is refused: at compile time when the subclass is
+// registered as a child, and with a UsageError when such an object is called.
 template <typename Derived>
 class CallableModule : public Module {
  public:
+  using DbrqCallableType = Derived;
+
   template <typename... Args>
   auto operator()(Args&&... args) {
+    // A vtable load and a pointer compare (the type_info objects are unique when they match).
+    if (__builtin_expect(typeid(*this) != typeid(Derived), 0)) {
+      detail::throw_foreign_forward(*this, typeid(Derived).name());
+    }
     Interceptor* active = ::dbrq::detail::tls_interceptor;
     if (__builtin_expect(active == nullptr, 1)) {
       if (interceptor() == nullptr) return derived().forward(std::forward<Args>(args)...);
@@ -329,3 +442,46 @@ class CallableModule : public Module {
 
 }  // namespace nn
 }  // namespace dbrq
+
+// Declares the tensors of a user type that a module's forward takes or returns, so the tracer sees
+// them (dtype changes at module boundaries, int8 outputs dequantized for the caller). Place it at
+// namespace scope in the type's namespace; fields may be tensors, containers of tensors or other
+// declared types.
+//
+//   struct Outputs { dbrq::Tensor logits, aux1, aux2; int steps; };
+//   DBRQ_TENSOR_STRUCT(Outputs, logits, aux1, aux2)
+#define DBRQ_TENSOR_STRUCT(Type, ...)                                  \
+  template <typename DbrqVisit>                                         \
+  inline void dbrq_for_each_tensor(Type& dbrq_value, DbrqVisit&& dbrq_visit) { \
+    DBRQ_DETAIL_FOR_EACH(DBRQ_DETAIL_VISIT_FIELD, __VA_ARGS__)          \
+  }
+// Declares that a user type passed to or returned from forward holds no tensors.
+#define DBRQ_NO_TENSORS(Type) \
+  template <typename DbrqVisit> \
+  inline void dbrq_for_each_tensor(Type&, DbrqVisit&&) {}
+
+#define DBRQ_DETAIL_VISIT_FIELD(field) dbrq_visit(dbrq_value.field);
+// Applies m to each argument (up to 16).
+#define DBRQ_DETAIL_FE_1(m, x) m(x)
+#define DBRQ_DETAIL_FE_2(m, x, ...) m(x) DBRQ_DETAIL_FE_1(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_3(m, x, ...) m(x) DBRQ_DETAIL_FE_2(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_4(m, x, ...) m(x) DBRQ_DETAIL_FE_3(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_5(m, x, ...) m(x) DBRQ_DETAIL_FE_4(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_6(m, x, ...) m(x) DBRQ_DETAIL_FE_5(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_7(m, x, ...) m(x) DBRQ_DETAIL_FE_6(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_8(m, x, ...) m(x) DBRQ_DETAIL_FE_7(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_9(m, x, ...) m(x) DBRQ_DETAIL_FE_8(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_10(m, x, ...) m(x) DBRQ_DETAIL_FE_9(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_11(m, x, ...) m(x) DBRQ_DETAIL_FE_10(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_12(m, x, ...) m(x) DBRQ_DETAIL_FE_11(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_13(m, x, ...) m(x) DBRQ_DETAIL_FE_12(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_14(m, x, ...) m(x) DBRQ_DETAIL_FE_13(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_15(m, x, ...) m(x) DBRQ_DETAIL_FE_14(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_16(m, x, ...) m(x) DBRQ_DETAIL_FE_15(m, __VA_ARGS__)
+#define DBRQ_DETAIL_FE_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, name, ...) name
+#define DBRQ_DETAIL_FOR_EACH(m, ...)                                                                              \
+  DBRQ_DETAIL_FE_PICK(__VA_ARGS__, DBRQ_DETAIL_FE_16, DBRQ_DETAIL_FE_15, DBRQ_DETAIL_FE_14, DBRQ_DETAIL_FE_13,    \
+                      DBRQ_DETAIL_FE_12, DBRQ_DETAIL_FE_11, DBRQ_DETAIL_FE_10, DBRQ_DETAIL_FE_9, DBRQ_DETAIL_FE_8, \
+                      DBRQ_DETAIL_FE_7, DBRQ_DETAIL_FE_6, DBRQ_DETAIL_FE_5, DBRQ_DETAIL_FE_4, DBRQ_DETAIL_FE_3,     \
+                      DBRQ_DETAIL_FE_2, DBRQ_DETAIL_FE_1)                                                         \
+  (m, __VA_ARGS__)

@@ -178,27 +178,15 @@ Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
 
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
 
-Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : CallableModule("Sequential") {
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
   for (auto& m : modules) push_back(std::move(m));
 }
 
-Sequential::Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules)
-    : CallableModule("Sequential") {
+Sequential::Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules) : Sequential() {
   for (auto& [name, m] : named_modules) push_back(name, std::move(m));
 }
 
-void Sequential::push_back(std::shared_ptr<Module> module) { push_back(std::to_string(size()), std::move(module)); }
-
-void Sequential::push_back(const std::string& name, std::shared_ptr<Module> module) {
-  register_module(name, std::move(module));
-}
-
-Tensor Sequential::forward(Tensor x) {
-  for (auto& [name, m] : named_children()) x = m->forward_unary(x);
-  return x;
-}
-
-namespace {
+namespace detail {
 
 const std::shared_ptr<Module>& child_at(const Module& m, size_t i) {
   const auto& children = m.named_children();
@@ -207,9 +195,7 @@ const std::shared_ptr<Module>& child_at(const Module& m, size_t i) {
   return children[i].second;
 }
 
-}  // namespace
-
-const std::shared_ptr<Module>& Sequential::operator[](size_t i) const { return child_at(*this, i); }
+}  // namespace detail
 
 ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleList() {
   for (auto& m : modules) push_back(std::move(m));
@@ -217,7 +203,7 @@ ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleLis
 
 void ModuleList::push_back(std::shared_ptr<Module> module) { register_module(std::to_string(size()), std::move(module)); }
 
-const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const { return child_at(*this, i); }
+const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const { return detail::child_at(*this, i); }
 
 void ModuleDict::insert(const std::string& key, std::shared_ptr<Module> module) { register_module(key, std::move(module)); }
 

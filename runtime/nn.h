@@ -67,7 +67,7 @@ struct Conv2dOptions {
   DBRQ_OPTION(bool, bias) = true;
 };
 
-class Conv2d : public Layer<Conv2d> {
+class Conv2d final : public Layer<Conv2d> {
  public:
   explicit Conv2d(const Conv2dOptions& options);
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, int64_t padding = 0,
@@ -85,7 +85,7 @@ class Conv2d : public Layer<Conv2d> {
   Conv2dParams params_;
 };
 
-class Linear : public Layer<Linear> {
+class Linear final : public Layer<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) { return linear(x, weight, bias); }
@@ -119,19 +119,19 @@ class BatchNormBase : public Layer<Derived> {
   double eps_;
 };
 
-class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
+class BatchNorm2d final : public BatchNormBase<BatchNorm2d> {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
 };
 
-class BatchNorm1d : public BatchNormBase<BatchNorm1d> {
+class BatchNorm1d final : public BatchNormBase<BatchNorm1d> {
  public:
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
 };
 
-class LayerNorm : public Layer<LayerNorm> {
+class LayerNorm final : public Layer<LayerNorm> {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
@@ -146,7 +146,7 @@ class LayerNorm : public Layer<LayerNorm> {
   double eps_;
 };
 
-class Embedding : public Layer<Embedding> {
+class Embedding final : public Layer<Embedding> {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   Tensor forward(const Tensor& indices) { return embedding(indices, weight); }
@@ -158,19 +158,19 @@ class Embedding : public Layer<Embedding> {
   int64_t num_, dim_;
 };
 
-class ReLU : public Layer<ReLU> {
+class ReLU final : public Layer<ReLU> {
  public:
   ReLU() : Layer("ReLU") {}
   Tensor forward(const Tensor& x) { return relu(x); }
 };
 
-class ReLU6 : public Layer<ReLU6> {
+class ReLU6 final : public Layer<ReLU6> {
  public:
   ReLU6() : Layer("ReLU6") {}
   Tensor forward(const Tensor& x) { return relu6(x); }
 };
 
-class Hardtanh : public Layer<Hardtanh> {
+class Hardtanh final : public Layer<Hardtanh> {
  public:
   explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
   Tensor forward(const Tensor& x) { return hardtanh(x, min_, max_); }
@@ -179,7 +179,7 @@ class Hardtanh : public Layer<Hardtanh> {
   double min_, max_;
 };
 
-class LeakyReLU : public Layer<LeakyReLU> {
+class LeakyReLU final : public Layer<LeakyReLU> {
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
   Tensor forward(const Tensor& x) { return leaky_relu(x, slope_); }
@@ -188,31 +188,31 @@ class LeakyReLU : public Layer<LeakyReLU> {
   double slope_;
 };
 
-class Hardswish : public Layer<Hardswish> {
+class Hardswish final : public Layer<Hardswish> {
  public:
   Hardswish() : Layer("Hardswish") {}
   Tensor forward(const Tensor& x) { return hardswish(x); }
 };
 
-class Hardsigmoid : public Layer<Hardsigmoid> {
+class Hardsigmoid final : public Layer<Hardsigmoid> {
  public:
   Hardsigmoid() : Layer("Hardsigmoid") {}
   Tensor forward(const Tensor& x) { return hardsigmoid(x); }
 };
 
-class Sigmoid : public Layer<Sigmoid> {
+class Sigmoid final : public Layer<Sigmoid> {
  public:
   Sigmoid() : Layer("Sigmoid") {}
   Tensor forward(const Tensor& x) { return sigmoid(x); }
 };
 
-class Tanh : public Layer<Tanh> {
+class Tanh final : public Layer<Tanh> {
  public:
   Tanh() : Layer("Tanh") {}
   Tensor forward(const Tensor& x) { return tanh(x); }
 };
 
-class GELU : public Layer<GELU> {
+class GELU final : public Layer<GELU> {
  public:
   explicit GELU(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
   Tensor forward(const Tensor& x) { return gelu(x, approximate_); }
@@ -221,13 +221,13 @@ class GELU : public Layer<GELU> {
   std::string approximate_;
 };
 
-class SiLU : public Layer<SiLU> {
+class SiLU final : public Layer<SiLU> {
  public:
   SiLU() : Layer("SiLU") {}
   Tensor forward(const Tensor& x) { return silu(x); }
 };
 
-class Softmax : public Layer<Softmax> {
+class Softmax final : public Layer<Softmax> {
  public:
   explicit Softmax(int64_t dim) : Layer("Softmax"), dim_(dim) {}
   Tensor forward(const Tensor& x) { return softmax(x, dim_); }
@@ -236,7 +236,7 @@ class Softmax : public Layer<Softmax> {
   int64_t dim_;
 };
 
-class MaxPool2d : public Layer<MaxPool2d> {
+class MaxPool2d final : public Layer<MaxPool2d> {
  public:
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
@@ -249,7 +249,7 @@ class MaxPool2d : public Layer<MaxPool2d> {
   Pool2dParams params_;
 };
 
-class AvgPool2d : public Layer<AvgPool2d> {
+class AvgPool2d final : public Layer<AvgPool2d> {
  public:
   explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
@@ -261,7 +261,7 @@ class AvgPool2d : public Layer<AvgPool2d> {
   Pool2dParams params_;
 };
 
-class AdaptiveAvgPool2d : public Layer<AdaptiveAvgPool2d> {
+class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
  public:
   explicit AdaptiveAvgPool2d(int64_t output_size) : AdaptiveAvgPool2d({output_size, output_size}) {}
   explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
@@ -273,7 +273,7 @@ class AdaptiveAvgPool2d : public Layer<AdaptiveAvgPool2d> {
   std::array<int64_t, 2> output_size_;
 };
 
-class Flatten : public Layer<Flatten> {
+class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
   Tensor forward(const Tensor& x) { return flatten(x, start_, end_); }
@@ -282,7 +282,7 @@ class Flatten : public Layer<Flatten> {
   int64_t start_, end_;
 };
 
-class Dropout : public Layer<Dropout> {
+class Dropout final : public Layer<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& x) { return dropout(x, p_, this->is_training()); }
@@ -292,30 +292,57 @@ class Dropout : public Layer<Dropout> {
   double p_;
 };
 
-class Identity : public Layer<Identity> {
+class Identity final : public Layer<Identity> {
  public:
   Identity() : Layer("Identity") {}
   Tensor forward(const Tensor& x) { return identity(x); }
 };
 
-// Calls its children in order, each with the previous one's output.
-class Sequential : public CallableModule<Sequential> {
+namespace detail {
+const std::shared_ptr<Module>& child_at(const Module& m, size_t i);
+}  // namespace detail
+
+// Calls its children in order, each with the previous one's output. The base of Sequential and of
+// user classes that are a Sequential with extra behaviour (libtorch's `struct X : SequentialImpl`):
+//
+//   struct DenseLayer : dbrq::nn::SequentialBase<DenseLayer> {
+//     DenseLayer() { push_back(bn); push_back(relu); push_back(conv); }
+//     dbrq::Tensor forward(const dbrq::Tensor& x) { return dbrq::cat({x, SequentialBase::forward(x)}, 1); }
+//   };
+//
+// Calling a DenseLayer runs DenseLayer::forward; without one, the chain. Sequential itself is
+// final: `struct X : Sequential { forward(..) }` would compile yet always run Sequential::forward.
+template <typename Derived>
+class SequentialBase : public CallableModule<Derived> {
  public:
-  Sequential() : CallableModule("Sequential") {}
-  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
-  explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
-  void push_back(std::shared_ptr<Module> module);
-  void push_back(const std::string& name, std::shared_ptr<Module> module);
-  Tensor forward(Tensor x);
-  size_t size() const { return named_children().size(); }
-  const std::shared_ptr<Module>& operator[](size_t i) const;
+  void push_back(std::shared_ptr<Module> module) { push_back(std::to_string(size()), std::move(module)); }
+  void push_back(const std::string& name, std::shared_ptr<Module> module) {
+    this->register_module(name, std::move(module));
+  }
+  Tensor forward(Tensor x) {
+    for (auto& [name, m] : this->named_children()) x = m->forward_unary(x);
+    return x;
+  }
+  size_t size() const { return this->named_children().size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const { return detail::child_at(*this, i); }
   template <typename M>
   std::shared_ptr<M> at(size_t i) const {
     auto m = std::dynamic_pointer_cast<M>((*this)[i]);
-    DBRQ_ENSURE(m != nullptr, ValueError, "Sequential::at(", i, "): child is a ", (*this)[i]->type_name(),
+    DBRQ_ENSURE(m != nullptr, ValueError, this->type_name(), "::at(", i, "): child is a ", (*this)[i]->type_name(),
                 ", not the requested type");
     return m;
   }
+
+ protected:
+  SequentialBase() = default;
+  explicit SequentialBase(std::string type_name) : CallableModule<Derived>(std::move(type_name)) {}
+};
+
+class Sequential final : public SequentialBase<Sequential> {
+ public:
+  Sequential() : SequentialBase("Sequential") {}
+  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
+  explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
 };
 
 // Holds modules for the user's forward to iterate; not callable itself.
