@@ -182,6 +182,12 @@ Tensor run_view(const OpCall& c) {
   const std::vector<int64_t> target = infer_reshape(c.p<ShapeParams>().sizes, x.numel(), x.sizes());
   check_not_per_channel("view", x);
   Tensor v = x.raw_view(target);
+  if (!v.defined() && x.dim() == 4 && x.is_channels_last()) {
+    // dbrq keeps conv and pooling activations channels-last; the tensor the user holds is NCHW and
+    // view() must mean what it means on NCHW. Its memory cannot be viewed that way, so view reads
+    // it through a row-major copy, like reshape (writes to the result do not reach x).
+    return kernels::copy(x, MemoryFormat::kContiguous, x.dtype()).raw_view(target);
+  }
   DBRQ_ENSURE(v.defined(), ShapeError, "view: sizes ", shape_to_string(target), " are not compatible with the strides of a tensor of sizes ",
               x.shape_string(), "; use reshape()");
   return v;

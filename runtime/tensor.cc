@@ -237,6 +237,11 @@ int64_t Tensor::offset_of(IntArrayRef index) const {
   return off;
 }
 
+double Tensor::real_value(int32_t code, int64_t channel) const {
+  const size_t c = qparams_->is_per_channel() ? static_cast<size_t>(channel) : 0;
+  return static_cast<float>(code - qparams_->zero_points[c]) * qparams_->scales[c];
+}
+
 double Tensor::value_at(int64_t linear) const {
   DBRQ_ENSURE(defined(), ValueError, "element access on an undefined tensor");
   const int64_t n = numel();

@@ -114,6 +114,8 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   // Element access by logical index, for tests and debugging (slow).
+  // A quantized tensor reads as real values (scale * (code - zero_point)) when T is floating
+  // point, as its int8 codes when T is an integer type.
   template <typename T>
   T at(IntArrayRef index) const;
   template <typename T>
@@ -122,7 +124,8 @@ class Tensor {
   }
   template <typename T>
   T item() const;
-  // Elements in logical row-major order, converted to T (quantized tensors give raw values).
+  // Elements in logical row-major order, converted to T (quantized: real values for a floating T,
+  // codes for an integer T).
   template <typename T>
   std::vector<T> to_vector() const;
   // Element as double, whatever the dtype (raw integer for quantized tensors).
@@ -200,6 +203,12 @@ class Tensor {
   }
   [[noreturn]] void throw_dtype_access(DType wanted) const;
   int64_t offset_of(IntArrayRef index) const;
+  // index[dim], wrapped (offset_of checked it).
+  int64_t wrap_index(IntArrayRef index, int64_t dim) const {
+    return index[dim] < 0 ? index[dim] + sizes_[dim] : index[dim];
+  }
+  // scale * (code - zero_point) in float, of `channel` for per-channel parameters.
+  double real_value(int32_t code, int64_t channel) const;
   void set_sizes_strides(IntArrayRef sizes, IntArrayRef strides);
 
   std::shared_ptr<Storage> storage_;

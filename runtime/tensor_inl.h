@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 
 namespace dbrq {
 
@@ -9,7 +10,13 @@ T Tensor::at(IntArrayRef index) const {
   const int64_t off = offset_of(index);
   return visit_dtype(dtype_, [&](auto tag) -> T {
     using S = decltype(tag);
-    return static_cast<T>(static_cast<const S*>(storage_->data())[off]);
+    const S code = static_cast<const S*>(storage_->data())[off];
+    // Quantized tensors read as real values (their codes with an integer T), like PyTorch's item().
+    if (std::is_floating_point_v<T> && is_quantized()) {
+      const int64_t axis = qparams_->axis;
+      return static_cast<T>(real_value(static_cast<int32_t>(code), axis < 0 ? 0 : wrap_index(index, axis)));
+    }
+    return static_cast<T>(code);
   });
 }
 
@@ -17,6 +24,9 @@ template <typename T>
 T Tensor::item() const {
   DBRQ_ENSURE(defined() && numel() == 1, ShapeError, "item(): tensor must have exactly one element, got sizes ",
               shape_string());
+  if (std::is_floating_point_v<T> && is_quantized()) {
+    return static_cast<T>(real_value(static_cast<int32_t>(value_at(0)), 0));
+  }
   return static_cast<T>(value_at(0));
 }
 
@@ -24,6 +34,9 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
   DBRQ_ENSURE(defined(), ValueError, "to_vector(): tensor is undefined");
   std::vector<T> out(static_cast<size_t>(numel()));
+  // Quantized tensors give real values, as f32 tensors do (their codes with an integer T).
+  const bool real = std::is_floating_point_v<T> && is_quantized();
+  const int64_t axis = real ? qparams_->axis : -1;
   visit_dtype(dtype_, [&](auto tag) {
     using S = decltype(tag);
     const S* base = static_cast<const S*>(storage_->data());
@@ -31,7 +44,8 @@ std::vector<T> Tensor::to_vector() const {
     for (size_t i = 0; i < out.size(); ++i) {
       int64_t off = offset_;
       for (int d = 0; d < ndim_; ++d) off += idx[d] * strides_[d];
-      out[i] = static_cast<T>(base[off]);
+      out[i] = real ? static_cast<T>(real_value(static_cast<int32_t>(base[off]), axis < 0 ? 0 : idx[axis]))
+                    : static_cast<T>(base[off]);
       for (int d = ndim_ - 1; d >= 0; --d) {
         if (++idx[d] < sizes_[d]) break;
         idx[d] = 0;

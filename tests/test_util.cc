@@ -6,7 +6,13 @@
 namespace dbrq::testing {
 
 double relative_error(const Tensor& actual, const Tensor& expected) {
-  const std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();
+  // Quantized tensors compare by their codes (an integer read), everything else by value.
+  auto values = [](const Tensor& t) {
+    if (!t.is_quantized()) return t.to_vector<double>();
+    const std::vector<int64_t> codes = t.to_vector<int64_t>();
+    return std::vector<double>(codes.begin(), codes.end());
+  };
+  const std::vector<double> a = values(actual), b = values(expected);
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
     if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
@@ -29,7 +35,13 @@ void expect_close(const Tensor& actual, const Tensor& expected, double tol, cons
 void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes())
       << what << ": sizes " << actual.shape_string() << " vs expected " << expected.shape_string();
-  const std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();
+  // Quantized tensors compare by their codes (an integer read), everything else by value.
+  auto values = [](const Tensor& t) {
+    if (!t.is_quantized()) return t.to_vector<double>();
+    const std::vector<int64_t> codes = t.to_vector<int64_t>();
+    return std::vector<double>(codes.begin(), codes.end());
+  };
+  const std::vector<double> a = values(actual), b = values(expected);
   int64_t diff = 0, first = -1;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] != b[i]) {

@@ -180,7 +180,44 @@ TEST(TensorViews, ReshapeCopiesWhenStridesForbidAView) {
   const Tensor x = iota({1, 2, 2, 2});
   const Tensor cl = x.contiguous(MemoryFormat::kChannelsLast);
   EXPECT_EQ(cl.flatten(1).to_vector<float>(), x.flatten(1).to_vector<float>());
-  EXPECT_THROW_MSG(cl.view({1, 8}), ShapeError, "use reshape()");
+}
+
+// dbrq keeps conv outputs channels-last internally, but the tensor a user holds is NCHW: view()
+// must mean what it means on an NCHW tensor (it used to throw "use reshape()").
+TEST(TensorViews, ViewOfAChannelsLastActivationMeansTheLogicalNchwView) {
+  const Tensor x = iota({2, 3, 2, 2});
+  const Tensor cl = x.contiguous(MemoryFormat::kChannelsLast);
+  ASSERT_TRUE(cl.is_channels_last());
+  EXPECT_EQ(cl.view({2, -1}).to_vector<float>(), x.view({2, -1}).to_vector<float>());
+  EXPECT_EQ(sizes_of(cl.view({2, -1})), (V{2, 12}));
+  EXPECT_EQ(cl.view({6, 4}).to_vector<float>(), x.view({6, 4}).to_vector<float>());
+  // A conv's output, as a user's forward sees it.
+  const Tensor y = conv2d(randn({2, 3, 5, 5}, 1), randn({4, 3, 3, 3}, 2));
+  ASSERT_TRUE(y.is_channels_last());
+  EXPECT_EQ(y.view({2, -1}).to_vector<float>(), y.contiguous().view({2, -1}).to_vector<float>());
+  // Views that PyTorch refuses on an NCHW tensor are still refused.
+  EXPECT_THROW_MSG(x.transpose(2, 3).view({2, 12}), ShapeError, "use reshape()");
+}
+
+// A quantized tensor reads as real values with a floating-point type and as codes with an integer
+// type, so user code never mistakes int8 codes for values.
+TEST(TensorAccess, QuantizedTensorsReadAsRealValues) {
+  const Tensor q = quantize_per_tensor(from_vector<float>({-1.f, 0.f, 0.31f, 2.f}, {2, 2}), 0.01f, 100, DType::kU8);
+  const std::vector<float> real = q.to_vector<float>();
+  EXPECT_FLOAT_EQ(real[0], -1.f);
+  EXPECT_FLOAT_EQ(real[2], 0.31f);
+  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{0, 100, 131, 255}));
+  EXPECT_FLOAT_EQ(q.at<float>({1, 0}), 0.31f);
+  EXPECT_FLOAT_EQ(q.at<float>({-1, -2}), 0.31f);
+  EXPECT_EQ(q.at<int>({1, 0}), 131);
+  EXPECT_FLOAT_EQ(q.narrow(0, 1, 1).narrow(1, 0, 1).item<float>(), 0.31f);
+  EXPECT_EQ(q.narrow(0, 1, 1).narrow(1, 0, 1).item<int>(), 131);
+  // Per-channel parameters: each element with its channel's.
+  const Tensor pc = quantize_per_channel(from_vector<float>({1.f, 2.f, 3.f, 4.f}, {2, 2}), {0.5f, 0.25f}, {0, 2}, 1,
+                                         DType::kS8);
+  EXPECT_EQ(pc.to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
+  EXPECT_FLOAT_EQ(pc.at<double>({1, 1}), 4.0);
+  EXPECT_EQ(pc.to_vector<int>(), (std::vector<int>{2, 10, 6, 18}));
 }
 
 TEST(TensorViews, FlattenPermuteTranspose) {
