@@ -1,0 +1,196 @@
+// Regression tests for idioms of ported libtorch models that used to give wrong results without an
+// error (issue 12): a Sequential subclass with its own forward (the base's forward ran instead), a
+// forward returning a user struct (after convert the caller received raw int8 codes), view() of a
+// conv output (threw, because dbrq keeps activations channels-last). Each case runs fp32, prepared
+// and converted, and compares with what the fp32 model computes. The compile-time halves (code
+// that must not compile) are in tests/compile_fail.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "dbrq.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+using nn::Conv2d;
+using nn::Linear;
+using testing::calibrate;
+using testing::sqnr_of;
+
+// ---- a Sequential with its own forward (libtorch: struct X : SequentialImpl) ----
+
+// The probe from the issue: forward must return 100, not what the chain computes.
+struct Probe : nn::SequentialBase<Probe> {
+  Probe() { push_back(std::make_shared<nn::ReLU>()); }
+  Tensor forward(const Tensor& x) { return full({1}, 100.0); }
+};
+
+TEST(SequentialSubclass, OwnForwardRuns) {
+  auto p = std::make_shared<Probe>();
+  EXPECT_EQ((*p)(zeros({1})).item<float>(), 100.f);
+  EXPECT_EQ(p->forward_unary(zeros({1})).item<float>(), 100.f);
+  EXPECT_EQ(p->type_name(), "Probe");
+}
+
+// DenseNet's dense layer: the chain, then a concatenation with the input.
+struct DenseLayer : nn::SequentialBase<DenseLayer> {
+  DenseLayer() {
+    push_back("conv", std::make_shared<Conv2d>(4, 4, 3, 1, 1));
+    push_back("relu", std::make_shared<nn::ReLU>());
+  }
+  Tensor forward(const Tensor& x) { return cat({x, SequentialBase::forward(x)}, 1); }
+};
+
+// A Sequential subclass without a forward of its own is the chain.
+struct Chain : nn::SequentialBase<Chain> {
+  Chain() {
+    push_back(std::make_shared<Conv2d>(8, 4, 1));
+    push_back(std::make_shared<nn::ReLU>());
+  }
+};
+
+struct DenseNet : nn::CallableModule<DenseNet> {
+  DenseNet() {
+    stem = register_module("stem", std::make_shared<Conv2d>(3, 4, 1));
+    dense = register_module("dense", std::make_shared<DenseLayer>());
+    chain = register_module("chain", std::make_shared<Chain>());
+  }
+  Tensor forward(const Tensor& x) { return (*chain)((*dense)((*stem)(x))); }
+  std::shared_ptr<Conv2d> stem;
+  std::shared_ptr<DenseLayer> dense;
+  std::shared_ptr<Chain> chain;
+};
+
+TEST(SequentialSubclass, OwnForwardRunsPreparedAndConverted) {
+  manual_seed(1);
+  DenseNet ref;
+  manual_seed(1);
+  DenseNet m;
+  const Tensor x = randn({2, 3, 6, 6}, 7);
+  const Tensor expected = ref(x);
+  ASSERT_EQ(expected.size(1), 4);
+  // The dense layer's concatenation doubles the channels the chain sees.
+  EXPECT_EQ((*ref.dense)((*ref.stem)(x)).size(1), 8);
+  prepare(m, {x});
+  EXPECT_EQ(testing::seen_kinds(testing::state_of(*m.dense)),
+            (std::vector<OpKind>{OpKind::kConv2d, OpKind::kRelu, OpKind::kCat}));
+  testing::expect_equal(m(x), expected, "prepared");
+  calibrate(m, {2, 3, 6, 6}, 4, 10);
+  convert(m);
+  const Tensor y = m(x);
+  EXPECT_EQ(y.dtype(), DType::kF32);
+  EXPECT_GT(sqnr_of(y, expected), 25.0);
+}
+
+// ---- a module class derived from a callable class ----
+
+struct Base : nn::CallableModule<Base> {
+  Tensor forward(const Tensor& x) { return x; }
+};
+struct Derived : Base {
+  Tensor forward(const Tensor& x) { return x * 2.0; }
+};
+
+TEST(SubclassedModule, CallingItRaisesInsteadOfRunningTheBaseForward) {
+  std::shared_ptr<Base> d = std::make_shared<Derived>();
+  EXPECT_THROW_MSG((*d)(ones({1})), UsageError,
+                   "module class Derived derives from Base, a module class with its own call operator: calling it "
+                   "runs Base::forward, never Derived's. Derive Derived from dbrq::nn::CallableModule<Derived>");
+  // The base class itself still works.
+  Base b;
+  EXPECT_EQ(b(ones({1})).item<float>(), 1.f);
+}
+
+// ---- a forward returning a user struct ----
+
+struct Heads {
+  Tensor logits;
+  std::vector<Tensor> aux;
+  int steps = 0;
+};
+DBRQ_TENSOR_STRUCT(Heads, logits, aux)
+
+struct Trunk : nn::CallableModule<Trunk> {
+  Trunk() {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    fc = register_module("fc", std::make_shared<Linear>(8, 5));
+    aux_fc = register_module("aux_fc", std::make_shared<Linear>(8, 3));
+  }
+  Heads forward(const Tensor& x) {
+    const Tensor f = flatten(adaptive_avg_pool2d(relu((*conv)(x)), {1, 1}), 1);
+    return {(*fc)(f), {(*aux_fc)(f)}, 1};
+  }
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<Linear> fc, aux_fc;
+};
+
+// The model returns the struct to the user; a parent module also reads a child's struct.
+struct StructNet : nn::CallableModule<StructNet> {
+  StructNet() { trunk = register_module("trunk", std::make_shared<Trunk>()); }
+  Heads forward(const Tensor& x) {
+    Heads h = (*trunk)(x);
+    seen_in_parent = h.logits.at<float>({0, 0});
+    return h;
+  }
+  std::shared_ptr<Trunk> trunk;
+  float seen_in_parent = 0.f;
+};
+
+TEST(StructOutputs, ConvertedModelHandsBackRealValues) {
+  manual_seed(3);
+  StructNet ref;
+  manual_seed(3);
+  StructNet m;
+  const Tensor x = randn({2, 3, 8, 8}, 5);
+  const Heads expected = ref(x);
+  prepare(m, [&] { m(x); }, default_qconfig_mapping());
+  for (int i = 0; i < 4; ++i) m(randn({2, 3, 8, 8}, 20 + i));
+  convert(m);
+  const Heads h = m(x);
+  // Before the fix the caller got u8 codes (e.g. 237 where fp32 gave 0.31).
+  EXPECT_EQ(h.logits.dtype(), DType::kF32);
+  ASSERT_EQ(h.aux.size(), 1u);
+  EXPECT_EQ(h.aux[0].dtype(), DType::kF32);
+  EXPECT_EQ(h.steps, 1);
+  EXPECT_GT(sqnr_of(h.logits, expected.logits), 20.0);
+  EXPECT_GT(sqnr_of(h.aux[0], expected.aux[0]), 20.0);
+  // Inside the parent the child's logits may be int8; reading them gives a real value.
+  EXPECT_NEAR(m.seen_in_parent, expected.logits.at<float>({0, 0}), 0.1 + 0.1 * std::abs(m.seen_in_parent));
+}
+
+// ---- view() of a conv output ----
+
+struct ViewNet : nn::CallableModule<ViewNet> {
+  ViewNet() {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+    fc = register_module("fc", std::make_shared<Linear>(4 * 5 * 5, 6));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor y = relu((*conv)(x));
+    return (*fc)(y.view({y.size(0), -1}));  // PyTorch code: NCHW order
+  }
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(ViewAfterConv, MeansTheNchwViewFp32AndInt8) {
+  manual_seed(4);
+  ViewNet m;
+  const Tensor x = randn({2, 3, 5, 5}, 8);
+  // The reference: the same computation with an explicitly row-major conv output.
+  const Tensor conv_out = relu((*m.conv)(x)).contiguous();
+  const Tensor expected = linear(conv_out.view({2, -1}), m.fc->weight, m.fc->bias);
+  testing::expect_close(m(x), expected, 1e-6, "fp32");
+  prepare(m, {x});
+  for (int i = 0; i < 4; ++i) m(randn({2, 3, 5, 5}, 30 + i));
+  convert(m);
+  // A wrong element order gives about 0 dB; int8 with this little calibration gives about 24.
+  EXPECT_GT(sqnr_of(m(x), expected), 20.0);
+}
+
+}  // namespace
+}  // namespace dbrq
