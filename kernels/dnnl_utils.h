@@ -21,8 +21,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
-#include "runtime/tensor.h"
-#include "runtime/threading.h"
+#include "core/tensor.h"
+#include "core/threading.h"
 
 namespace dbrq::kernels {
 

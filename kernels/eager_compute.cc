@@ -2,7 +2,7 @@
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/post_ops.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq::kernels {
 namespace {

@@ -5,7 +5,7 @@
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/loops.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq::kernels {
 namespace {

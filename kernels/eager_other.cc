@@ -8,7 +8,7 @@
 #include "kernels/eager.h"
 #include "kernels/loops.h"
 #include "kernels/simd.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq::kernels {
 namespace {

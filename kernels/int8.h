@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "kernels/eager.h"
-#include "runtime/op_params.h"
-#include "runtime/tensor.h"
+#include "core/op_params.h"
+#include "core/tensor.h"
 
 namespace dbrq::kernels {
 

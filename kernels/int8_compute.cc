@@ -9,7 +9,7 @@
 #include "kernels/int8.h"
 #include "kernels/loops.h"
 #include "kernels/post_ops.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq::kernels {
 

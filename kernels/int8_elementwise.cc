@@ -10,7 +10,7 @@
 #include "kernels/int8.h"
 #include "kernels/loops.h"
 #include "kernels/simd.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq::kernels {
 namespace {

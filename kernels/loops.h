@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/tensor.h"
-#include "runtime/threading.h"
+#include "core/tensor.h"
+#include "core/threading.h"
 
 namespace dbrq::kernels {
 

@@ -9,8 +9,8 @@
 #include <omp.h>
 
 #include "absl/strings/str_format.h"
-#include "runtime/logging.h"
-#include "runtime/threading.h"
+#include "core/logging.h"
+#include "core/threading.h"
 
 namespace dbrq {
 namespace {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "quant_state/qparams.h"
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

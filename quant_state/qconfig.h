@@ -24,7 +24,7 @@
 
 #include "quant_state/observers.h"
 #include "runtime/module.h"
-#include "runtime/op_params.h"
+#include "core/op_params.h"
 
 namespace dbrq {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "quant_state/auto_quant_state.h"
-#include "runtime/logging.h"
+#include "core/logging.h"
 
 namespace dbrq {
 namespace {

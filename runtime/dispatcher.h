@@ -23,9 +23,9 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
-#include "runtime/error.h"
-#include "runtime/op_params.h"
-#include "runtime/tensor.h"
+#include "core/error.h"
+#include "core/op_params.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "runtime/dispatcher.h"
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

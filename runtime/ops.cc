@@ -7,7 +7,7 @@
 
 #include "kernels/eager.h"
 #include "runtime/dispatcher.h"
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 namespace dbrq {
 

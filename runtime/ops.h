@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/op_params.h"
-#include "runtime/tensor.h"
+#include "core/op_params.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "runtime/module.h"
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

@@ -5,7 +5,7 @@
 #include <unordered_map>
 
 #include "kernels/eager.h"
-#include "runtime/logging.h"
+#include "core/logging.h"
 #include "tracer/executors.h"
 
 namespace dbrq::tracer {

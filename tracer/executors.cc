@@ -4,7 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "runtime/logging.h"
+#include "core/logging.h"
 #include "runtime/ops.h"
 
 namespace dbrq::tracer {

@@ -1,7 +1,7 @@
 #include "tracer/interceptor.h"
 
 #include "absl/strings/str_cat.h"
-#include "runtime/logging.h"
+#include "core/logging.h"
 #include "runtime/ops.h"
 #include "tracer/executors.h"
 

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/logging.h"
+#include "core/logging.h"
 #include "tracer/convert.h"
 #include "tracer/interceptor.h"
 

@@ -1,10 +1,10 @@
-#include "runtime/logging.h"
+#include "core/logging.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdlib>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dbrq {
 

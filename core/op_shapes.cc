@@ -1,4 +1,4 @@
-#include "runtime/op_shapes.h"
+#include "core/op_shapes.h"
 
 #include <algorithm>
 

@@ -63,4 +63,4 @@ decltype(auto) visit_dtype(DType t, F&& f);
 
 }  // namespace dbrq
 
-#include "runtime/dtype_inl.h"
+#include "core/dtype_inl.h"

@@ -1,6 +1,6 @@
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dbrq {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/op_params.h"
-#include "runtime/tensor.h"
+#include "core/op_params.h"
+#include "core/tensor.h"
 
 namespace dbrq {
 

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "runtime/dtype.h"
-#include "runtime/error.h"
-#include "runtime/storage.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/storage.h"
 
 namespace dbrq {
 
@@ -278,4 +278,4 @@ void for_each_channel_run(int64_t numel, int64_t stride, int64_t size, F&& f) {
 
 }  // namespace dbrq
 
-#include "runtime/tensor_inl.h"
+#include "core/tensor_inl.h"

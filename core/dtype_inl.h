@@ -1,6 +1,6 @@
 #pragma once
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dbrq {
 

@@ -1,4 +1,4 @@
-#include "runtime/storage.h"
+#include "core/storage.h"
 
 #include <cstdlib>
 #include <map>

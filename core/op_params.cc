@@ -1,4 +1,4 @@
-#include "runtime/op_params.h"
+#include "core/op_params.h"
 
 namespace dbrq {
 

@@ -1,10 +1,10 @@
-#include "runtime/threading.h"
+#include "core/threading.h"
 
 #include <omp.h>
 
 #include <cstdlib>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace dbrq {
 namespace detail {

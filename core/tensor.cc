@@ -1,4 +1,4 @@
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
