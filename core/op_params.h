@@ -1,11 +1,10 @@
-// Op kinds and their non-tensor parameters, shared by the functional API, the kernels and the
-// quantization tracer.
+// The non-tensor parameters of ops, shared by the functional API, the kernels and the recorded
+// program of the quantization tracer (which keeps a copy of each seen op's parameters).
 //
 //   dbrq::Conv2dParams p;
 //   p.stride = {2, 2};
 //   p.padding = {3, 3};
 //   dbrq::Tensor y = dbrq::conv2d(x, w, b, p);
-//   std::cout << dbrq::op_name(dbrq::OpKind::kConv2d);   // "conv2d"
 #pragma once
 
 #include <array>
@@ -15,70 +14,6 @@
 #include <vector>
 
 namespace dbrq {
-
-// Every op that passes through the dispatcher. Names (op_name) follow PyTorch's functional names.
-enum class OpKind : uint16_t {
-  // compute ops with weights
-  kConv2d,
-  kLinear,
-  kEmbedding,
-  kBatchNorm,
-  kLayerNorm,
-  // matrix product of two activations
-  kMatmul,
-  // binary elementwise (tensor-tensor or tensor-scalar)
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  // unary elementwise
-  kRelu,
-  kRelu6,
-  kHardtanh,
-  kLeakyRelu,
-  kSigmoid,
-  kTanh,
-  kHardsigmoid,
-  kHardswish,
-  kSilu,
-  kGelu,
-  kClamp,
-  // normalizing reductions
-  kSoftmax,
-  kLogSoftmax,
-  // pooling
-  kMaxPool2d,
-  kAvgPool2d,
-  kAdaptiveAvgPool2d,
-  // reductions
-  kMean,
-  kSum,
-  kStd,
-  // joining and shape ops (int8 passes through the shape ops unchanged)
-  kCat,
-  kFlatten,
-  kReshape,
-  kPermute,
-  kTranspose,
-  kNarrow,
-  kSelect,
-  kUnsqueeze,
-  kSqueeze,
-  kContiguous,
-  kDropout,
-  kIdentity,
-  // data movement
-  kClone,
-  kTo,
-  kCopy,
-  kFill,
-  // explicit (de)quantization
-  kQuantize,
-  kDequantize,
-  kNumOpKinds,
-};
-
-const char* op_name(OpKind kind);
 
 struct Conv2dParams {
   std::array<int64_t, 2> stride = {1, 1};
@@ -118,8 +53,8 @@ struct ShapeParams {
 };
 
 struct ActivationParams {
-  double alpha = 0.0;  // leaky_relu slope, hardtanh/clamp min
-  double beta = 0.0;   // hardtanh/clamp max
+  double alpha = 0.0;  // negative slope, or the lower bound of a clamp
+  double beta = 0.0;   // the upper bound of a clamp
   bool approximate_tanh = false;  // gelu
 };
 
@@ -136,5 +71,16 @@ struct ConvertParams {
   std::shared_ptr<const QuantParams> qparams;  // kQuantize
   double value = 0.0;     // kFill
 };
+
+// Equality of parameters (a converted op checks that later calls pass what the first run passed).
+bool operator==(const Conv2dParams& a, const Conv2dParams& b);
+bool operator==(const Pool2dParams& a, const Pool2dParams& b);
+bool operator==(const AdaptivePool2dParams& a, const AdaptivePool2dParams& b);
+bool operator==(const NormParams& a, const NormParams& b);
+bool operator==(const DimParams& a, const DimParams& b);
+bool operator==(const ShapeParams& a, const ShapeParams& b);
+bool operator==(const ActivationParams& a, const ActivationParams& b);
+bool operator==(const DropoutParams& a, const DropoutParams& b);
+bool operator==(const ConvertParams& a, const ConvertParams& b);
 
 }  // namespace dbrq

@@ -15,16 +15,37 @@
 
 namespace dbrq::kernels {
 
-// An elementwise step fused after a conv / linear / matmul.
-struct PostOp {
-  enum class Kind { kRelu, kClip, kHardswish, kSigmoid, kTanh, kGeluErf, kGeluTanh, kSilu, kLeakyRelu };
-  Kind kind = Kind::kRelu;
+// An elementwise function in oneDNN's vocabulary (its eltwise algorithms and their alpha / beta):
+// what an activation op runs eagerly, and the post-op it becomes when fused after a conv or linear.
+// Ops map to it in their OpDef (runtime/ops/activations.cc); kernels never see op kinds.
+struct Eltwise {
+  enum class Alg : uint8_t {
+    kRelu,         // alpha: negative slope (0: relu; leaky_relu otherwise)
+    kClip,         // clamp to [alpha, beta]
+    kLogistic,     // sigmoid
+    kTanh,
+    kSwish,        // x * sigmoid(alpha * x); alpha = 1: silu
+    kGeluErf,
+    kGeluTanh,
+    kHardswish,
+    kHardsigmoid,  // no oneDNN 2.6 algorithm: eager loop only, never a post-op
+    kElu,          // alpha
+  };
+  Alg alg = Alg::kRelu;
   float alpha = 0.f, beta = 0.f;
-  static PostOp relu() { return {Kind::kRelu, 0.f, 0.f}; }
-  static PostOp clip(float lo, float hi) { return {Kind::kClip, lo, hi}; }
-  static PostOp hardswish() { return {Kind::kHardswish, 0.f, 0.f}; }
+  static Eltwise relu() { return {Alg::kRelu, 0.f, 0.f}; }
+  static Eltwise clip(float lo, float hi) { return {Alg::kClip, lo, hi}; }
+  static Eltwise hardswish() { return {Alg::kHardswish, 0.f, 0.f}; }
+  bool operator==(const Eltwise& o) const { return alg == o.alg && alpha == o.alpha && beta == o.beta; }
 };
-using PostOps = std::vector<PostOp>;
+// "relu", "leaky_relu", "clip", "sigmoid", "gelu_tanh", ... (as describe() strings show them).
+const char* eltwise_name(const Eltwise& e);
+// The real-valued function (kernels/activation_math.h), e.g. for 256-entry code tables.
+float eltwise_reference(const Eltwise& e, float x);
+
+// Elementwise steps fused after a conv / linear (oneDNN post-ops).
+using PostOp = Eltwise;
+using PostOps = std::vector<Eltwise>;
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const PostOps& post = {});
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& post = {});
@@ -38,10 +59,9 @@ Tensor binary_scalar(BinaryAlg alg, const Tensor& x, double scalar, bool scalar_
 void binary_inplace(BinaryAlg alg, Tensor& a, const Tensor& b);
 void binary_scalar_inplace(BinaryAlg alg, Tensor& a, double scalar);
 
-enum class UnaryAlg { kRelu, kClip, kLeakyRelu, kSigmoid, kTanh, kHardsigmoid, kHardswish, kSilu, kGeluErf, kGeluTanh };
-// alpha/beta: clip bounds or leaky slope.
-Tensor unary(UnaryAlg alg, const Tensor& x, float alpha = 0.f, float beta = 0.f);
-void unary_inplace(UnaryAlg alg, Tensor& x, float alpha = 0.f, float beta = 0.f);
+// Activations (f32): oneDNN's eltwise primitive, or PyTorch's formula where oneDNN differs.
+Tensor eltwise(const Eltwise& e, const Tensor& x);
+void eltwise_inplace(const Eltwise& e, Tensor& x);
 
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/activation_math.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/loops.h"
@@ -207,99 +208,68 @@ void binary_scalar_inplace(BinaryAlg alg, Tensor& a, double scalar) {
 
 namespace {
 
-const char* unary_name(UnaryAlg alg) {
-  switch (alg) {
-    case UnaryAlg::kRelu:
-      return "relu";
-    case UnaryAlg::kClip:
-      return "hardtanh";
-    case UnaryAlg::kLeakyRelu:
-      return "leaky_relu";
-    case UnaryAlg::kSigmoid:
-      return "sigmoid";
-    case UnaryAlg::kTanh:
-      return "tanh";
-    case UnaryAlg::kHardsigmoid:
-      return "hardsigmoid";
-    case UnaryAlg::kHardswish:
-      return "hardswish";
-    case UnaryAlg::kSilu:
-      return "silu";
-    case UnaryAlg::kGeluErf:
-    case UnaryAlg::kGeluTanh:
-      return "gelu";
-  }
-  return "?";
-}
-
-// Eltwise algorithm and its (alpha, beta); false when the op runs as a loop instead.
-bool dnnl_eltwise(UnaryAlg alg, float a, float b, dnnl::algorithm* out, float* alpha, float* beta) {
+// Eltwise algorithm and its (alpha, beta) for the eager primitive; false when the op runs as a
+// loop over PyTorch's formula instead.
+bool dnnl_eltwise(const Eltwise& e, dnnl::algorithm* out) {
   using A = dnnl::algorithm;
-  *alpha = 0.f;
-  *beta = 0.f;
-  switch (alg) {
-    case UnaryAlg::kRelu:
+  switch (e.alg) {
+    case Eltwise::Alg::kRelu:
       *out = A::eltwise_relu;
       return true;
-    case UnaryAlg::kLeakyRelu:
-      *out = A::eltwise_relu;
-      *alpha = a;
-      return true;
-    case UnaryAlg::kClip:
+    case Eltwise::Alg::kClip:
       *out = A::eltwise_clip_v2;
-      *alpha = a;
-      *beta = b;
       return true;
-    case UnaryAlg::kSigmoid:
+    case Eltwise::Alg::kLogistic:
       *out = A::eltwise_logistic;
       return true;
-    case UnaryAlg::kTanh:
+    case Eltwise::Alg::kTanh:
       *out = A::eltwise_tanh;
       return true;
-    case UnaryAlg::kSilu:
+    case Eltwise::Alg::kSwish:
       *out = A::eltwise_swish;
-      *alpha = 1.f;
       return true;
-    case UnaryAlg::kGeluErf:
+    case Eltwise::Alg::kGeluErf:
       *out = A::eltwise_gelu_erf;
       return true;
-    case UnaryAlg::kGeluTanh:
+    case Eltwise::Alg::kGeluTanh:
       *out = A::eltwise_gelu_tanh;
       return true;
-    case UnaryAlg::kHardswish:
-    case UnaryAlg::kHardsigmoid:
-      return false;  // PyTorch's exact formulas below (oneDNN 2.6 has no hardsigmoid)
+    case Eltwise::Alg::kElu:
+      *out = A::eltwise_elu;
+      return true;
+    case Eltwise::Alg::kHardswish:
+    case Eltwise::Alg::kHardsigmoid:
+      return false;  // PyTorch's exact formulas (oneDNN 2.6 has no hardsigmoid)
   }
   return false;
 }
 
-void run_unary(UnaryAlg alg, const Tensor& src, const Tensor& dst, float a, float b) {
+void run_eltwise(const Eltwise& e, const Tensor& src, const Tensor& dst) {
   dnnl::algorithm algo;
-  float alpha, beta;
-  if (!dnnl_eltwise(alg, a, b, &algo, &alpha, &beta)) {
+  if (!dnnl_eltwise(e, &algo)) {
     const float* in = src.data<float>();
     float* out = static_cast<float*>(const_cast<void*>(dst.data_ptr()));
     parallel_for(src.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      if (alg == UnaryAlg::kHardsigmoid) {
-        for (int64_t i = begin; i < end; ++i) out[i] = std::min(std::max(in[i] + 3.f, 0.f), 6.f) / 6.f;
+      if (e.alg == Eltwise::Alg::kHardsigmoid) {
+        for (int64_t i = begin; i < end; ++i) out[i] = math::hardsigmoid(in[i]);
       } else {
-        for (int64_t i = begin; i < end; ++i) out[i] = in[i] * std::min(std::max(in[i] + 3.f, 0.f), 6.f) / 6.f;
+        for (int64_t i = begin; i < end; ++i) out[i] = math::hardswish(in[i]);
       }
     });
     return;
   }
   PrimitiveKey key("eltwise_f32");
-  key.add(static_cast<int64_t>(algo)).add(alpha).add(beta).add(src).add(static_cast<int64_t>(get_num_threads()));
+  key.add(static_cast<int64_t>(algo)).add(e.alpha).add(e.beta).add(src).add(static_cast<int64_t>(get_num_threads()));
   auto entry = primitive_cache().get_or_create(key, [&] {
     try {
-      dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, algo, desc_of(src), alpha, beta);
+      dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, algo, desc_of(src), e.alpha, e.beta);
       dnnl::eltwise_forward::primitive_desc pd(d, base_attr(), cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::eltwise_forward(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating an eltwise primitive", e);
+      auto entry = std::make_shared<PrimitiveEntry>();
+      entry->prim = dnnl::eltwise_forward(pd);
+      entry->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      return entry;
+    } catch (const dnnl::error& err) {
+      rethrow_dnnl("creating an eltwise primitive", err);
     }
   });
   execute(entry->prim, entry->scratchpad_bytes, {{DNNL_ARG_SRC, mem_of(src)}, {DNNL_ARG_DST, mem_of(dst)}});
@@ -307,24 +277,76 @@ void run_unary(UnaryAlg alg, const Tensor& src, const Tensor& dst, float a, floa
 
 }  // namespace
 
-Tensor unary(UnaryAlg alg, const Tensor& x_in, float alpha, float beta) {
-  check_float(unary_name(alg), "input", x_in);
+const char* eltwise_name(const Eltwise& e) {
+  switch (e.alg) {
+    case Eltwise::Alg::kRelu:
+      return e.alpha == 0.f ? "relu" : "leaky_relu";
+    case Eltwise::Alg::kClip:
+      return "clip";
+    case Eltwise::Alg::kLogistic:
+      return "sigmoid";
+    case Eltwise::Alg::kTanh:
+      return "tanh";
+    case Eltwise::Alg::kSwish:
+      return "silu";
+    case Eltwise::Alg::kGeluErf:
+      return "gelu";
+    case Eltwise::Alg::kGeluTanh:
+      return "gelu_tanh";
+    case Eltwise::Alg::kHardswish:
+      return "hardswish";
+    case Eltwise::Alg::kHardsigmoid:
+      return "hardsigmoid";
+    case Eltwise::Alg::kElu:
+      return "elu";
+  }
+  return "?";
+}
+
+float eltwise_reference(const Eltwise& e, float x) {
+  switch (e.alg) {
+    case Eltwise::Alg::kRelu:
+      return math::relu(x, e.alpha);
+    case Eltwise::Alg::kClip:
+      return math::clip(x, e.alpha, e.beta);
+    case Eltwise::Alg::kLogistic:
+      return math::sigmoid(x);
+    case Eltwise::Alg::kTanh:
+      return math::tanh(x);
+    case Eltwise::Alg::kSwish:
+      return e.alpha == 1.f ? math::silu(x) : x * math::sigmoid(e.alpha * x);
+    case Eltwise::Alg::kGeluErf:
+      return math::gelu_erf(x);
+    case Eltwise::Alg::kGeluTanh:
+      return math::gelu_tanh(x);
+    case Eltwise::Alg::kHardswish:
+      return math::hardswish(x);
+    case Eltwise::Alg::kHardsigmoid:
+      return math::hardsigmoid(x);
+    case Eltwise::Alg::kElu:
+      return math::elu(x, e.alpha);
+  }
+  return x;
+}
+
+Tensor eltwise(const Eltwise& e, const Tensor& x_in) {
+  check_float(eltwise_name(e), "input", x_in);
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kF32);
-  if (x.numel() > 0) run_unary(alg, x, dst, alpha, beta);
+  if (x.numel() > 0) run_eltwise(e, x, dst);
   return dst;
 }
 
-void unary_inplace(UnaryAlg alg, Tensor& x, float alpha, float beta) {
-  check_float(unary_name(alg), "self", x);
+void eltwise_inplace(const Eltwise& e, Tensor& x) {
+  check_float(eltwise_name(e), "self", x);
   if (x.numel() == 0) return;
   if (!x.is_non_overlapping_and_dense()) {
-    Tensor tmp = unary(alg, x, alpha, beta);
+    Tensor tmp = eltwise(e, x);
     copy_into(x, tmp);
     return;
   }
   x.mutable_data_ptr();  // version bump
-  run_unary(alg, x, x, alpha, beta);
+  run_eltwise(e, x, x);
 }
 
 }  // namespace dbrq::kernels

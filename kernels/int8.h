@@ -41,30 +41,48 @@ RequantScales requant_scales(float src_scale, const std::vector<float>& weight_s
 
 class PrimitiveCacheImpl;  // per-kernel cache of primitives by shape (int8.cc)
 
-struct QConvOptions {
-  Conv2dParams params;
-  Tensor weight;                 // f32 [K, C/groups, R, S], batch norm already folded
+// What every int8 weighted kernel (conv, linear) is built from. Weights are f32 with batch norm
+// already folded; the kernel quantizes and keeps them once.
+struct QWeightedOptions {
+  Tensor weight;                 // f32: conv [K, C/groups, R, S], linear [N, K]
   Tensor bias;                   // f32 [K], or undefined
   QuantParamsPtr weight_qparams; // s8 symmetric, per-channel on axis 0 or per-tensor
-  QuantParamsPtr src_qparams;    // u8 per-tensor
-  QuantParamsPtr dst_qparams;    // u8 per-tensor
+  QuantParamsPtr src_qparams;    // u8 per-tensor; ignored when dynamic
+  QuantParamsPtr dst_qparams;    // u8 per-tensor; null: f32 output (dynamic quantization)
   PostOps post;                  // on real values, before requantization
-  QuantParamsPtr sum_qparams;    // set: a residual (u8, these params) is added before `post`
+  QuantParamsPtr sum_qparams;    // set: a residual (u8, these params) is added before `post` (conv only)
+  bool dynamic = false;          // quantize the input per call from its own range (linear only)
 };
 
-class QConv2d {
+// An int8 weighted kernel, as the converted model runs it (the tracer's executor does not know
+// which one it holds).
+class QWeighted {
+ public:
+  virtual ~QWeighted() = default;
+  // x: u8 with src_qparams (f32 or u8 when dynamic). residual / out: see QConv2d::run.
+  virtual Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const = 0;
+  // An uninitialized output for input `x` (a residual add fills it later).
+  virtual Tensor empty_output(const Tensor& x) const = 0;
+  virtual const Tensor& quantized_weight() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+struct QConvOptions : QWeightedOptions {
+  Conv2dParams params;
+};
+
+class QConv2d final : public QWeighted {
  public:
   explicit QConv2d(QConvOptions options);
-  ~QConv2d();
+  ~QConv2d() override;
   // x: u8 with src_qparams (reordered to channels-last when it is not). residual: u8 with
   // sum_qparams, same sizes as the output. Output: u8 channels-last with dst_qparams, written into
   // `out` when given (an empty_output() tensor).
-  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const;
-  // An uninitialized output for input `x`.
-  Tensor empty_output(const Tensor& x) const;
-  const Tensor& quantized_weight() const { return qweight_; }
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
   const QConvOptions& options() const { return o_; }
-  std::string describe() const;
+  std::string describe() const override;
 
  private:
   QConvOptions o_;
@@ -74,25 +92,19 @@ class QConv2d {
   std::unique_ptr<PrimitiveCacheImpl> cache_;
 };
 
-struct QLinearOptions {
-  Tensor weight;                 // f32 [N, K] (batch norm already folded)
-  Tensor bias;                   // f32 [N], or undefined
-  QuantParamsPtr weight_qparams; // s8 symmetric, per-channel on axis 0 or per-tensor
-  QuantParamsPtr src_qparams;    // u8 per-tensor; ignored when dynamic
-  QuantParamsPtr dst_qparams;    // u8 per-tensor; null: f32 output (dynamic quantization)
-  PostOps post;
-  bool dynamic = false;          // quantize the input per call from its own range
-};
+using QLinearOptions = QWeightedOptions;
 
 // linear on int8: oneDNN matmul (it takes the source zero point, which inner product does not).
-class QLinear {
+class QLinear final : public QWeighted {
  public:
   explicit QLinear(QLinearOptions options);
-  ~QLinear();
-  // Static: x u8 [..., K] with src_qparams -> u8 [..., N]. Dynamic: x f32 (or u8) -> f32.
-  Tensor run(const Tensor& x) const;
-  const Tensor& quantized_weight() const { return qweight_; }
-  std::string describe() const;
+  ~QLinear() override;
+  // Static: x u8 [..., K] with src_qparams -> u8 [..., N]. Dynamic: x f32 (or u8) -> f32. No
+  // residual fusion (residual and out must be null).
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
+  std::string describe() const override;
 
  private:
   Tensor run_static(const Tensor& x, const QuantParams& src, const std::vector<float>& op_scales, const Tensor& bias,

@@ -123,8 +123,8 @@ void check_u8(const char* op, const Tensor& x) {
 }
 
 bool needs_real_units(const PostOps& post) {
-  for (const PostOp& p : post) {
-    if (p.kind != PostOp::Kind::kRelu) return true;
+  for (const Eltwise& p : post) {
+    if (!(p.alg == Eltwise::Alg::kRelu && p.alpha == 0.f)) return true;
   }
   return false;
 }
@@ -134,12 +134,8 @@ bool needs_real_units(const PostOps& post) {
 dnnl::post_ops make_int8_post_ops(const PostOps& post, bool real_units, float dst_r) {
   dnnl::post_ops ops;
   for (size_t i = 0; i < post.size(); ++i) {
-    PostOps one = {post[i]};
     const float scale = (real_units && i + 1 == post.size()) ? dst_r : 1.f;
-    float alpha = post[i].alpha, beta = post[i].beta;
-    if (post[i].kind == PostOp::Kind::kRelu) alpha = beta = 0.f;
-    if (post[i].kind == PostOp::Kind::kSilu) alpha = 1.f;
-    ops.append_eltwise(scale, eltwise_algorithm(post[i].kind), alpha, beta);
+    ops.append_eltwise(scale, eltwise_algorithm(post[i]), post[i].alpha, post[i].beta);
   }
   return ops;
 }
@@ -166,7 +162,7 @@ QConv2d::~QConv2d() = default;
 
 std::string QConv2d::describe() const {
   std::string s = absl::StrFormat("int8 conv2d %s", o_.weight.shape_string());
-  for (const PostOp& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p.kind));
+  for (const Eltwise& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p));
   if (o_.sum_qparams) absl::StrAppend(&s, " +residual(sum)");
   return s;
 }
@@ -276,7 +272,7 @@ QLinear::~QLinear() = default;
 
 std::string QLinear::describe() const {
   std::string s = absl::StrFormat("%s linear %s", o_.dynamic ? "dynamic int8" : "int8", o_.weight.shape_string());
-  for (const PostOp& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p.kind));
+  for (const Eltwise& p : o_.post) absl::StrAppend(&s, "+", eltwise_name(p));
   return s;
 }
 
@@ -299,7 +295,13 @@ QuantParamsPtr dynamic_qparams(const Tensor& x) {
 
 }  // namespace
 
-Tensor QLinear::run(const Tensor& x) const {
+Tensor QLinear::empty_output(const Tensor& x) const {
+  DBRQ_CHECK(false, "quantized linear fuses no residual add");
+  return Tensor();
+}
+
+Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) const {
+  DBRQ_CHECK(residual == nullptr && out == nullptr, "quantized linear fuses no residual add");
   check_defined("quantized linear", "input", x);
   if (!o_.dynamic) {
     check_u8("quantized linear", x);

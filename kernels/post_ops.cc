@@ -2,61 +2,36 @@
 
 namespace dbrq::kernels {
 
-dnnl::algorithm eltwise_algorithm(PostOp::Kind kind) {
+dnnl::algorithm eltwise_algorithm(const Eltwise& e) {
   using A = dnnl::algorithm;
-  switch (kind) {
-    case PostOp::Kind::kRelu:
-    case PostOp::Kind::kLeakyRelu:
+  switch (e.alg) {
+    case Eltwise::Alg::kRelu:
       return A::eltwise_relu;
-    case PostOp::Kind::kClip:
+    case Eltwise::Alg::kClip:
       return A::eltwise_clip_v2;
-    case PostOp::Kind::kHardswish:
+    case Eltwise::Alg::kHardswish:
       return A::eltwise_hardswish;
-    case PostOp::Kind::kSigmoid:
+    case Eltwise::Alg::kLogistic:
       return A::eltwise_logistic;
-    case PostOp::Kind::kTanh:
+    case Eltwise::Alg::kTanh:
       return A::eltwise_tanh;
-    case PostOp::Kind::kGeluErf:
+    case Eltwise::Alg::kGeluErf:
       return A::eltwise_gelu_erf;
-    case PostOp::Kind::kGeluTanh:
+    case Eltwise::Alg::kGeluTanh:
       return A::eltwise_gelu_tanh;
-    case PostOp::Kind::kSilu:
+    case Eltwise::Alg::kSwish:
       return A::eltwise_swish;
+    case Eltwise::Alg::kElu:
+      return A::eltwise_elu;
+    case Eltwise::Alg::kHardsigmoid:
+      break;
   }
+  DBRQ_CHECK(false, eltwise_name(e), " has no oneDNN post-op");
   return A::eltwise_relu;
 }
 
-const char* eltwise_name(PostOp::Kind kind) {
-  switch (kind) {
-    case PostOp::Kind::kRelu:
-      return "relu";
-    case PostOp::Kind::kLeakyRelu:
-      return "leaky_relu";
-    case PostOp::Kind::kClip:
-      return "clip";
-    case PostOp::Kind::kHardswish:
-      return "hardswish";
-    case PostOp::Kind::kSigmoid:
-      return "sigmoid";
-    case PostOp::Kind::kTanh:
-      return "tanh";
-    case PostOp::Kind::kGeluErf:
-      return "gelu";
-    case PostOp::Kind::kGeluTanh:
-      return "gelu_tanh";
-    case PostOp::Kind::kSilu:
-      return "silu";
-  }
-  return "?";
-}
-
 void append_post_ops(dnnl::post_ops& ops, const PostOps& post) {
-  for (const PostOp& p : post) {
-    float alpha = p.alpha, beta = p.beta;
-    if (p.kind == PostOp::Kind::kRelu) alpha = beta = 0.f;
-    if (p.kind == PostOp::Kind::kSilu) alpha = 1.f;
-    ops.append_eltwise(1.f, eltwise_algorithm(p.kind), alpha, beta);
-  }
+  for (const Eltwise& p : post) ops.append_eltwise(1.f, eltwise_algorithm(p), p.alpha, p.beta);
 }
 
 dnnl::post_ops make_post_ops(const PostOps& post) {
@@ -67,7 +42,7 @@ dnnl::post_ops make_post_ops(const PostOps& post) {
 
 void add_post_ops_to_key(PrimitiveKey& key, const PostOps& post) {
   key.add(static_cast<int64_t>(post.size()));
-  for (const PostOp& p : post) key.add(static_cast<int64_t>(p.kind)).add(p.alpha).add(p.beta);
+  for (const Eltwise& p : post) key.add(static_cast<int64_t>(p.alg)).add(p.alpha).add(p.beta);
 }
 
 }  // namespace dbrq::kernels

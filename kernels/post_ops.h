@@ -6,8 +6,7 @@
 
 namespace dbrq::kernels {
 
-dnnl::algorithm eltwise_algorithm(PostOp::Kind kind);
-const char* eltwise_name(PostOp::Kind kind);
+dnnl::algorithm eltwise_algorithm(const Eltwise& e);
 // Appends each post-op as an eltwise step (scale 1).
 void append_post_ops(dnnl::post_ops& ops, const PostOps& post);
 dnnl::post_ops make_post_ops(const PostOps& post);

@@ -97,18 +97,22 @@ std::string op_where(OpKind kind, const std::string& fqn) { return absl::StrCat(
 }  // namespace
 
 SeenOpInfo& AutoQuantizationState::validate_cur_op(int cursor, OpKind kind, const nn::Module* leaf,
-                                                   const std::string& leaf_fqn) {
-  const std::string seen = op_where(kind, leaf != nullptr ? leaf_fqn : fqn_);
+                                                   const LeafQuantInfo* leaf_info) {
+  // The hot path of every converted call: compare, and build messages only when throwing.
+  if (__builtin_expect(cursor < static_cast<int>(seen_ops_.size()), 1)) {
+    SeenOpInfo& op = seen_ops_[cursor];
+    if (__builtin_expect(op.kind == kind && op.leaf == leaf, 1)) return op;
+  }
+  const std::string seen = op_where(kind, leaf_info != nullptr ? leaf_info->fqn() : fqn_);
   DBRQ_ENSURE(cursor < static_cast<int>(seen_ops_.size()), ControlFlowError, "control flow changed in module \"",
               fqn_, "\" (", type_name_, "): op ", cursor, " is ", seen, " but the first run recorded only ",
               seen_ops_.size(), " quantizeable ops. Quantizeable ops must run in the same order on every call; "
               "data-dependent branches may only contain non-quantizeable ops");
-  SeenOpInfo& op = seen_ops_[cursor];
-  DBRQ_ENSURE(op.kind == kind && op.leaf == leaf, ControlFlowError, "control flow changed in module \"", fqn_, "\" (",
-              type_name_, "): op ", cursor, " was recorded as ", op_where(op.kind, op.fqn), " but this run called ",
-              seen, ". Quantizeable ops must run in the same order on every call; data-dependent branches may only "
-              "contain non-quantizeable ops");
-  return op;
+  const SeenOpInfo& op = seen_ops_[cursor];
+  DBRQ_THROW(ControlFlowError, "control flow changed in module \"", fqn_, "\" (", type_name_, "): op ", cursor,
+             " was recorded as ", op_where(op.kind, op.fqn), " but this run called ", seen,
+             ". Quantizeable ops must run in the same order on every call; data-dependent branches may only "
+             "contain non-quantizeable ops");
 }
 
 void AutoQuantizationState::validate_op_count(int cursor) const {
@@ -162,7 +166,7 @@ std::string AutoQuantizationState::to_string(int indent) const {
     std::string kind = op.display_kind();
     kind.resize(width, ' ');
     os << pad << "    " << op.index << ": " << kind << "  in=" << tensor_list(ins);
-    if (!op.weights.empty() && (op.kind == OpKind::kConv2d || op.kind == OpKind::kLinear)) {
+    if (!op.weights.empty() && op_def(op.kind).int8_weighted != nullptr) {
       const bool quantized = op.role == QuantRole::kWeighted;
       os << " w=[" << (op.weights[0].fqn.empty() ? std::string("<computed>") : op.weights[0].fqn) << ":"
          << (quantized ? absl::StrCat(dtype_name(op.qconfig->weight.dtype), " ",
@@ -197,48 +201,6 @@ std::string AutoQuantizationState::to_string(int indent) const {
     os << pad << "  fp32_ops: " << absl::StrJoin(parts, ", ") << "\n";
   }
   return os.str();
-}
-
-OpParamsCopy copy_op_params(const OpCall& call) {
-  if (call.params == nullptr) return std::monostate{};
-  switch (call.kind) {
-    case OpKind::kConv2d:
-      return call.p<Conv2dParams>();
-    case OpKind::kMaxPool2d:
-    case OpKind::kAvgPool2d:
-      return call.p<Pool2dParams>();
-    case OpKind::kAdaptiveAvgPool2d:
-      return call.p<AdaptivePool2dParams>();
-    case OpKind::kBatchNorm:
-    case OpKind::kLayerNorm:
-      return call.p<NormParams>();
-    case OpKind::kSoftmax:
-    case OpKind::kLogSoftmax:
-    case OpKind::kMean:
-    case OpKind::kSum:
-    case OpKind::kStd:
-    case OpKind::kCat:
-      return call.p<DimParams>();
-    case OpKind::kFlatten:
-    case OpKind::kReshape:
-    case OpKind::kPermute:
-    case OpKind::kTranspose:
-    case OpKind::kNarrow:
-    case OpKind::kSelect:
-    case OpKind::kUnsqueeze:
-    case OpKind::kSqueeze:
-      return call.p<ShapeParams>();
-    case OpKind::kRelu6:
-    case OpKind::kHardtanh:
-    case OpKind::kLeakyRelu:
-    case OpKind::kClamp:
-    case OpKind::kGelu:
-      return call.p<ActivationParams>();
-    case OpKind::kDropout:
-      return call.p<DropoutParams>();
-    default:
-      return std::monostate{};
-  }
 }
 
 AutoQuantizationState* quant_state_of(const nn::Module& m) {

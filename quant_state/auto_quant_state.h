@@ -53,17 +53,13 @@ struct FusionInfo {
   std::string name() const;     // "conv2d+batch_norm+relu"
 };
 
-// Executes a seen op after convert; created by the tracer. Declared here so the state owns it.
-class OpExecutor {
- public:
-  virtual ~OpExecutor() = default;
-  virtual std::string describe() const = 0;  // "int8 conv2d (oneDNN), relu fused"
+// What convert chose for a seen op. The executor itself belongs to the tracer; the recorded
+// program keeps only this description (for printing and introspection).
+struct ExecutorInfo {
+  std::string description;  // "int8 conv2d [16, 16, 3, 3]+relu", "fused into ...", "fp32 (...)"
+  bool fp32 = false;        // the op runs in fp32 after convert
+  const std::string& describe() const { return description; }
 };
-
-// A copy of an op's non-tensor parameters, taken when the trace records it.
-using OpParamsCopy = std::variant<std::monostate, Conv2dParams, Pool2dParams, AdaptivePool2dParams, NormParams,
-                                  DimParams, ShapeParams, ActivationParams, DropoutParams>;
-OpParamsCopy copy_op_params(const OpCall& call);
 
 struct SeenOpInfo {
   int index = 0;                  // position in the module's sequence of quantizeable ops
@@ -77,13 +73,14 @@ struct SeenOpInfo {
   std::vector<WeightInfo> weights;    // conv/linear weight and bias; batch_norm mean, var, weight, bias
   bool has_scalar = false, scalar_first = false;
   double scalar = 0.0;
-  OpParamsCopy params;            // stride, padding, dims, eps, ... as the first run passed them
+  OpParams params;                // stride, padding, dims, eps, ... as the first run passed them
   FusionInfo fusion;
   // Observer slots (in ModelQuantState) this op feeds during calibration; -1 for none.
   std::vector<int> input_observers;  // per input: observed here (first consumer of an fp32 tensor)
   int output_observer = -1;          // observed at this op's output
   std::string unsupported;           // why a requested quantization was ignored (logged once)
-  std::unique_ptr<OpExecutor> executor;  // set by convert
+  int program_index = -1;         // position in the model's execution order (analyze_trace)
+  std::unique_ptr<ExecutorInfo> executor;  // set by convert
 
   // "conv2d", or the fused chain's name on its base op.
   std::string display_kind() const { return fusion.fused() && fusion.position == 0 ? fusion.name() : op_name(kind); }
@@ -159,11 +156,6 @@ class ModelQuantState {
   std::vector<std::pair<AutoQuantizationState*, int>>& execution_order() { return execution_order_; }
   std::vector<AutoQuantizationState*>& states() { return states_; }
 
-  // The interceptor that runs this model's calls (owned here, so it lives as long as the model's
-  // state; it refers back to this object without owning it).
-  Interceptor* interceptor() const { return interceptor_.get(); }
-  void set_interceptor(std::shared_ptr<Interceptor> i) { interceptor_ = std::move(i); }
-
  private:
   QConfigMapping mapping_;
   BackendConfig backend_;
@@ -175,7 +167,6 @@ class ModelQuantState {
   std::vector<TraceEvent> events_;
   std::vector<std::pair<AutoQuantizationState*, int>> execution_order_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
-  std::shared_ptr<Interceptor> interceptor_;
 };
 
 // Quantization facts about a leaf module (a layer), attached by prepare.
@@ -211,9 +202,10 @@ class AutoQuantizationState : public nn::ModuleExtension {
   std::vector<NonQuantOpInfo>& non_quant_ops() { return non_quant_ops_; }
   const std::vector<NonQuantOpInfo>& non_quant_ops() const { return non_quant_ops_; }
 
-  // The op about to run at `cursor` must be the one recorded there; throws ControlFlowError naming
-  // this module, the index, the recorded op and the op seen.
-  SeenOpInfo& validate_cur_op(int cursor, OpKind kind, const nn::Module* leaf, const std::string& leaf_fqn);
+  // The op about to run at `cursor` must be the one recorded there (run by `leaf`, or by this
+  // module's own code when null); throws ControlFlowError naming this module, the index, the
+  // recorded op and the op seen. Allocates nothing unless it throws.
+  SeenOpInfo& validate_cur_op(int cursor, OpKind kind, const nn::Module* leaf, const LeafQuantInfo* leaf_info);
   // At the end of a call: every recorded op must have run.
   void validate_op_count(int cursor) const;
 

@@ -1,5 +1,6 @@
 #include "quant_state/qconfig.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_join.h"
@@ -153,52 +154,34 @@ QConfigMapping default_qconfig_mapping(const std::string& backend) {
   QConfigPtr q = default_qconfig(backend);
   QConfigMapping m;
   m.set_global(q);
-  // Fixed output ranges, as PyTorch's defaults: [0, 1) for sigmoid-like ops, [-1, 1) for tanh.
-  QConfigPtr zero_to_one = QConfig::make(ObserverSpec::fixed(1.f / 256.f, 0), q->weight);
-  QConfigPtr neg_one_to_one = QConfig::make(ObserverSpec::fixed(2.f / 256.f, 128), q->weight);
-  m.set_object_type(OpKind::kSigmoid, zero_to_one);
-  m.set_object_type("Sigmoid", zero_to_one);
-  m.set_object_type(OpKind::kHardsigmoid, zero_to_one);
-  m.set_object_type("Hardsigmoid", zero_to_one);
-  m.set_object_type(OpKind::kSoftmax, zero_to_one);
-  m.set_object_type("Softmax", zero_to_one);
-  m.set_object_type(OpKind::kTanh, neg_one_to_one);
-  m.set_object_type("Tanh", neg_one_to_one);
+  // Fixed output ranges, as PyTorch's defaults ([0, 1) for sigmoid-like ops, [-1, 1) for tanh), for
+  // the function and its layer class. Ordered by range, then op, as PyTorch lists them.
+  std::vector<const OpDef*> fixed;
+  for (const OpDef& d : op_registry().all()) {
+    if (d.role == QuantRole::kFixedQParams) fixed.push_back(&d);
+  }
+  std::stable_sort(fixed.begin(), fixed.end(),
+                   [](const OpDef* a, const OpDef* b) { return a->fixed_scale < b->fixed_scale; });
+  for (const OpDef* d : fixed) {
+    QConfigPtr f = QConfig::make(ObserverSpec::fixed(d->fixed_scale, d->fixed_zero_point), q->weight);
+    m.set_object_type(d->kind, f);
+    if (d->layer != nullptr) m.set_object_type(d->layer, f);
+  }
   return m;
 }
 
 QConfigMapping default_dynamic_qconfig_mapping() {
   QConfigPtr q = default_dynamic_qconfig();
   QConfigMapping m;
-  m.set_object_type(OpKind::kLinear, q);
-  m.set_object_type("Linear", q);
-  m.set_object_type(OpKind::kMatmul, q);
+  for (const OpDef& d : op_registry().all()) {
+    if (!d.dynamic) continue;
+    m.set_object_type(d.kind, q);
+    if (d.layer != nullptr) m.set_object_type(d.layer, q);
+  }
   return m;
 }
 
 // ---------------------------------------------------------------------------------------------
-
-const char* quant_role_name(QuantRole r) {
-  switch (r) {
-    case QuantRole::kNone:
-      return "fp32";
-    case QuantRole::kWeighted:
-      return "weighted";
-    case QuantRole::kMatmul:
-      return "matmul";
-    case QuantRole::kBinary:
-      return "binary";
-    case QuantRole::kCat:
-      return "cat";
-    case QuantRole::kShare:
-      return "share";
-    case QuantRole::kLut:
-      return "lut";
-    case QuantRole::kFixedQParams:
-      return "fixed_qparams";
-  }
-  return "?";
-}
 
 BackendConfig& BackendConfig::set_op(BackendOpConfig config) {
   for (auto& o : ops_) {
@@ -259,43 +242,49 @@ BackendConfig BackendConfig::onednn() {
   BackendConfig b("onednn");
   const DTypeConfig static_u8{DType::kU8, DType::kS8, DType::kU8, false};
   const DTypeConfig dynamic_u8{DType::kU8, DType::kS8, DType::kF32, true};
-  b.set_op({OpKind::kConv2d, QuantRole::kWeighted, {static_u8}, {}});
-  b.set_op({OpKind::kLinear, QuantRole::kWeighted, {static_u8, dynamic_u8}, {}});
-  b.set_op({OpKind::kMatmul, QuantRole::kMatmul, {static_u8, dynamic_u8}, {}});
-  // sub and div are int8 only with a scalar (x - c, x / c: parameters shift or rescale).
-  for (OpKind k : {OpKind::kAdd, OpKind::kMul, OpKind::kSub, OpKind::kDiv}) {
-    b.set_op({k, QuantRole::kBinary, {static_u8}, {}});
+  const OpRegistry& ops = op_registry();
+  for (const OpDef& d : ops.all()) {
+    if (d.role == QuantRole::kNone) continue;
+    BackendOpConfig c{d.kind, d.role, {static_u8}, {}};
+    if (d.dynamic) c.dtype_configs.push_back(dynamic_u8);
+    if (d.role == QuantRole::kFixedQParams) c.fixed_output = ObserverSpec::fixed(d.fixed_scale, d.fixed_zero_point);
+    b.set_op(std::move(c));
   }
-  b.set_op({OpKind::kCat, QuantRole::kCat, {static_u8}, {}});
-  for (OpKind k : {OpKind::kMaxPool2d, OpKind::kAvgPool2d, OpKind::kAdaptiveAvgPool2d, OpKind::kMean,
-                   OpKind::kFlatten, OpKind::kReshape, OpKind::kPermute, OpKind::kTranspose, OpKind::kNarrow,
-                   OpKind::kSelect, OpKind::kUnsqueeze, OpKind::kSqueeze, OpKind::kContiguous, OpKind::kDropout,
-                   OpKind::kIdentity, OpKind::kRelu, OpKind::kRelu6, OpKind::kHardtanh, OpKind::kClamp}) {
-    b.set_op({k, QuantRole::kShare, {static_u8}, {}});
-  }
-  for (OpKind k : {OpKind::kHardswish, OpKind::kLeakyRelu, OpKind::kSilu, OpKind::kGelu}) {
-    b.set_op({k, QuantRole::kLut, {static_u8}, {}});
-  }
-  b.set_op({OpKind::kSigmoid, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
-  b.set_op({OpKind::kHardsigmoid, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
-  b.set_op({OpKind::kSoftmax, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(1.f / 256.f, 0)});
-  b.set_op({OpKind::kTanh, QuantRole::kFixedQParams, {static_u8}, ObserverSpec::fixed(2.f / 256.f, 128)});
 
-  using K = OpKind;
-  for (K act : {K::kRelu, K::kRelu6, K::kHardswish}) {
-    b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, act});
-    b.add_fusion_pattern({K::kConv2d, act});
+  // Fusion patterns: weighted op (+ folded batch norm) (+ residual add) (+ activation post-op), and
+  // an activation after an int8 add.
+  std::vector<OpKind> folds, residual_adds;
+  for (const OpDef& d : ops.all()) {
+    if (d.fold != nullptr) folds.push_back(d.kind);
+    if (d.residual_add) residual_adds.push_back(d.kind);
   }
-  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm});
-  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, K::kAdd, K::kRelu});
-  b.add_fusion_pattern({K::kConv2d, K::kBatchNorm, K::kAdd});
-  b.add_fusion_pattern({K::kConv2d, K::kAdd, K::kRelu});
-  b.add_fusion_pattern({K::kConv2d, K::kAdd});
-  b.add_fusion_pattern({K::kLinear, K::kRelu});
-  b.add_fusion_pattern({K::kLinear, K::kGelu});
-  b.add_fusion_pattern({K::kLinear, K::kBatchNorm, K::kRelu});
-  b.add_fusion_pattern({K::kLinear, K::kBatchNorm});
-  b.add_fusion_pattern({K::kAdd, K::kRelu});
+  auto activations_after = [&](uint8_t site) {
+    std::vector<OpKind> out;
+    for (const OpDef& d : ops.all()) {
+      if (d.fuses_after & site) out.push_back(d.kind);
+    }
+    return out;
+  };
+  for (const OpDef& w : ops.all()) {
+    if (w.role == QuantRole::kWeighted) {
+      for (OpKind act : activations_after(w.fusion_site)) {
+        b.add_fusion_pattern({w.kind, act});
+        for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn, act});
+      }
+      for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn});
+      if (!w.supports_residual) continue;
+      for (OpKind add : residual_adds) {
+        b.add_fusion_pattern({w.kind, add});
+        for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn, add});
+        for (OpKind act : activations_after(kAfterResidualAdd)) {
+          b.add_fusion_pattern({w.kind, add, act});
+          for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn, add, act});
+        }
+      }
+    } else if (w.role == QuantRole::kBinary && w.fusion_site != 0) {
+      for (OpKind act : activations_after(w.fusion_site)) b.add_fusion_pattern({w.kind, act});
+    }
+  }
   return b;
 }
 

@@ -25,6 +25,7 @@
 #include "quant_state/observers.h"
 #include "runtime/module.h"
 #include "core/op_params.h"
+#include "runtime/op_registry.h"
 
 namespace dbrq {
 
@@ -92,19 +93,6 @@ QConfigMapping default_qconfig_mapping(const std::string& backend = "onednn");
 // Dynamic quantization of linear and matmul only; everything else fp32.
 QConfigMapping default_dynamic_qconfig_mapping();
 
-// How the backend treats an op when it is quantized.
-enum class QuantRole : uint8_t {
-  kNone,          // not quantizeable: runs in fp32 (int8 inputs are dequantized)
-  kWeighted,      // conv2d, linear: u8 activation, s8 weights, own output observer
-  kMatmul,        // matmul of two activations, own output observer
-  kBinary,        // add, mul of two tensors, own output observer; with a scalar: derived qparams
-  kCat,           // one observer shared by every input and the output
-  kShare,         // int8 passes through: the output shares the input's observer
-  kLut,           // elementwise on u8 through a 256-entry table, own output observer
-  kFixedQParams,  // fixed output qparams (sigmoid, tanh, hardsigmoid, softmax)
-};
-const char* quant_role_name(QuantRole r);
-
 // One supported input/weight/output dtype combination.
 struct DTypeConfig {
   DType input = DType::kU8;
@@ -124,7 +112,8 @@ class BackendConfig {
  public:
   explicit BackendConfig(std::string name) : name_(std::move(name)) {}
   // oneDNN 2.6 on x86: u8 activations, s8 weights (per-tensor or per-channel), no reduced range
-  // needed with VNNI/AMX.
+  // needed with VNNI/AMX. Built from the op registry: every op's role, and the chains its OpDefs
+  // say can fuse (a weighted op, batch norm folded, a residual add, an activation as post-op).
   static BackendConfig onednn();
 
   BackendConfig& set_op(BackendOpConfig config);

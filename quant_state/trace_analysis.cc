@@ -78,10 +78,11 @@ class Analyzer {
           for (size_t k = 0; k < n.inputs.size(); ++k) {
             if (n.inputs[k].id == cur.outputs[0].id) pos = static_cast<int>(k);
           }
-          ok = pos >= 0 && (n.kind == OpKind::kAdd || pos == 0);
+          const bool residual_add = op_def(n.kind).residual_add;
+          ok = pos >= 0 && (residual_add || pos == 0);
           if (!ok) break;
           chain.push_back(next->op_index);
-          residual.push_back(n.kind == OpKind::kAdd ? 1 - pos : -1);
+          residual.push_back(residual_add ? 1 - pos : -1);
         }
         if (!ok) continue;
         // batch_norm after linear must be 1-d (BatchNorm1d on [N, C]).
@@ -149,6 +150,7 @@ class Analyzer {
       for (size_t j = 0; j < e.outputs.size() && j < op.outputs.size(); ++j) rec(e.outputs[j]) = rec(op.outputs[j].id);
       return;
     }
+    op.program_index = static_cast<int>(m_.execution_order().size());
     m_.execution_order().emplace_back(&s, e.op_index);
     op.input_observers.assign(op.inputs.size(), -1);
     for (QTensorInfo& in : op.inputs) in.inf_dtype = rec(in.id).inf_dtype;
@@ -188,13 +190,15 @@ class Analyzer {
         if (op.has_scalar) {
           // x + c, x * c, x - c, x / c keep int8 with parameters derived from x's; c - x and c / x
           // do not.
-          if (!input_is_u8(op, 0) || (op.scalar_first && (op.kind == OpKind::kSub || op.kind == OpKind::kDiv))) {
+          const OpDef& d = op_def(op.kind);
+          ScalarAffine affine;
+          if (!input_is_u8(op, 0) || d.scalar_affine == nullptr || !d.scalar_affine(op.scalar, op.scalar_first, &affine)) {
             return fp32(op);
           }
           op.inputs[0].inf_dtype = DType::kU8;
           return set_output(op, DType::kU8, -1);  // parameters derived at convert
         }
-        if (op.kind != OpKind::kAdd && op.kind != OpKind::kMul) return fp32(op);
+        if (op_def(op.kind).int8_binary == nullptr) return fp32(op);  // sub, div of two tensors
         require_u8(s, op, 0);
         require_u8(s, op, 1);
         return new_output(s, op);

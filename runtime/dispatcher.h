@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/op_params.h"
 #include "core/tensor.h"
+#include "runtime/ops.h"
 
 namespace dbrq {
 

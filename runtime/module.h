@@ -154,9 +154,18 @@ class Module {
   const std::shared_ptr<ModuleExtension>& extension_ptr() const { return extension_; }
   void set_extension(std::shared_ptr<ModuleExtension> ext) { extension_ = std::move(ext); }
   // An interceptor this module installs on its thread when called with none installed (set on
-  // prepared modules, so calling them activates quantization).
+  // prepared modules, so calling them activates quantization). set_interceptor does not own it;
+  // attach_interceptor shares ownership (the quantization tracer's, which lives as long as the
+  // prepared modules).
   Interceptor* interceptor() const { return interceptor_; }
-  void set_interceptor(Interceptor* interceptor) { interceptor_ = interceptor; }
+  void set_interceptor(Interceptor* interceptor) {
+    interceptor_ = interceptor;
+    owned_interceptor_.reset();
+  }
+  void attach_interceptor(std::shared_ptr<Interceptor> interceptor) {
+    interceptor_ = interceptor.get();
+    owned_interceptor_ = std::move(interceptor);
+  }
 
  protected:
   Module(std::string type_name, std::type_index type);
@@ -174,6 +183,7 @@ class Module {
   bool training_ = true;
   std::shared_ptr<ModuleExtension> extension_;
   Interceptor* interceptor_ = nullptr;
+  std::shared_ptr<Interceptor> owned_interceptor_;
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

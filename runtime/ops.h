@@ -22,6 +22,73 @@
 
 namespace dbrq {
 
+// Every op that passes through the dispatcher, one per function below (tensor methods such as
+// reshape and view dispatch as these too). Names (op_name) follow PyTorch's functional names;
+// everything else about an op is in its OpDef (runtime/op_registry.h).
+enum class OpKind : uint16_t {
+  // compute ops with weights
+  kConv2d,
+  kLinear,
+  kEmbedding,
+  kBatchNorm,
+  kLayerNorm,
+  // matrix product of two activations
+  kMatmul,
+  // binary elementwise (tensor-tensor or tensor-scalar)
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  // unary elementwise
+  kRelu,
+  kRelu6,
+  kHardtanh,
+  kLeakyRelu,
+  kSigmoid,
+  kTanh,
+  kHardsigmoid,
+  kHardswish,
+  kSilu,
+  kGelu,
+  kClamp,
+  // normalizing reductions
+  kSoftmax,
+  kLogSoftmax,
+  // pooling
+  kMaxPool2d,
+  kAvgPool2d,
+  kAdaptiveAvgPool2d,
+  // reductions
+  kMean,
+  kSum,
+  kStd,
+  // joining and shape ops (int8 passes through the shape ops unchanged)
+  kCat,
+  kFlatten,
+  kReshape,
+  kPermute,
+  kTranspose,
+  kNarrow,
+  kSelect,
+  kUnsqueeze,
+  kSqueeze,
+  kContiguous,
+  kDropout,
+  kIdentity,
+  // data movement
+  kClone,
+  kTo,
+  kCopy,
+  kFill,
+  // explicit (de)quantization
+  kQuantize,
+  kDequantize,
+  kNumOpKinds,
+};
+
+// "conv2d", "relu", ...
+const char* op_name(OpKind kind);
+
 // ---- compute ops with weights ----
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});

@@ -1,59 +1,13 @@
 #include "tracer/convert.h"
 
-#include <cmath>
 #include <map>
 #include <unordered_map>
 
-#include "kernels/eager.h"
 #include "core/logging.h"
-#include "tracer/executors.h"
+#include "kernels/eager.h"
 
 namespace dbrq::tracer {
 namespace {
-
-// The tensors of a batch_norm seen op: running mean, running var, weight, bias.
-struct BnTensors {
-  Tensor mean, var, weight, bias;
-  double eps;
-};
-
-BnTensors bn_of(const SeenOpInfo& bn) {
-  BnTensors t;
-  t.mean = bn.weights.at(0).tensor;
-  t.var = bn.weights.at(1).tensor;
-  t.weight = bn.weights.size() > 2 ? bn.weights[2].tensor : Tensor();
-  t.bias = bn.weights.size() > 3 ? bn.weights[3].tensor : Tensor();
-  t.eps = std::get<NormParams>(bn.params).eps;
-  return t;
-}
-
-// Folds an inference batch norm into the preceding conv / linear weights, with PyTorch's
-// fuse_conv_bn_weights float arithmetic: w * (gamma * rsqrt(var + eps)) per output channel and
-// ((b - mean) * rsqrt(var + eps)) * gamma + beta.
-void fold_bn(const Tensor& w, const Tensor& b, const BnTensors& bn, Tensor* w_out, Tensor* b_out) {
-  const int64_t k = w.size(0);
-  DBRQ_ENSURE(bn.mean.numel() == k, ShapeError, "batch_norm folding: ", bn.mean.numel(), " channels for a weight of ",
-              k, " output channels");
-  const Tensor wc = kernels::contiguous(w);
-  Tensor nw = Tensor::empty(w.sizes(), DType::kF32);
-  Tensor nb = Tensor::empty({k}, DType::kF32);
-  const int64_t per = k == 0 ? 0 : w.numel() / k;
-  const float* src = wc.data<float>();
-  float* dst = nw.mutable_data<float>();
-  const std::vector<float> mean = bn.mean.to_vector<float>(), var = bn.var.to_vector<float>();
-  const std::vector<float> gamma = bn.weight.defined() ? bn.weight.to_vector<float>() : std::vector<float>(k, 1.f);
-  const std::vector<float> beta = bn.bias.defined() ? bn.bias.to_vector<float>() : std::vector<float>(k, 0.f);
-  const std::vector<float> bias = b.defined() ? b.to_vector<float>() : std::vector<float>(k, 0.f);
-  float* bd = nb.mutable_data<float>();
-  for (int64_t c = 0; c < k; ++c) {
-    const float rsqrt = 1.f / std::sqrt(var[c] + static_cast<float>(bn.eps));
-    const float mult = gamma[c] * rsqrt;
-    for (int64_t i = 0; i < per; ++i) dst[c * per + i] = src[c * per + i] * mult;
-    bd[c] = (bias[c] - mean[c]) * rsqrt * gamma[c] + beta[c];
-  }
-  *w_out = nw;
-  *b_out = nb;
-}
 
 QuantParamsPtr weight_qparams(const QConfig& q, const Tensor& w) {
   std::unique_ptr<Observer> obs = make_observer(q.weight);
@@ -61,27 +15,27 @@ QuantParamsPtr weight_qparams(const QConfig& q, const Tensor& w) {
   return obs->calculate_qparams();
 }
 
-kernels::PostOps post_ops_for(const SeenOpInfo& base) {
-  kernels::PostOps post;
-  for (OpKind k : base.fusion.pattern) {
-    if (k == OpKind::kRelu) post.push_back(kernels::PostOp::relu());
-    if (k == OpKind::kRelu6) post.push_back(kernels::PostOp::clip(0.f, 6.f));
-    if (k == OpKind::kHardswish) post.push_back(kernels::PostOp::hardswish());
-    if (k == OpKind::kGelu) post.push_back({kernels::PostOp::Kind::kGeluErf, 0.f, 0.f});  // tanh form: see build_linear
-  }
-  return post;
+// A chain member's recorded weights / statistics, as tensors.
+std::vector<Tensor> tensors_of(const SeenOpInfo& op) {
+  std::vector<Tensor> out;
+  for (const WeightInfo& w : op.weights) out.push_back(w.tensor);
+  return out;
 }
 
 class Converter {
  public:
   explicit Converter(ModelQuantState& m) : m_(m) {}
 
-  void run() {
+  ConvertedProgram run() {
+    ConvertedProgram program(m_.execution_order().size());
     for (auto& [state, index] : m_.execution_order()) {
       SeenOpInfo& op = state->seen_ops()[index];
-      op.executor = build(*state, op);
+      std::unique_ptr<ConvertedOp> e = build(*state, op, program);
+      op.executor = std::make_unique<ExecutorInfo>(ExecutorInfo{e->describe(), e->is_fp32()});
+      program[op.program_index] = std::move(e);
     }
     summarize();
+    return program;
   }
 
  private:
@@ -121,46 +75,61 @@ class Converter {
     return InputSpec{qparams_of(s, op, op.inputs[k].id), fmt};
   }
 
-  const SeenOpInfo* chain_member(const AutoQuantizationState& s, const SeenOpInfo& base, OpKind kind) {
+  // The members of `base`'s fused chain after it.
+  std::vector<const SeenOpInfo*> followers(const AutoQuantizationState& s, const SeenOpInfo& base) {
+    std::vector<const SeenOpInfo*> out;
     for (size_t p = 1; base.fusion.fused() && p < base.fusion.pattern.size(); ++p) {
-      const SeenOpInfo& m = s.seen_ops()[base.fusion.base + p];
-      if (m.kind == kind) return &m;
+      out.push_back(&s.seen_ops()[base.fusion.base + p]);
     }
-    return nullptr;
+    return out;
   }
 
-  std::unique_ptr<ConvertedOp> build(AutoQuantizationState& s, SeenOpInfo& op) {
+  // The chain's activations, as post-ops in order.
+  kernels::PostOps post_ops_of(const AutoQuantizationState& s, const SeenOpInfo& base) {
+    kernels::PostOps post;
+    for (const SeenOpInfo* m : followers(s, base)) {
+      const OpDef& d = op_def(m->kind);
+      if (d.eltwise != nullptr) post.push_back(d.eltwise(m->params.get()));
+    }
+    return post;
+  }
+
+  std::unique_ptr<ConvertedOp> build(AutoQuantizationState& s, SeenOpInfo& op, ConvertedProgram& program) {
     if (op.role == QuantRole::kNone) {
       return std::make_unique<Fp32Exec>(op.unsupported.empty() ? "not quantized" : op.unsupported);
     }
+    const OpDef& def = op_def(op.kind);
     if (op.fusion.fused() && op.fusion.position > 0) {
       SeenOpInfo& base = s.seen_ops()[op.fusion.base];
       if (op.fusion.residual_input >= 0) {
-        auto* conv = dynamic_cast<ConvExec*>(base.executor.get());
-        DBRQ_CHECK(conv != nullptr, "residual add fused into a non-conv op");
-        conv->set_residual_spec(input_spec(s, op, op.fusion.residual_input));
-        return std::make_unique<ResidualAddExec>(conv, op.fusion.residual_input, base.fusion.name());
+        auto* weighted = dynamic_cast<WeightedExec*>(program[base.program_index].get());
+        DBRQ_CHECK(weighted != nullptr, "residual add fused into an op that is not weighted");
+        weighted->set_residual_spec(input_spec(s, op, op.fusion.residual_input));
+        return std::make_unique<ResidualAddExec>(weighted, op.fusion.residual_input, base.fusion.name());
       }
       return std::make_unique<FollowerExec>(base.fusion.name());
     }
     switch (op.role) {
       case QuantRole::kWeighted:
-        return op.kind == OpKind::kConv2d ? build_conv(s, op) : build_linear(s, op);
+        return build_weighted(s, op, def);
       case QuantRole::kMatmul: {
-        const bool dynamic = op.qconfig->is_dynamic();
-        if (dynamic) return std::make_unique<MatmulExec>(InputSpec{}, InputSpec{}, nullptr, true);
+        if (op.qconfig->is_dynamic()) return std::make_unique<MatmulExec>(InputSpec{}, InputSpec{}, nullptr, true);
         return std::make_unique<MatmulExec>(input_spec(s, op, 0), input_spec(s, op, 1),
                                             qparams_of(s, op, op.outputs[0].id), false);
       }
       case QuantRole::kBinary: {
         if (op.has_scalar) {
-          auto e = std::make_unique<ScalarExec>(op.kind, op.scalar, qparams_of(s, op, op.inputs[0].id));
+          ScalarAffine affine;
+          DBRQ_CHECK(def.scalar_affine(op.scalar, op.scalar_first, &affine), "scalar op without int8 form");
+          auto e = std::make_unique<ScalarExec>(op.kind, affine, qparams_of(s, op, op.inputs[0].id));
           derived_[op.outputs[0].id] = e->output();
           return e;
         }
-        const bool relu = chain_member(s, op, OpKind::kRelu) != nullptr;
-        return std::make_unique<BinaryExec>(op.kind, input_spec(s, op, 0), input_spec(s, op, 1),
-                                            qparams_of(s, op, chain_output(s, op)), relu);
+        const kernels::PostOps post = post_ops_of(s, op);
+        DBRQ_CHECK(post.empty() || (post.size() == 1 && post[0] == kernels::Eltwise::relu()),
+                   "an int8 binary op fuses only relu");
+        return std::make_unique<BinaryExec>(def, input_spec(s, op, 0), input_spec(s, op, 1),
+                                            qparams_of(s, op, chain_output(s, op)), !post.empty());
       }
       case QuantRole::kCat:
         return std::make_unique<CatExec>(qparams_of(s, op, op.outputs[0].id));
@@ -168,16 +137,16 @@ class Converter {
         InputSpec in = input_spec(s, op, 0);
         const ModelQuantState::TensorRecord* r = m_.tensor(op.outputs[0].id);
         if (r->slot < 0) derived_[op.outputs[0].id] = in.want;
-        return std::make_unique<ShareExec>(op.kind, op.params, std::move(in));
+        return std::make_unique<ShareExec>(def, op.params, std::move(in));
       }
       case QuantRole::kLut:
       case QuantRole::kFixedQParams: {
         InputSpec in = input_spec(s, op, 0);
         QuantParamsPtr out = qparams_of(s, op, op.outputs[0].id);
-        if (op.kind == OpKind::kSoftmax) {
-          return std::make_unique<SoftmaxExec>(std::get<DimParams>(op.params).dims.at(0), std::move(in), out);
-        }
-        kernels::Lut lut = kernels::make_lut(*in.want, *out, elementwise_fn(op.kind, op.params));
+        if (def.int8_requant != nullptr) return std::make_unique<RequantExec>(def, op.params, std::move(in), out);
+        DBRQ_CHECK(def.eltwise != nullptr, op_name(op.kind), " has neither a code table nor an int8 kernel");
+        const kernels::Eltwise e = def.eltwise(op.params.get());
+        kernels::Lut lut = kernels::make_lut(*in.want, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
         return std::make_unique<LutExec>(op.kind, std::move(in), out, lut);
       }
       case QuantRole::kNone:
@@ -186,64 +155,49 @@ class Converter {
     return std::make_unique<Fp32Exec>("no int8 executor");
   }
 
-  std::unique_ptr<ConvertedOp> build_conv(AutoQuantizationState& s, SeenOpInfo& op) {
-    const Tensor weight = op.weights.at(0).tensor;
-    const Tensor bias = op.weights.size() > 1 ? op.weights[1].tensor : Tensor();
-    const SeenOpInfo* bn = chain_member(s, op, OpKind::kBatchNorm);
-    const SeenOpInfo* add = chain_member(s, op, OpKind::kAdd);
-    kernels::QConvOptions base;
-    base.params = std::get<Conv2dParams>(op.params);
-    base.src_qparams = qparams_of(s, op, op.inputs[0].id);
-    base.dst_qparams = qparams_of(s, op, chain_output(s, op));
-    base.post = post_ops_for(op);
-    if (add != nullptr) base.sum_qparams = qparams_of(s, *add, add->inputs[add->fusion.residual_input].id);
-    std::optional<BnTensors> bnt;
-    if (bn != nullptr) bnt = bn_of(*bn);
-    QConfigPtr qconfig = op.qconfig;
-    // Builds the kernel from the layer's current weights (again if they change after convert).
-    auto factory = [base, bnt, qconfig, weight, bias]() {
-      kernels::QConvOptions o = base;
-      o.weight = weight;
-      o.bias = bias;
-      if (bnt) fold_bn(weight, bias, *bnt, &o.weight, &o.bias);
-      o.weight_qparams = weight_qparams(*qconfig, o.weight);
-      return std::make_unique<kernels::QConv2d>(std::move(o));
-    };
-    return std::make_unique<ConvExec>(factory, base.params, InputSpec{base.src_qparams, MemoryFormat::kChannelsLast},
-                                      weight, add != nullptr);
-  }
-
-  std::unique_ptr<ConvertedOp> build_linear(AutoQuantizationState& s, SeenOpInfo& op) {
+  // A weighted op with its chain: batch norm folded into the weights, activations as post-ops, a
+  // residual add through the sum post-op.
+  std::unique_ptr<ConvertedOp> build_weighted(AutoQuantizationState& s, SeenOpInfo& op, const OpDef& def) {
     const Tensor weight = op.weights.at(0).tensor;
     const Tensor bias = op.weights.size() > 1 ? op.weights[1].tensor : Tensor();
     const bool dynamic = op.qconfig->is_dynamic();
-    const SeenOpInfo* bn = chain_member(s, op, OpKind::kBatchNorm);
-    kernels::QLinearOptions base;
+    kernels::QWeightedOptions base;
     base.dynamic = dynamic;
+    struct Fold {
+      FoldFn fn;
+      std::vector<Tensor> stats;
+      OpParams params;
+    };
+    std::vector<Fold> folds;
+    bool deferred = false;
     if (!dynamic) {
       base.src_qparams = qparams_of(s, op, op.inputs[0].id);
       base.dst_qparams = qparams_of(s, op, chain_output(s, op));
-      base.post = post_ops_for(op);
-      const SeenOpInfo* gelu = chain_member(s, op, OpKind::kGelu);
-      if (gelu != nullptr && std::holds_alternative<ActivationParams>(gelu->params) &&
-          std::get<ActivationParams>(gelu->params).approximate_tanh) {
-        for (auto& p : base.post) {
-          if (p.kind == kernels::PostOp::Kind::kGeluErf) p.kind = kernels::PostOp::Kind::kGeluTanh;
-        }
+      base.post = post_ops_of(s, op);
+    }
+    for (const SeenOpInfo* m : followers(s, op)) {
+      const OpDef& md = op_def(m->kind);
+      if (md.fold != nullptr) folds.push_back(Fold{md.fold, tensors_of(*m), m->params});
+      if (m->fusion.residual_input >= 0) {
+        base.sum_qparams = qparams_of(s, *m, m->inputs[m->fusion.residual_input].id);
+        deferred = true;
       }
     }
-    std::optional<BnTensors> bnt;
-    if (bn != nullptr) bnt = bn_of(*bn);
     QConfigPtr qconfig = op.qconfig;
-    auto factory = [base, bnt, qconfig, weight, bias]() {
-      kernels::QLinearOptions o = base;
+    OpParams params = op.params;
+    WeightedFactory make = def.int8_weighted;
+    // Builds the kernel from the op's current weights (again if they change after convert).
+    auto factory = [base, folds, qconfig, weight, bias, params, make]() -> std::shared_ptr<kernels::QWeighted> {
+      kernels::QWeightedOptions o = base;
       o.weight = weight;
       o.bias = bias;
-      if (bnt) fold_bn(weight, bias, *bnt, &o.weight, &o.bias);
+      for (const Fold& f : folds) f.fn(o.weight, o.bias, f.stats, f.params.get(), &o.weight, &o.bias);
       o.weight_qparams = weight_qparams(*qconfig, o.weight);
-      return std::make_unique<kernels::QLinear>(std::move(o));
+      return make(std::move(o), params.get());
     };
-    return std::make_unique<LinearExec>(factory, dynamic ? InputSpec{} : InputSpec{base.src_qparams}, weight, dynamic);
+    return std::make_unique<WeightedExec>(def, factory, op.params,
+                                          dynamic ? InputSpec{} : InputSpec{base.src_qparams, def.int8_input_format},
+                                          weight, deferred);
   }
 
   void summarize() {
@@ -252,7 +206,7 @@ class Converter {
     for (AutoQuantizationState* s : m_.states()) {
       for (const SeenOpInfo& op : s->seen_ops()) {
         if (op.executor == nullptr) continue;
-        if (dynamic_cast<const Fp32Exec*>(op.executor.get()) != nullptr) {
+        if (op.executor->fp32) {
           ++fp32;
           reasons[op.unsupported.empty() ? std::string(op_name(op.kind)) + ": int8 not applicable here" : op.unsupported]++;
         } else if (op.fusion.fused() && op.fusion.position > 0) {
@@ -275,12 +229,12 @@ class Converter {
 
 }  // namespace
 
-void convert_model(ModelQuantState& model) {
+ConvertedProgram convert_model(ModelQuantState& model) {
   Converter c(model);
   try {
-    c.run();
+    return c.run();
   } catch (...) {
-    // Leave the model as it was: calibrating, with no half-built executors.
+    // Leave the model as it was: calibrating, with no half-recorded executors.
     for (AutoQuantizationState* s : model.states()) {
       for (SeenOpInfo& op : s->seen_ops()) op.executor.reset();
     }

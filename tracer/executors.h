@@ -1,5 +1,7 @@
 // Converted-op executors: what each seen op does at inference after convert(). Internal to the
-// tracer; convert.cc builds them, the interceptor runs them.
+// tracer; convert.cc builds them (one per seen op, indexed by its program_index), the interceptor
+// runs them. They are generic over ops: each asks the op's OpDef for the op-specific part (the
+// int8 kernel of a weighted op, the clamp of a relu, the function of a code table, ...).
 //
 // Every executor first brings its int8 inputs to the parameters it was built for (an InputSpec):
 // a u8 tensor with exactly those parameters passes untouched (a pointer compare), an f32 tensor is
@@ -12,10 +14,19 @@
 #include <string>
 
 #include "kernels/int8.h"
-#include "quant_state/auto_quant_state.h"
-#include "tracer/interceptor.h"
+#include "runtime/dispatcher.h"
+#include "runtime/op_registry.h"
 
 namespace dbrq::tracer {
+
+// A converted seen op. Executors must not allocate bookkeeping per call.
+class ConvertedOp {
+ public:
+  virtual ~ConvertedOp() = default;
+  virtual Tensor run(const OpCall& call) = 0;
+  virtual std::string describe() const = 0;  // "int8 conv2d (oneDNN), relu fused"
+  virtual bool is_fp32() const { return false; }
+};
 
 struct InputSpec {
   QuantParamsPtr want;  // u8 per-tensor; null: the op takes the tensor as it comes
@@ -23,12 +34,16 @@ struct InputSpec {
 };
 Tensor prepare_input(const Tensor& t, const InputSpec& spec);
 
+// Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).
+Tensor run_fp32(const OpCall& call);
+
 // A seen op that runs in fp32 (not quantized, or dynamic parameters unavailable).
 class Fp32Exec : public ConvertedOp {
  public:
   explicit Fp32Exec(std::string why) : why_(std::move(why)) {}
   Tensor run(const OpCall& call) override { return run_fp32(call); }
   std::string describe() const override { return "fp32" + (why_.empty() ? "" : " (" + why_ + ")"); }
+  bool is_fp32() const override { return true; }
 
  private:
   std::string why_;
@@ -45,63 +60,49 @@ class FollowerExec : public ConvertedOp {
   std::string chain_;
 };
 
-// conv2d (+ folded batch_norm, + activation, + residual add through the sum post-op).
-class ConvExec : public ConvertedOp {
+// A weighted op (conv2d, linear; + folded batch norm, + activation post-ops, + a residual add
+// through the sum post-op): its OpDef's kernels::QWeighted, built again when the weights change.
+class WeightedExec : public ConvertedOp {
  public:
-  using Factory = std::function<std::unique_ptr<kernels::QConv2d>()>;
-  ConvExec(Factory factory, Conv2dParams params, InputSpec input, const Tensor& weight, bool deferred);
+  using Factory = std::function<std::shared_ptr<kernels::QWeighted>()>;
+  // deferred: a residual add follows; the add runs the kernel (ResidualAddExec).
+  WeightedExec(const OpDef& def, Factory factory, OpParams params, InputSpec input, const Tensor& weight,
+               bool deferred);
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
-  // The residual add of a deferred chain: runs the conv with its stored input, summing `residual`.
+  // The residual add of a deferred chain: runs the kernel with its stored input, summing `residual`.
   Tensor finish(const Tensor& pending, const Tensor& residual);
-  const InputSpec& residual_spec() const { return residual_; }
   void set_residual_spec(InputSpec s) { residual_ = std::move(s); }
 
  private:
-  const kernels::QConv2d& kernel(const Tensor& weight);
+  std::shared_ptr<kernels::QWeighted> kernel(const Tensor& weight);
+  const OpDef& def_;
   Factory factory_;
-  Conv2dParams params_;
+  OpParams params_;  // as recorded: later calls must pass the same
   InputSpec input_;
   InputSpec residual_;
   bool deferred_;
   std::mutex mu_;
-  std::shared_ptr<kernels::QConv2d> kernel_;
+  std::shared_ptr<kernels::QWeighted> kernel_;
   const Storage* weight_storage_;
   uint64_t weight_version_;
 };
 
-// The add of a conv -> add residual chain.
+// The add of a weighted -> add residual chain.
 class ResidualAddExec : public ConvertedOp {
  public:
-  ResidualAddExec(ConvExec* base, int residual_input, std::string chain)
+  ResidualAddExec(WeightedExec* base, int residual_input, std::string chain)
       : base_(base), residual_input_(residual_input), chain_(std::move(chain)) {}
   Tensor run(const OpCall& call) override;
   std::string describe() const override { return "residual add fused into " + chain_ + " (sum post-op)"; }
 
  private:
-  ConvExec* base_;
+  WeightedExec* base_;
   int residual_input_;
   std::string chain_;
 };
 
-// linear (+ folded batch_norm1d, + relu / gelu), static or dynamic.
-class LinearExec : public ConvertedOp {
- public:
-  using Factory = std::function<std::unique_ptr<kernels::QLinear>()>;
-  LinearExec(Factory factory, InputSpec input, const Tensor& weight, bool dynamic);
-  Tensor run(const OpCall& call) override;
-  std::string describe() const override;
-
- private:
-  Factory factory_;
-  InputSpec input_;
-  bool dynamic_;
-  std::mutex mu_;
-  std::shared_ptr<kernels::QLinear> kernel_;
-  const Storage* weight_storage_;
-  uint64_t weight_version_;
-};
-
+// matmul of two activations (QuantRole::kMatmul), static or dynamic.
 class MatmulExec : public ConvertedOp {
  public:
   MatmulExec(InputSpec a, InputSpec b, QuantParamsPtr out, bool dynamic)
@@ -115,40 +116,42 @@ class MatmulExec : public ConvertedOp {
   bool dynamic_;
 };
 
-// add / mul of two int8 tensors (+ fused relu).
+// A binary op of two int8 tensors (+ a fused relu): its OpDef's int8_binary.
 class BinaryExec : public ConvertedOp {
  public:
-  BinaryExec(OpKind kind, InputSpec a, InputSpec b, QuantParamsPtr out, bool relu)
-      : kind_(kind), a_(std::move(a)), b_(std::move(b)), out_(std::move(out)), relu_(relu) {}
+  BinaryExec(const OpDef& def, InputSpec a, InputSpec b, QuantParamsPtr out, bool relu)
+      : def_(def), a_(std::move(a)), b_(std::move(b)), out_(std::move(out)), relu_(relu) {}
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
 
  private:
-  OpKind kind_;
+  const OpDef& def_;
   InputSpec a_, b_;
   QuantParamsPtr out_;
   bool relu_;
 };
 
-// x + c, x - c, x * c, x / c on int8: output parameters derived from the input's, as PyTorch's
-// add_scalar / mul_scalar; usually only the parameters change, not the data.
+// x + c, x - c, x * c, x / c on int8 (the OpDef's scalar_affine says which): output parameters
+// derived from the input's, as PyTorch's add_scalar / mul_scalar; usually only the parameters
+// change, not the data.
 class ScalarExec : public ConvertedOp {
  public:
-  ScalarExec(OpKind kind, double scalar, QuantParamsPtr expected_in);
+  ScalarExec(OpKind kind, ScalarAffine affine, QuantParamsPtr expected_in);
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
   // Output parameters for an input with parameters `in`, and the code table when data changes.
-  static QuantParamsPtr derive(OpKind kind, double scalar, const QuantParams& in, kernels::Lut* lut, bool* identity);
+  static QuantParamsPtr derive(const ScalarAffine& affine, const QuantParams& in, kernels::Lut* lut, bool* identity);
   const QuantParamsPtr& output() const { return out_; }
 
  private:
   OpKind kind_;
-  double scalar_;
+  ScalarAffine affine_;
   QuantParamsPtr in_, out_;
   kernels::Lut lut_;
   bool identity_ = true;  // codes unchanged
 };
 
+// cat of int8 tensors with one shared set of parameters (the eager kernel joins the codes).
 class CatExec : public ConvertedOp {
  public:
   explicit CatExec(QuantParamsPtr shared) : shared_(std::move(shared)) {}
@@ -159,21 +162,22 @@ class CatExec : public ConvertedOp {
   QuantParamsPtr shared_;
 };
 
-// Ops int8 passes through with unchanged parameters (shape ops, pooling, relu, clamp, ...).
+// Ops int8 passes through with unchanged parameters: the OpDef's int8_share (relu, clamps, average
+// pooling, mean), or the eager kernel on codes (shape ops, max pooling, dropout, identity).
 class ShareExec : public ConvertedOp {
  public:
-  ShareExec(OpKind kind, OpParamsCopy params, InputSpec input)
-      : kind_(kind), params_(std::move(params)), input_(std::move(input)) {}
+  ShareExec(const OpDef& def, OpParams params, InputSpec input)
+      : def_(def), params_(std::move(params)), input_(std::move(input)) {}
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
 
  private:
-  OpKind kind_;
-  OpParamsCopy params_;
+  const OpDef& def_;
+  OpParams params_;
   InputSpec input_;
 };
 
-// Elementwise function on u8 through a 256-entry table (sigmoid, tanh, hardswish, gelu, ...).
+// An elementwise function on u8 through a 256-entry table built from the OpDef's reference.
 class LutExec : public ConvertedOp {
  public:
   LutExec(OpKind kind, InputSpec input, QuantParamsPtr out, kernels::Lut lut)
@@ -188,24 +192,23 @@ class LutExec : public ConvertedOp {
   kernels::Lut lut_;
 };
 
-class SoftmaxExec : public ConvertedOp {
+// An op with fixed output parameters and its own int8 kernel (the OpDef's int8_requant: softmax).
+class RequantExec : public ConvertedOp {
  public:
-  SoftmaxExec(int64_t dim, InputSpec input, QuantParamsPtr out)
-      : dim_(dim), input_(std::move(input)), out_(std::move(out)) {}
+  RequantExec(const OpDef& def, OpParams params, InputSpec input, QuantParamsPtr out)
+      : def_(def), params_(std::move(params)), input_(std::move(input)), out_(std::move(out)) {}
   Tensor run(const OpCall& call) override;
-  std::string describe() const override { return "int8 softmax (fixed output parameters)"; }
+  std::string describe() const override;
 
  private:
-  int64_t dim_;
+  const OpDef& def_;
+  OpParams params_;
   InputSpec input_;
   QuantParamsPtr out_;
 };
 
-// Forgets this thread's fused convs that wait for their residual add (after an exception cut a
-// call short between the two; called when the thread's module stack has fully unwound).
+// Forgets this thread's fused weighted ops that wait for their residual add (after an exception
+// cut a call short between the two; called when the thread's module stack has fully unwound).
 void drop_pending_on_this_thread() noexcept;
-
-// The real-valued function of a LUT-able op kind.
-std::function<float(float)> elementwise_fn(OpKind kind, const OpParamsCopy& params);
 
 }  // namespace dbrq::tracer

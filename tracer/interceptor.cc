@@ -52,13 +52,6 @@ Frame* owner_frame(Frame** top) {
   return nullptr;
 }
 
-bool any_quantized(const OpCall& call) {
-  for (const Tensor* t : call.inputs) {
-    if (t->defined() && t->is_quantized()) return true;
-  }
-  return false;
-}
-
 // Where an op runs, captured before it runs (frame pointers into tls_stack are not kept).
 struct OpSite {
   const AutoQuantizationState* state = nullptr;  // the module whose op it is (null: no state)
@@ -123,43 +116,22 @@ decltype(auto) self_located(F&& f) {
 
 }  // namespace
 
-size_t num_activation_inputs(const OpCall& call) {
-  switch (call.kind) {
-    case OpKind::kConv2d:
-    case OpKind::kLinear:
-    case OpKind::kBatchNorm:
-    case OpKind::kLayerNorm:
-      return 1;
-    default:
-      return call.inputs.size();
-  }
-}
-
-Tensor run_fp32(const OpCall& call) {
-  // An explicit dequantize in user code takes its int8 argument as it is.
-  if (call.kind == OpKind::kDequantize || !any_quantized(call)) return call.run(call);
-  // Dequantize every int8 argument; keep the rest. At most a handful of inputs except for cat.
-  std::vector<Tensor> deq(call.inputs.size());
-  absl::InlinedVector<const Tensor*, 8> ptrs(call.inputs.size());
-  {
-    InterceptorScope none(nullptr);
-    for (size_t i = 0; i < call.inputs.size(); ++i) {
-      const Tensor* t = call.inputs[i];
-      if (t->defined() && t->is_quantized()) {
-        deq[i] = dequantize(*t);
-        ptrs[i] = &deq[i];
-      } else {
-        ptrs[i] = t;
-      }
-    }
-  }
-  OpCall c = call;
-  c.inputs = absl::MakeConstSpan(ptrs);
-  return c.run(c);
-}
-
-QuantInterceptor::QuantInterceptor(ModelQuantState& model, nn::Module& root) : model_(model) {
+QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
+    : model_(std::move(model)) {
   for (auto& [name, t] : root.named_parameters()) param_names_[t.storage().get()] = name;
+}
+
+QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what) {
+  auto* i = quant_state_of(model) != nullptr ? dynamic_cast<QuantInterceptor*>(model.interceptor()) : nullptr;
+  DBRQ_ENSURE(i != nullptr, UsageError, what, ": ", model.type_name(),
+              " is not a prepared model; call dbrq::prepare(model, example_inputs) first");
+  return *i;
+}
+
+void QuantInterceptor::convert(bool int8_outputs) {
+  program_ = convert_model(*model_);
+  int8_outputs_ = int8_outputs;
+  model_->set_phase(Phase::kConverted);
 }
 
 std::string QuantInterceptor::weight_fqn(const Tensor& t) const {
@@ -171,19 +143,19 @@ std::string QuantInterceptor::weight_fqn(const Tensor& t) const {
 void QuantInterceptor::assign_ids(const OpCall& call) {
   for (const Tensor* t : call.inputs) {
     if (!t->defined()) continue;
-    if (model_.tensor(t->trace_id()) != nullptr) continue;
+    if (model_->tensor(t->trace_id()) != nullptr) continue;
     // First sight of a tensor made outside any op (model input, constant, parameter): an fp32
     // source. The id is written into the caller's Tensor object, which only the tracer reads.
     const int64_t id = ModelQuantState::new_tensor_id();
     const_cast<Tensor*>(t)->set_trace_id(id);
-    model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+    model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
   }
 }
 
 Tensor QuantInterceptor::on_op(const OpCall& call) {
   Frame* top = nullptr;
   Frame* owner = owner_frame(&top);
-  switch (model_.phase()) {
+  switch (model_->phase()) {
     case Phase::kTracing:
       return trace_op(call, owner, top);
     case Phase::kCalibrating:
@@ -212,15 +184,16 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
   assign_ids(call);
   const LeafQuantInfo* leaf = leaf_of(top);
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
+  const OpDef& def = op_def(call.kind);
   Tensor out = located(call.kind, site_of(owner, top, qconfig != nullptr ? owner->cursor : -1),
                        [&] { return call.run(call); });
   const int64_t out_id = ModelQuantState::new_tensor_id();
   out.set_trace_id(out_id);
-  model_.tensors()[out_id] = {out.dtype(), out.dtype(), -1};
+  model_->tensors()[out_id] = {out.dtype(), out.dtype(), -1};
 
   TraceEvent e;
   e.kind = TraceEvent::Kind::kOtherOp;
-  const size_t n_act = num_activation_inputs(call);
+  const size_t n_act = def.activation_inputs(call.inputs.size());
   for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
     if (call.inputs[i]->defined()) e.inputs.push_back(call.inputs[i]->trace_id());
   }
@@ -236,16 +209,16 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
       op.leaf = leaf != nullptr ? top->module : nullptr;
       op.qconfig = qconfig;
       for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
-        if (call.inputs[i]->defined()) op.inputs.push_back(info_of(*call.inputs[i], model_));
+        if (call.inputs[i]->defined()) op.inputs.push_back(info_of(*call.inputs[i], *model_));
       }
       for (size_t i = n_act; i < call.inputs.size(); ++i) {
         op.weights.push_back({weight_fqn(*call.inputs[i]), *call.inputs[i]});
       }
-      op.outputs.push_back(info_of(out, model_));
+      op.outputs.push_back(info_of(out, *model_));
       op.has_scalar = call.has_scalar;
       op.scalar = call.scalar;
       op.scalar_first = call.scalar_first;
-      op.params = copy_op_params(call);
+      if (call.params != nullptr && def.copy_params != nullptr) op.params = def.copy_params(call.params);
       s.seen_ops().push_back(std::move(op));
       e.kind = TraceEvent::Kind::kSeenOp;
       e.state = &s;
@@ -253,8 +226,7 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
     } else {
       // A module called again during the trace: its ops were recorded on its first call.
       SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-        return s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                 leaf != nullptr ? leaf->fqn() : "");
+        return s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
       });
       e.kind = TraceEvent::Kind::kSeenOp;
       e.state = &s;
@@ -266,9 +238,9 @@ Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) 
   } else if (owner != nullptr && owner->recording) {
     owner->state->non_quant_ops().push_back(
         {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
-         model_.seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
+         model_->seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
   }
-  model_.events().push_back(std::move(e));
+  model_->events().push_back(std::move(e));
   return out;
 }
 
@@ -277,14 +249,13 @@ Tensor QuantInterceptor::observe_op(const OpCall& call, Frame* owner, Frame* top
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
   if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                         leaf != nullptr ? leaf->fqn() : "");
+    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
   });
   ++owner->cursor;
-  const bool observe = model_.observers_enabled();
+  const bool observe = model_->observers_enabled();
   auto observe_inputs = [&] {
     for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
-      if (op.input_observers[k] >= 0) model_.observer(op.input_observers[k]).observe(*call.inputs[k]);
+      if (op.input_observers[k] >= 0) model_->observer(op.input_observers[k]).observe(*call.inputs[k]);
     }
   };
   return located(call.kind, site_of(owner, top, op.index), [&] {
@@ -294,7 +265,7 @@ Tensor QuantInterceptor::observe_op(const OpCall& call, Frame* owner, Frame* top
     if (observe && call.inplace) observe_inputs();
     Tensor out = run_fp32(call);
     if (observe && !call.inplace) observe_inputs();
-    if (observe && op.output_observer >= 0) model_.observer(op.output_observer).observe(out);
+    if (observe && op.output_observer >= 0) model_->observer(op.output_observer).observe(out);
     return out;
   });
 }
@@ -304,13 +275,11 @@ Tensor QuantInterceptor::convert_op(const OpCall& call, Frame* owner, Frame* top
   QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
   if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr,
-                                         leaf != nullptr ? leaf->fqn() : "");
+    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
   });
   ++owner->cursor;
   const OpSite site = site_of(owner, top, op.index);
-  if (op.executor == nullptr) return located(call.kind, site, [&] { return run_fp32(call); });
-  auto* exec = static_cast<ConvertedOp*>(op.executor.get());
+  ConvertedOp* exec = program_[op.program_index].get();
   if (__builtin_expect(probe_ != nullptr, 0)) {
     Tensor out = located(call.kind, site, [&] { return exec->run(call); });
     probe_(*owner->state, op, out);
@@ -327,7 +296,7 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   if (dynamic_cast<NonTraceableInfo*>(ext) != nullptr) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
-    if (model_.phase() != Phase::kTracing) {
+    if (model_->phase() != Phase::kTracing) {
       InterceptorScope none(nullptr);
       for (Tensor* t : inputs) {
         if (t->defined() && t->is_quantized()) *t = dequantize(*t);
@@ -340,22 +309,22 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   }
   if (auto* s = dynamic_cast<AutoQuantizationState*>(ext)) {
     f.state = s;
-    f.recording = model_.phase() == Phase::kTracing && !s->recorded();
+    f.recording = model_->phase() == Phase::kTracing && !s->recorded();
   } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
     f.leaf = l;
   }
-  if (model_.phase() == Phase::kTracing) {
+  if (model_->phase() == Phase::kTracing) {
     for (Tensor* t : inputs) {
-      if (!t->defined() || model_.tensor(t->trace_id()) != nullptr) continue;
+      if (!t->defined() || model_->tensor(t->trace_id()) != nullptr) continue;
       const int64_t id = ModelQuantState::new_tensor_id();
       t->set_trace_id(id);
-      model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+      model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
     }
   }
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   tls_stack.push_back(f);
-  if (outermost && model_.phase() == Phase::kCalibrating && model_.observers_enabled()) {
-    save_calibration(model_);
+  if (outermost && model_->phase() == Phase::kCalibrating && model_->observers_enabled()) {
+    save_calibration(*model_);
     tls_stack.back().snapshot = true;
   }
 }
@@ -375,30 +344,30 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   if (f.fp32_region) {
     detail::tls_interceptor = f.saved;
-    if (model_.phase() == Phase::kTracing) {
+    if (model_->phase() == Phase::kTracing) {
       for (Tensor* t : outputs) {
         if (!t->defined()) continue;
         const int64_t id = ModelQuantState::new_tensor_id();
         t->set_trace_id(id);
-        model_.tensors()[id] = {t->dtype(), DType::kF32, -1};
+        model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
       }
     }
     return;
   }
   if (f.state != nullptr && f.recording) f.state->set_recorded();
   // A layer's output is its op's output, not a use of it; only non-leaf module outputs escape.
-  if (model_.phase() == Phase::kTracing && f.leaf == nullptr) {
+  if (model_->phase() == Phase::kTracing && f.leaf == nullptr) {
     TraceEvent e;
     e.kind = TraceEvent::Kind::kEscape;
     for (Tensor* t : outputs) {
       if (t->defined()) e.inputs.push_back(t->trace_id());
     }
     e.where = f.state != nullptr ? f.state->fqn() : module.type_name();
-    if (!e.inputs.empty()) model_.events().push_back(std::move(e));
+    if (!e.inputs.empty()) model_->events().push_back(std::move(e));
   }
   // The model's outputs are fp32 unless configured otherwise.
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
-  if (outermost && !int8_outputs_ && model_.phase() == Phase::kConverted) {
+  if (outermost && !int8_outputs_ && model_->phase() == Phase::kConverted) {
     InterceptorScope none(nullptr);
     for (Tensor* t : outputs) {
       if (t->defined() && t->is_quantized()) *t = dequantize(*t);

@@ -31,14 +31,9 @@
 #include "quant_state/auto_quant_state.h"
 #include "runtime/dispatcher.h"
 #include "runtime/module.h"
+#include "tracer/convert.h"
 
 namespace dbrq::tracer {
-
-// A converted seen op. Executors must not allocate bookkeeping per call.
-class ConvertedOp : public OpExecutor {
- public:
-  virtual Tensor run(const OpCall& call) = 0;
-};
 
 // Marks a module whose subtree stays fp32 and is not traced.
 class NonTraceableInfo : public nn::ModuleExtension {
@@ -63,9 +58,14 @@ struct Frame {
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
 };
 
+// One per prepared model; the prepared modules own it (Module::attach_interceptor), and it owns
+// the model's converted program.
 class QuantInterceptor : public Interceptor {
  public:
-  QuantInterceptor(ModelQuantState& model, nn::Module& root);
+  QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root);
+  // The interceptor of a prepared model; throws UsageError ("<what>: <Type> is not a prepared
+  // model ...") otherwise.
+  static QuantInterceptor& of(const nn::Module& model, const char* what);
 
   Tensor on_op(const OpCall& call) override;
   void on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) override;
@@ -73,10 +73,10 @@ class QuantInterceptor : public Interceptor {
   void on_module_unwind(nn::Module& module) noexcept override;
   void on_module_error(nn::Module& module, const Error& error) override;
 
-  ModelQuantState& model() { return model_; }
+  ModelQuantState& model() { return *model_; }
 
-  // Whether this model's outputs stay int8 (default: dequantized to fp32).
-  void set_int8_outputs(bool on) { int8_outputs_ = on; }
+  // Converts the model (see convert_model) and switches it to the converted phase.
+  void convert(bool int8_outputs);
 
   // Sees every seen op's result after convert (numeric comparison). Not for concurrent calls.
   using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo&, const Tensor&)>;
@@ -89,17 +89,11 @@ class QuantInterceptor : public Interceptor {
   void assign_ids(const OpCall& call);
   std::string weight_fqn(const Tensor& t) const;
 
-  ModelQuantState& model_;  // owns this interceptor
+  std::shared_ptr<ModelQuantState> model_;
   std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
-  bool int8_outputs_ = false;
+  bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
+  ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
   Probe probe_;
 };
-
-// Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).
-Tensor run_fp32(const OpCall& call);
-
-// Number of leading activation inputs of an op (conv2d/linear/batch_norm/layer_norm: 1; the
-// rest of their inputs are weights and statistics).
-size_t num_activation_inputs(const OpCall& call);
 
 }  // namespace dbrq::tracer

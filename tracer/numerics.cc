@@ -144,8 +144,8 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
               "compare_numerics: the float model must be a plain fp32 model (not prepared)");
   DBRQ_ENSURE(&float_model != &quantized_model, UsageError, "compare_numerics: pass two different model objects");
   DBRQ_ENSURE(!inputs.empty(), ValueError, "compare_numerics: no inputs");
-  ModelQuantState& state = model_quant_state(quantized_model);
-  auto* interceptor = static_cast<tracer::QuantInterceptor*>(state.interceptor());
+  tracer::QuantInterceptor* interceptor = &tracer::QuantInterceptor::of(quantized_model, "compare_numerics");
+  ModelQuantState& state = interceptor->model();
 
   std::map<Key, Accum> acc;
   std::map<Key, const SeenOpInfo*> info;

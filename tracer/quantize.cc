@@ -28,10 +28,7 @@ void detach(nn::Module& model) {
 }
 
 tracer::QuantInterceptor& interceptor_of(const nn::Module& model, const char* what) {
-  const AutoQuantizationState* s = quant_state_of(model);
-  DBRQ_ENSURE(s != nullptr, UsageError, what, ": ", model.type_name(),
-              " is not a prepared model; call dbrq::prepare(model, example_inputs) first");
-  return *static_cast<tracer::QuantInterceptor*>(s->model().interceptor());
+  return tracer::QuantInterceptor::of(model, what);
 }
 
 void log_prepare_summary(ModelQuantState& m) {
@@ -62,8 +59,8 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
   }
   nn::set_module_print_hook(print_state);
   auto state = std::make_shared<ModelQuantState>(std::move(mapping), std::move(backend));
-  auto interceptor = std::make_shared<tracer::QuantInterceptor>(*state, model);
-  state->set_interceptor(interceptor);
+  // The prepared modules own the interceptor; it owns the model's executors after convert.
+  auto interceptor = std::make_shared<tracer::QuantInterceptor>(state, model);
 
   // Attach state to non-leaf modules and qconfigs to layers; non-traceable subtrees get a marker
   // on their root and nothing below.
@@ -87,7 +84,7 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
     auto s = std::make_shared<AutoQuantizationState>(fqn, m->type_name(), state);
     state->states().push_back(s.get());
     m->set_extension(std::move(s));
-    m->set_interceptor(interceptor.get());
+    m->attach_interceptor(interceptor);
   }
   state->set_phase(Phase::kTracing);
   try {
@@ -128,9 +125,7 @@ void convert(nn::Module& model, const ConvertOptions& options) {
   ModelQuantState& m = interceptor.model();
   DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError, "convert: ", model.type_name(),
               " is already converted; convert once per prepared model");
-  tracer::convert_model(m);
-  interceptor.set_int8_outputs(options.int8_outputs);
-  m.set_phase(Phase::kConverted);
+  interceptor.convert(options.int8_outputs);
 }
 
 void disable_observers(nn::Module& model) {

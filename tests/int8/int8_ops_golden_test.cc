@@ -14,6 +14,7 @@
 // preparation (prepare_input).
 #include <gtest/gtest.h>
 
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -380,19 +382,19 @@ TEST(Int8OpsGolden, Clamps) {
 }
 
 // Elementwise functions with their own output parameters: the 256-entry tables convert() builds
-// (make_lut over tracer::elementwise_fn).
+// (make_lut over the reference function of the op's OpDef eltwise).
 TEST(Int8OpsGolden, LookupTableActivations) {
   struct Case {
     const char* name;
     const char* desc;
     OpKind kind;
-    dbrq::OpParamsCopy params;
+    std::optional<dbrq::ActivationParams> params;
   };
   auto act = [](double alpha, bool tanh_approx) {
     dbrq::ActivationParams p;
     p.alpha = alpha;
     p.approximate_tanh = tanh_approx;
-    return dbrq::OpParamsCopy(p);
+    return std::optional<dbrq::ActivationParams>(p);
   };
   const Case cases[] = {
       {"sigmoid", "sigmoid", OpKind::kSigmoid, {}},
@@ -408,7 +410,8 @@ TEST(Int8OpsGolden, LookupTableActivations) {
   for (const Case& c : cases) {
     begin_case(c.name, c.desc);
     const QuantParamsPtr in = qparams_of(c.name, "x"), out = qparams_of(c.name, "out");
-    const kernels::Lut lut = kernels::make_lut(*in, *out, dbrq::tracer::elementwise_fn(c.kind, c.params));
+    const kernels::Eltwise e = dbrq::op_def(c.kind).eltwise(c.params ? &*c.params : nullptr);
+    const kernels::Lut lut = kernels::make_lut(*in, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
     expect_codes(c.name, kernels::apply_lut(qinput(c.name, "x"), lut, out));
   }
 }

@@ -128,8 +128,8 @@ TEST(PrepareOps, FunctionalConv2d) {
   ASSERT_EQ(op.weights.size(), 2u);
   EXPECT_EQ(op.weights[0].fqn, "weight");
   EXPECT_EQ(op.weights[1].fqn, "bias");
-  ASSERT_TRUE(std::holds_alternative<Conv2dParams>(op.params));
-  EXPECT_EQ(std::get<Conv2dParams>(op.params).stride, (std::array<int64_t, 2>{2, 2}));
+  ASSERT_TRUE(op.params.holds<Conv2dParams>());
+  EXPECT_EQ(op.params.as<Conv2dParams>().stride, (std::array<int64_t, 2>{2, 2}));
   EXPECT_GE(op.input_observers[0], 0);
   EXPECT_GE(op.output_observer, 0);
   EXPECT_EQ(observer_roots(model_quant_state(*model)).size(), 2u);

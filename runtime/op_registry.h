@@ -1,0 +1,180 @@
+// The op registry: one OpDef per op kind, holding everything dbrq knows about the op in one place.
+// Each op family has one file (runtime/ops/*.cc) that defines its ops' public functions and their
+// OpDefs; the table is filled explicitly the first time it is used (op_registry.cc calls each
+// family's registration function, in a fixed order: no static initialization order tricks).
+//
+//   const dbrq::OpDef& d = dbrq::op_def(dbrq::OpKind::kHardswish);
+//   d.name;                                  // "hardswish"
+//   d.role;                                  // QuantRole::kLut: int8 through a 256-entry table
+//   kernels::Eltwise e = d.eltwise(nullptr); // what runs eagerly, fused after a conv, and feeds the table
+//
+// Above the runtime, the tracer and the quantization state read OpDefs instead of naming ops:
+// which inputs are activations, how to copy the parameters into the recorded program, which chains
+// the backend fuses, how each op runs in int8.
+//
+// Adding an op: its OpKind (runtime/ops.h), its public function (ops.h) and layer (nn.h), and one
+// OpDef in its family file. docs/architecture.md works through an example.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/op_params.h"
+#include "core/tensor.h"
+#include "kernels/eager.h"
+#include "kernels/int8.h"
+#include "runtime/dispatcher.h"
+
+namespace dbrq {
+
+// How an op takes part in int8 inference, and where its output's quantization parameters come from
+// (its observer rule).
+enum class QuantRole : uint8_t {
+  kNone,          // not quantizeable: runs in fp32 (int8 inputs are dequantized); no observer
+  kWeighted,      // conv2d, linear: u8 activation, s8 weights; a new output observer
+  kMatmul,        // product of two activations; a new output observer
+  kBinary,        // add, mul of two tensors: a new output observer; with a scalar: parameters derived
+  kCat,           // one observer shared by every input and the output
+  kShare,         // int8 passes through: the output shares its input's observer
+  kLut,           // elementwise on u8 through a 256-entry table; a new output observer
+  kFixedQParams,  // fixed output parameters (sigmoid, tanh, hardsigmoid, softmax)
+};
+const char* quant_role_name(QuantRole r);
+
+// A copy of an op's parameters (its *Params struct), taken when the trace records the op. The
+// OpDef knows the type; as<P>() checks it.
+class OpParams {
+ public:
+  OpParams() = default;
+  template <typename P>
+  static OpParams of(const P& p) {
+    OpParams o;
+    o.ptr_ = std::make_shared<const P>(p);
+    o.type_ = &typeid(P);
+    return o;
+  }
+  bool empty() const { return ptr_ == nullptr; }
+  const void* get() const { return ptr_.get(); }
+  template <typename P>
+  bool holds() const {
+    return type_ != nullptr && *type_ == typeid(P);
+  }
+  template <typename P>
+  const P& as() const {
+    DBRQ_CHECK(holds<P>(), "op parameters are a ", type_ != nullptr ? type_->name() : "(none)", ", not a ",
+               typeid(P).name());
+    return *static_cast<const P*>(ptr_.get());
+  }
+
+ private:
+  std::shared_ptr<const void> ptr_;
+  const std::type_info* type_ = nullptr;
+};
+
+// Where an activation can be fused as a post-op (bits of OpDef::fuses_after / fusion_site).
+enum FusionSite : uint8_t {
+  kAfterConv = 1,          // conv2d (+ batch_norm) -> activation: an eltwise post-op
+  kAfterLinear = 2,        // linear (+ batch_norm) -> activation
+  kAfterResidualAdd = 4,   // conv2d (+ batch_norm) -> add(residual) -> activation: after the sum post-op
+  kAfterAdd = 8,           // add of two int8 tensors -> activation
+};
+
+// x OP c as a change of x's quantization parameters: a shift (x + c) or a scale (x * c).
+struct ScalarAffine {
+  bool shift = false;
+  double c = 0.0;
+};
+
+// The range of inputs on which an activation is interesting and how close its fp32 kernel is to
+// its reference function there (max absolute error); the registry-wide tests sweep it.
+struct ActivationDomain {
+  float lo = -8.f, hi = 8.f;
+  float tolerance = 1e-6f;
+};
+
+using Int8ShareFn = Tensor (*)(const Tensor& x, const void* params);
+using Int8RequantFn = Tensor (*)(const Tensor& x, const void* params, const QuantParamsPtr& out);
+using Int8BinaryFn = Tensor (*)(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu);
+using WeightedFactory = std::unique_ptr<kernels::QWeighted> (*)(kernels::QWeightedOptions options,
+                                                                const void* params);
+using FoldFn = void (*)(const Tensor& w, const Tensor& b, absl::Span<const Tensor> stats, const void* params,
+                        Tensor* w_out, Tensor* b_out);
+using SizesFn = std::vector<int64_t> (*)(const OpCall& call);
+
+struct OpDef {
+  OpKind kind = OpKind::kNumOpKinds;
+  const char* name = "unknown_op";  // PyTorch's functional name
+
+  // ---- parameters ----
+  // Copies the op's *Params struct (OpCall::params) for the recorded program; null: no parameters.
+  OpParams (*copy_params)(const void* params) = nullptr;
+  bool (*params_equal)(const void* a, const void* b) = nullptr;
+
+  // ---- fp32 ----
+  OpFn run = nullptr;                  // the eager kernel of the functional form
+  int num_activation_inputs = -1;      // leading activation inputs; weights / statistics follow (-1: all)
+  SizesFn infer_sizes = nullptr;       // shape rule: output sizes from the inputs, where they follow
+
+  // ---- elementwise activations ----
+  // The op as a oneDNN eltwise step: its eager kernel, its post-op when fused, and (through
+  // kernels::eltwise_reference) the real-valued function of its int8 code table and of the tests.
+  kernels::Eltwise (*eltwise)(const void* params) = nullptr;
+  ActivationDomain domain;
+  const char* layer = nullptr;  // the nn layer class that calls it ("Sigmoid"), for defaults by module type
+
+  // ---- quantization on the oneDNN backend ----
+  QuantRole role = QuantRole::kNone;
+  bool dynamic = false;                 // also dynamic quantization (activation parameters per call)
+  float fixed_scale = 0.f;              // kFixedQParams
+  int32_t fixed_zero_point = 0;
+  uint8_t fusion_site = 0;              // kWeighted / kBinary: the FusionSite of a post-op after it
+  uint8_t fuses_after = 0;              // activations: FusionSites where it can be a post-op
+  FoldFn fold = nullptr;                // batch_norm: folded into the weighted op before it
+  bool residual_add = false;            // add: joins a conv's output and a residual (sum post-op)
+
+  // ---- int8 execution (the tracer's executors call these) ----
+  Int8ShareFn int8_share = nullptr;      // kShare: same parameters out (null: the eager kernel takes u8)
+  Int8RequantFn int8_requant = nullptr;  // kLut / kFixedQParams without a code table (softmax)
+  Int8BinaryFn int8_binary = nullptr;    // kBinary of two tensors (null: only with a scalar)
+  bool (*scalar_affine)(double c, bool scalar_first, ScalarAffine* out) = nullptr;  // kBinary with a scalar
+  WeightedFactory int8_weighted = nullptr;  // kWeighted: the kernel, from folded weights
+  MemoryFormat int8_input_format = MemoryFormat::kPreserve;  // layout an f32 input is quantized to
+  bool supports_residual = false;        // kWeighted: can fuse a following residual add
+  bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged
+
+  // Sets copy_params / params_equal for the parameter struct P.
+  template <typename P>
+  OpDef& with_params() {
+    copy_params = [](const void* p) { return OpParams::of(*static_cast<const P*>(p)); };
+    params_equal = [](const void* a, const void* b) {
+      return *static_cast<const P*>(a) == *static_cast<const P*>(b);
+    };
+    return *this;
+  }
+  size_t activation_inputs(size_t num_inputs) const {
+    return num_activation_inputs < 0 ? num_inputs : std::min(num_inputs, static_cast<size_t>(num_activation_inputs));
+  }
+};
+
+// The table, filled by each op family's registration function.
+class OpRegistry {
+ public:
+  // The entry of `kind`, named; each kind is defined exactly once (CHECKed).
+  OpDef& define(OpKind kind, const char* name);
+  const OpDef& operator[](OpKind kind) const { return defs_[static_cast<size_t>(kind)]; }
+  const std::array<OpDef, static_cast<size_t>(OpKind::kNumOpKinds)>& all() const { return defs_; }
+
+ private:
+  std::array<OpDef, static_cast<size_t>(OpKind::kNumOpKinds)> defs_;
+};
+
+// The registry (built on first use; thread-safe).
+const OpRegistry& op_registry();
+inline const OpDef& op_def(OpKind kind) { return op_registry()[kind]; }
+
+}  // namespace dbrq

@@ -1,0 +1,50 @@
+// The conv family: conv2d. Its int8 form is oneDNN's u8 x s8 convolution (kernels::QConv2d), which
+// also fuses batch norm (folded), an activation and a residual add (sum post-op).
+#include "core/op_shapes.h"
+#include "kernels/eager.h"
+#include "kernels/int8.h"
+#include "runtime/ops.h"
+#include "runtime/ops/op_call.h"
+
+namespace dbrq {
+namespace {
+
+Tensor run_conv2d(const OpCall& c) {
+  return kernels::conv2d(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
+}
+
+std::vector<int64_t> conv2d_sizes(const OpCall& c) {
+  const ConvGeometry g = conv2d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
+  return {g.n, g.k, g.oh, g.ow};
+}
+
+std::unique_ptr<kernels::QWeighted> make_qconv2d(kernels::QWeightedOptions options, const void* params) {
+  kernels::QConvOptions o;
+  static_cast<kernels::QWeightedOptions&>(o) = std::move(options);
+  o.params = *static_cast<const Conv2dParams*>(params);
+  return std::make_unique<kernels::QConv2d>(std::move(o));
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  return ops::call(OpKind::kConv2d, in, &params, run_conv2d);
+}
+
+namespace ops {
+
+void register_conv_ops(OpRegistry& r) {
+  OpDef& d = r.define(OpKind::kConv2d, "conv2d").with_params<Conv2dParams>();
+  d.run = run_conv2d;
+  d.num_activation_inputs = 1;  // then weight, bias
+  d.infer_sizes = conv2d_sizes;
+  d.role = QuantRole::kWeighted;
+  d.fusion_site = kAfterConv;
+  d.int8_weighted = make_qconv2d;
+  d.int8_input_format = MemoryFormat::kChannelsLast;  // oneDNN's int8 convolutions want NHWC
+  d.supports_residual = true;
+}
+
+}  // namespace ops
+}  // namespace dbrq

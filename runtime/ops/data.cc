@@ -1,0 +1,119 @@
+// The data family: embedding (a gather of rows), clone, to, copy_, fill_ and the explicit
+// quantize / dequantize. None of them runs in int8; dequantize takes its int8 argument as it is.
+#include "core/op_shapes.h"
+#include "kernels/eager.h"
+#include "runtime/ops.h"
+#include "runtime/ops/op_call.h"
+
+namespace dbrq {
+namespace {
+
+Tensor run_embedding(const OpCall& c) { return kernels::embedding(c.input(0), c.input(1)); }
+
+Tensor run_clone(const OpCall& c) {
+  check_defined("clone", "input", c.input(0));
+  return kernels::copy(c.input(0), MemoryFormat::kPreserve, c.input(0).dtype());
+}
+
+Tensor run_to(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  check_defined("to", "input", x);
+  const auto target = static_cast<DType>(c.p<ConvertParams>().dtype);
+  DBRQ_ENSURE(!x.is_quantized() || target == x.dtype(), DTypeError, "to(", dtype_name(target),
+              "): the tensor is quantized (", dtype_name(x.dtype()), ", ", x.qparams()->to_string(),
+              "); use dequantize() to get real values");
+  if (target == x.dtype()) return x;
+  return kernels::copy(x, MemoryFormat::kPreserve, target);
+}
+
+Tensor run_copy(const OpCall& c) {
+  Tensor& self = ops::mutable_self(c);
+  kernels::copy_into(self, c.input(1));
+  return self;
+}
+
+Tensor run_fill(const OpCall& c) {
+  Tensor& self = ops::mutable_self(c);
+  kernels::fill(self, c.p<ConvertParams>().value);
+  return self;
+}
+
+Tensor run_quantize(const OpCall& c) {
+  const ConvertParams& cp = c.p<ConvertParams>();
+  return kernels::quantize(c.input(0), cp.qparams, static_cast<DType>(cp.dtype));
+}
+
+Tensor run_dequantize(const OpCall& c) { return kernels::dequantize(c.input(0)); }
+
+Tensor quantize_op(const Tensor& x, QuantParamsPtr qparams, DType dtype) {
+  ConvertParams p;
+  p.dtype = static_cast<int>(dtype);
+  p.qparams = std::move(qparams);
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kQuantize, in, &p, run_quantize);
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  const Tensor* in[] = {&indices, &weight};
+  return ops::call(OpKind::kEmbedding, in, nullptr, run_embedding);
+}
+
+Tensor quantize_per_tensor(const Tensor& x, float scale, int32_t zero_point, DType dtype) {
+  return quantize_op(x, QuantParams::per_tensor(scale, zero_point), dtype);
+}
+
+Tensor quantize_per_channel(const Tensor& x, std::vector<float> scales, std::vector<int32_t> zero_points, int64_t axis,
+                            DType dtype) {
+  check_defined("quantize_per_channel", "input", x);
+  return quantize_op(x, QuantParams::per_channel(std::move(scales), std::move(zero_points), x.wrap_dim(axis)), dtype);
+}
+
+Tensor dequantize(const Tensor& x) {
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kDequantize, in, nullptr, run_dequantize);
+}
+
+Tensor Tensor::clone() const {
+  const Tensor* in[] = {this};
+  return ops::call(OpKind::kClone, in, nullptr, run_clone);
+}
+
+Tensor Tensor::to(DType dtype) const {
+  ConvertParams p;
+  p.dtype = static_cast<int>(dtype);
+  const Tensor* in[] = {this};
+  return ops::call(OpKind::kTo, in, &p, run_to);
+}
+
+Tensor Tensor::dequantize() const { return dbrq::dequantize(*this); }
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  return ops::call_inplace(OpKind::kCopy, *this, &src, nullptr, 0.0, false, run_copy);
+}
+
+Tensor& Tensor::fill_(double value) {
+  ConvertParams p;
+  p.value = value;
+  return ops::call_inplace(OpKind::kFill, *this, nullptr, &p, 0.0, false, run_fill);
+}
+
+namespace ops {
+
+void register_data_ops(OpRegistry& r) {
+  OpDef& emb = r.define(OpKind::kEmbedding, "embedding");
+  emb.run = run_embedding;
+  emb.num_activation_inputs = 1;  // indices; then the weight
+  r.define(OpKind::kClone, "clone").run = run_clone;
+  r.define(OpKind::kTo, "to").with_params<ConvertParams>().run = run_to;
+  r.define(OpKind::kCopy, "copy_").run = run_copy;
+  r.define(OpKind::kFill, "fill_").with_params<ConvertParams>().run = run_fill;
+  r.define(OpKind::kQuantize, "quantize").with_params<ConvertParams>().run = run_quantize;
+  OpDef& deq = r.define(OpKind::kDequantize, "dequantize");
+  deq.run = run_dequantize;
+  deq.takes_int8 = true;
+}
+
+}  // namespace ops
+}  // namespace dbrq

@@ -1,0 +1,72 @@
+// The normalization family: batch_norm (inference, running statistics) and layer_norm. batch_norm
+// has no int8 kernel of its own: after a conv or linear it is folded into their weights.
+#include "kernels/bn_fold.h"
+#include "core/op_shapes.h"
+#include "kernels/eager.h"
+#include "runtime/ops.h"
+#include "runtime/ops/op_call.h"
+
+namespace dbrq {
+namespace {
+
+Tensor run_batch_norm(const OpCall& c) {
+  return kernels::batch_norm(c.input(0), c.input(1), c.input(2), c.input(3), c.input(4), c.p<NormParams>().eps);
+}
+
+Tensor run_layer_norm(const OpCall& c) {
+  const NormParams& np = c.p<NormParams>();
+  return kernels::layer_norm(c.input(0), np.normalized_shape, c.input(1), c.input(2), np.eps);
+}
+
+std::vector<int64_t> same_sizes(const OpCall& c) {
+  return std::vector<int64_t>(c.input(0).sizes().begin(), c.input(0).sizes().end());
+}
+
+// stats: running mean, running var, weight, bias as the op received them.
+void fold_into_weights(const Tensor& w, const Tensor& b, absl::Span<const Tensor> stats, const void* params,
+                       Tensor* w_out, Tensor* b_out) {
+  kernels::BatchNormStats bn;
+  bn.mean = stats.at(0);
+  bn.var = stats.at(1);
+  bn.weight = stats.size() > 2 ? stats[2] : Tensor();
+  bn.bias = stats.size() > 3 ? stats[3] : Tensor();
+  bn.eps = static_cast<const NormParams*>(params)->eps;
+  kernels::fold_batch_norm(w, b, bn, w_out, b_out);
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const Tensor* in[] = {&input, &running_mean, &running_var, &weight, &bias};
+  NormParams p;
+  p.eps = eps;
+  return ops::call(OpKind::kBatchNorm, in, &p, run_batch_norm);
+}
+
+Tensor layer_norm(const Tensor& input, std::vector<int64_t> normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  NormParams p;
+  p.eps = eps;
+  p.normalized_shape = std::move(normalized_shape);
+  return ops::call(OpKind::kLayerNorm, in, &p, run_layer_norm);
+}
+
+namespace ops {
+
+void register_norm_ops(OpRegistry& r) {
+  OpDef& bn = r.define(OpKind::kBatchNorm, "batch_norm").with_params<NormParams>();
+  bn.run = run_batch_norm;
+  bn.num_activation_inputs = 1;  // then running mean, running var, weight, bias
+  bn.infer_sizes = same_sizes;
+  bn.fold = fold_into_weights;
+
+  OpDef& ln = r.define(OpKind::kLayerNorm, "layer_norm").with_params<NormParams>();
+  ln.run = run_layer_norm;
+  ln.num_activation_inputs = 1;  // then weight, bias
+  ln.infer_sizes = same_sizes;
+}
+
+}  // namespace ops
+}  // namespace dbrq

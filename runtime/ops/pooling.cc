@@ -1,0 +1,104 @@
+// The pooling family: max_pool2d, avg_pool2d, adaptive_avg_pool2d. In int8 all three keep their
+// input's quantization parameters: max pooling on codes is exact (its eager kernel takes u8);
+// average pooling rounds the mean of codes as PyTorch's quantized kernels do.
+#include "core/op_shapes.h"
+#include "kernels/eager.h"
+#include "kernels/int8.h"
+#include "runtime/ops.h"
+#include "runtime/ops/op_call.h"
+
+namespace dbrq {
+namespace {
+
+std::array<int64_t, 2> default_stride(const std::vector<int64_t>& stride, std::array<int64_t, 2> kernel,
+                                      const char* op) {
+  if (stride.empty()) return kernel;
+  DBRQ_ENSURE(stride.size() == 2, ValueError, op, ": stride must have 2 values or none, got ",
+              shape_to_string(stride));
+  return {stride[0], stride[1]};
+}
+
+Tensor run_max_pool2d(const OpCall& c) { return kernels::max_pool2d(c.input(0), c.p<Pool2dParams>()); }
+Tensor run_avg_pool2d(const OpCall& c) { return kernels::avg_pool2d(c.input(0), c.p<Pool2dParams>()); }
+Tensor run_adaptive_avg_pool2d(const OpCall& c) {
+  return kernels::adaptive_avg_pool2d(c.input(0), c.p<AdaptivePool2dParams>().output_size);
+}
+
+template <const char* kName>
+std::vector<int64_t> pool2d_sizes(const OpCall& c) {
+  const PoolGeometry g = pool2d_geometry(kName, c.input(0), c.p<Pool2dParams>());
+  return {g.n, g.c, g.oh, g.ow};
+}
+constexpr char kMaxPool[] = "max_pool2d";
+constexpr char kAvgPool[] = "avg_pool2d";
+
+std::vector<int64_t> adaptive_sizes(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  const auto& out = c.p<AdaptivePool2dParams>().output_size;
+  DBRQ_ENSURE(x.dim() == 4, ShapeError, "adaptive_avg_pool2d: input must be 4-D, got ", x.shape_string());
+  return {x.size(0), x.size(1), out[0], out[1]};
+}
+
+Tensor int8_avg_pool2d(const Tensor& x, const void* p) {
+  return kernels::qavg_pool2d(x, *static_cast<const Pool2dParams*>(p));
+}
+Tensor int8_adaptive_avg_pool2d(const Tensor& x, const void* p) {
+  return kernels::qadaptive_avg_pool2d(x, static_cast<const AdaptivePool2dParams*>(p)->output_size);
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride,
+                  std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, bool ceil_mode) {
+  Pool2dParams p;
+  p.kernel_size = kernel_size;
+  p.stride = default_stride(stride, kernel_size, "max_pool2d");
+  p.padding = padding;
+  p.dilation = dilation;
+  p.ceil_mode = ceil_mode;
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kMaxPool2d, in, &p, run_max_pool2d);
+}
+
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride,
+                  std::array<int64_t, 2> padding, bool ceil_mode, bool count_include_pad) {
+  Pool2dParams p;
+  p.kernel_size = kernel_size;
+  p.stride = default_stride(stride, kernel_size, "avg_pool2d");
+  p.padding = padding;
+  p.ceil_mode = ceil_mode;
+  p.count_include_pad = count_include_pad;
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kAvgPool2d, in, &p, run_avg_pool2d);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  AdaptivePool2dParams p;
+  p.output_size = output_size;
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kAdaptiveAvgPool2d, in, &p, run_adaptive_avg_pool2d);
+}
+
+namespace ops {
+
+void register_pooling_ops(OpRegistry& r) {
+  OpDef& mx = r.define(OpKind::kMaxPool2d, "max_pool2d").with_params<Pool2dParams>();
+  mx.run = run_max_pool2d;
+  mx.infer_sizes = pool2d_sizes<kMaxPool>;
+  mx.role = QuantRole::kShare;
+
+  OpDef& avg = r.define(OpKind::kAvgPool2d, "avg_pool2d").with_params<Pool2dParams>();
+  avg.run = run_avg_pool2d;
+  avg.infer_sizes = pool2d_sizes<kAvgPool>;
+  avg.role = QuantRole::kShare;
+  avg.int8_share = int8_avg_pool2d;
+
+  OpDef& ad = r.define(OpKind::kAdaptiveAvgPool2d, "adaptive_avg_pool2d").with_params<AdaptivePool2dParams>();
+  ad.run = run_adaptive_avg_pool2d;
+  ad.infer_sizes = adaptive_sizes;
+  ad.role = QuantRole::kShare;
+  ad.int8_share = int8_adaptive_avg_pool2d;
+}
+
+}  // namespace ops
+}  // namespace dbrq
