@@ -13,20 +13,24 @@
 // This is the one public header; everything a user needs is reachable from here.
 #pragma once
 
-#include "quant_state/auto_quant_state.h"
+// The public API, and nothing else: internals (the recorded program, observers' slots, executors,
+// the op registry) are not reachable from here; tracer/introspection.h is the read-only view.
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "core/op_params.h"
+#include "core/storage.h"
+#include "core/tensor.h"
+#include "core/threading.h"
 #include "quant_state/observers.h"
 #include "quant_state/qconfig.h"
 #include "quant_state/qparams.h"
-#include "quant_state/serialization.h"
+#include "quant_state/save_options.h"
 #include "runtime/dispatcher.h"
-#include "core/error.h"
-#include "core/logging.h"
 #include "runtime/module.h"
 #include "runtime/nn.h"
 #include "runtime/ops.h"
 #include "runtime/safetensors.h"
-#include "core/storage.h"
-#include "core/tensor.h"
-#include "core/threading.h"
+#include "tracer/introspection.h"
 #include "tracer/numerics.h"
 #include "tracer/quantize.h"

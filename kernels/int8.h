@@ -64,6 +64,7 @@ class QWeighted {
   // An uninitialized output for input `x` (a residual add fills it later).
   virtual Tensor empty_output(const Tensor& x) const = 0;
   virtual const Tensor& quantized_weight() const = 0;
+  virtual const QuantParamsPtr& weight_qparams() const = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -81,6 +82,7 @@ class QConv2d final : public QWeighted {
   Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
   Tensor empty_output(const Tensor& x) const override;
   const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return o_.weight_qparams; }
   const QConvOptions& options() const { return o_; }
   std::string describe() const override;
 
@@ -104,6 +106,7 @@ class QLinear final : public QWeighted {
   Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
   Tensor empty_output(const Tensor& x) const override;
   const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return o_.weight_qparams; }
   std::string describe() const override;
 
  private:

@@ -28,6 +28,7 @@
 #include "quant_state/observers.h"
 #include "quant_state/qconfig.h"
 #include "runtime/module.h"
+#include "runtime/op_registry.h"
 
 namespace dbrq {
 
@@ -58,6 +59,9 @@ struct FusionInfo {
 struct ExecutorInfo {
   std::string description;  // "int8 conv2d [16, 16, 3, 3]+relu", "fused into ...", "fp32 (...)"
   bool fp32 = false;        // the op runs in fp32 after convert
+  std::vector<QuantParamsPtr> input_qparams;  // per activation input: what it takes (null: f32)
+  QuantParamsPtr output_qparams;              // null: f32 output (or fused: see the chain's base)
+  QuantParamsPtr weight_qparams;              // weighted ops: of the s8 weights (batch norm folded)
   const std::string& describe() const { return description; }
 };
 

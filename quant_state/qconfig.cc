@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "runtime/op_registry.h"
 
 namespace dbrq {
 

@@ -25,7 +25,7 @@
 #include "quant_state/observers.h"
 #include "runtime/module.h"
 #include "core/op_params.h"
-#include "runtime/op_registry.h"
+#include "runtime/quant_role.h"
 
 namespace dbrq {
 

@@ -20,16 +20,9 @@
 #include <string>
 
 #include "quant_state/auto_quant_state.h"
+#include "quant_state/save_options.h"
 
 namespace dbrq {
-
-inline constexpr int kQuantStateVersion = 1;
-
-struct SaveQuantStateOptions {
-  // Also store observer statistics (histograms, running ranges) so calibration can continue
-  // after loading. Without them the file holds the final parameters only.
-  bool include_observer_stats = false;
-};
 
 // The document for a calibrated (or converted) model's state.
 std::string quant_state_to_json(const ModelQuantState& model, const std::string& model_type,

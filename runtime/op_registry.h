@@ -29,22 +29,9 @@
 #include "kernels/eager.h"
 #include "kernels/int8.h"
 #include "runtime/dispatcher.h"
+#include "runtime/quant_role.h"
 
 namespace dbrq {
-
-// How an op takes part in int8 inference, and where its output's quantization parameters come from
-// (its observer rule).
-enum class QuantRole : uint8_t {
-  kNone,          // not quantizeable: runs in fp32 (int8 inputs are dequantized); no observer
-  kWeighted,      // conv2d, linear: u8 activation, s8 weights; a new output observer
-  kMatmul,        // product of two activations; a new output observer
-  kBinary,        // add, mul of two tensors: a new output observer; with a scalar: parameters derived
-  kCat,           // one observer shared by every input and the output
-  kShare,         // int8 passes through: the output shares its input's observer
-  kLut,           // elementwise on u8 through a 256-entry table; a new output observer
-  kFixedQParams,  // fixed output parameters (sigmoid, tanh, hardsigmoid, softmax)
-};
-const char* quant_role_name(QuantRole r);
 
 // A copy of an op's parameters (its *Params struct), taken when the trace records the op. The
 // OpDef knows the type; as<P>() checks it.

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dbrq.h"
+#include "tracer/internal.h"  // tests may look at the recorded program
 
 // Expects `stmt` to throw exactly `Type` (or a subclass) whose what() contains `substr`.
 #define EXPECT_THROW_MSG(stmt, Type, substr)                                                         \

@@ -30,9 +30,21 @@ class Converter {
     ConvertedProgram program(m_.execution_order().size());
     for (auto& [state, index] : m_.execution_order()) {
       SeenOpInfo& op = state->seen_ops()[index];
-      std::unique_ptr<ConvertedOp> e = build(*state, op, program);
-      op.executor = std::make_unique<ExecutorInfo>(ExecutorInfo{e->describe(), e->is_fp32()});
-      program[op.program_index] = std::move(e);
+      program[op.program_index] = build(*state, op, program);
+    }
+    // What each op chose, for printing and introspection (every parameter is known by now).
+    for (auto& [state, index] : m_.execution_order()) {
+      SeenOpInfo& op = state->seen_ops()[index];
+      ConvertedOp& e = *program[op.program_index];
+      auto info = std::make_unique<ExecutorInfo>();
+      info->description = e.describe();
+      info->fp32 = e.is_fp32();
+      if (!info->fp32) {
+        for (const QTensorInfo& in : op.inputs) info->input_qparams.push_back(known_qparams(in));
+        if (!op.outputs.empty()) info->output_qparams = known_qparams(op.outputs[0]);
+      }
+      if (auto* w = dynamic_cast<WeightedExec*>(&e)) info->weight_qparams = w->weight_qparams();
+      op.executor = std::move(info);
     }
     summarize();
     return program;
@@ -62,6 +74,15 @@ class Converter {
       slot.qparams = slot.observer->calculate_qparams();
     }
     return slot.qparams;
+  }
+
+  // The parameters convert gave an int8 tensor; null for an f32 one.
+  QuantParamsPtr known_qparams(const QTensorInfo& t) {
+    if (t.inf_dtype != DType::kU8) return nullptr;
+    const ModelQuantState::TensorRecord* r = m_.tensor(t.id);
+    if (r != nullptr && r->slot >= 0) return m_.slot(r->slot).qparams;
+    auto it = derived_.find(t.id);
+    return it == derived_.end() ? nullptr : it->second;
   }
 
   // The tensor a fused chain produces (its last op's output).

@@ -158,6 +158,11 @@ Tensor WeightedExec::finish(const Tensor& pending, const Tensor& residual) {
   return k->run(p.input, &r, &p.output);
 }
 
+QuantParamsPtr WeightedExec::weight_qparams() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kernel_->weight_qparams();
+}
+
 std::string WeightedExec::describe() const {
   return kernel_->describe() + (deferred_ ? " (waits for its residual)" : "");
 }

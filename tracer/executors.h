@@ -73,6 +73,8 @@ class WeightedExec : public ConvertedOp {
   // The residual add of a deferred chain: runs the kernel with its stored input, summing `residual`.
   Tensor finish(const Tensor& pending, const Tensor& residual);
   void set_residual_spec(InputSpec s) { residual_ = std::move(s); }
+  // Of the kernel built at convert (or rebuilt for changed weights).
+  QuantParamsPtr weight_qparams();
 
  private:
   std::shared_ptr<kernels::QWeighted> kernel(const Tensor& weight);

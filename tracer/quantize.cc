@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "tracer/convert.h"
 #include "tracer/interceptor.h"
+#include "tracer/internal.h"
 
 namespace dbrq {
 namespace {

@@ -17,9 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "quant_state/auto_quant_state.h"
 #include "quant_state/qconfig.h"
-#include "quant_state/serialization.h"
+#include "quant_state/save_options.h"
 #include "runtime/module.h"
 
 namespace dbrq {
@@ -56,8 +55,6 @@ void enable_observers(nn::Module& model);
 
 bool is_prepared(const nn::Module& model);
 bool is_converted(const nn::Module& model);
-// The model-wide state of a prepared model; throws UsageError when not prepared.
-ModelQuantState& model_quant_state(const nn::Module& model);
 
 // Folds the observer statistics of `replica` (a separately prepared copy of the same model, with
 // the same qconfig, calibrated on another shard of the data, e.g. on another thread) into

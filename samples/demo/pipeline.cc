@@ -364,12 +364,9 @@ dbrq::QConfigMapping qconfig_mapping_from_state_file(const std::string& path, st
 }
 
 OpCounts op_counts(const nn::Module& prepared_model) {
-  dbrq::ModelQuantState& state = dbrq::model_quant_state(prepared_model);
   OpCounts c;
-  for (const dbrq::AutoQuantizationState* s : state.states()) c.recorded += static_cast<int64_t>(s->seen_ops().size());
-  for (size_t i = 0; i < state.num_slots(); ++i) {
-    if (state.find(static_cast<int>(i)) == static_cast<int>(i)) ++c.observers;
-  }
+  c.recorded = static_cast<int64_t>(dbrq::quantized_ops(prepared_model).size());
+  c.observers = dbrq::num_observers(prepared_model);
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dbrq.h"
+#include "tracer/internal.h"  // tests may look at the recorded program
 
 namespace dbrq::testing {
 

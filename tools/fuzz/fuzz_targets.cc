@@ -6,6 +6,8 @@
 #include <map>
 #include <string_view>
 
+#include "tracer/internal.h"  // the quant-state reader and writer are the fuzzed internals
+
 // A broken invariant in a target: report and abort, so libFuzzer (or the replay test) sees a crash.
 #define DBRQ_FUZZ_CHECK(cond, ...)                                                                 \
   do {                                                                                             \
