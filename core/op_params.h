@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dim_vector.h"
+
 namespace dbrq {
 
 struct Conv2dParams {
@@ -37,17 +39,17 @@ struct AdaptivePool2dParams {
 
 struct NormParams {
   double eps = 1e-5;
-  std::vector<int64_t> normalized_shape;  // layer_norm only
+  DimVector normalized_shape;  // layer_norm only
 };
 
 struct DimParams {
-  std::vector<int64_t> dims;  // softmax/cat/flatten/...: the dims the op works on
+  DimVector dims;  // softmax/cat/flatten/...: the dims the op works on
   bool keepdim = false;       // reductions
   bool unbiased = true;       // std
 };
 
 struct ShapeParams {
-  std::vector<int64_t> sizes;  // reshape target (may contain one -1), permute order, ...
+  DimVector sizes;  // reshape target (may contain one -1), permute order, ...
   int64_t start = 0;           // narrow / select / flatten start
   int64_t length = 0;          // narrow length / flatten end
 };

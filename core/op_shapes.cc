@@ -95,7 +95,7 @@ PoolGeometry pool2d_geometry(const char* op, const Tensor& x, const Pool2dParams
   return g;
 }
 
-std::vector<int64_t> linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b) {
+DimVector linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_defined("linear", "input", x);
   check_defined("linear", "weight", w);
   DBRQ_ENSURE(x.dim() >= 1, ShapeError, "linear: input must have at least 1 dim, got sizes ", x.shape_string());
@@ -108,14 +108,14 @@ std::vector<int64_t> linear_output_sizes(const Tensor& x, const Tensor& w, const
     DBRQ_ENSURE(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear: bias must have sizes [", w.size(0),
                 "], got ", b.shape_string());
   }
-  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
+  DimVector out(x.sizes().begin(), x.sizes().end());
   out.back() = w.size(0);
   return out;
 }
 
-std::vector<int64_t> broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b) {
+DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b) {
   const size_t n = std::max(a.size(), b.size());
-  std::vector<int64_t> out(n);
+  DimVector out(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
@@ -142,13 +142,9 @@ MatmulShapes matmul_shapes(IntArrayRef a, IntArrayRef b) {
   }
   DBRQ_ENSURE(s.a.back() == s.b[s.b.size() - 2], ShapeError, "matmul: inner dims differ: sizes ", shape_to_string(a),
               " and ", shape_to_string(b), " (", s.a.back(), " vs ", s.b[s.b.size() - 2], ")");
-  const std::vector<int64_t> batch_a(s.a.begin(), s.a.end() - 2), batch_b(s.b.begin(), s.b.end() - 2);
-  std::vector<int64_t> batch = broadcast_shapes("matmul (batch dims)", batch_a, batch_b);
-  auto promote = [&](std::vector<int64_t>& v) {
-    std::vector<int64_t> p(batch.size() - (v.size() - 2), 1);
-    p.insert(p.end(), v.begin(), v.end());
-    v = p;
-  };
+  const DimVector batch = broadcast_shapes("matmul (batch dims)", IntArrayRef(s.a.data(), s.a.size() - 2),
+                                           IntArrayRef(s.b.data(), s.b.size() - 2));
+  auto promote = [&](DimVector& v) { v.insert(v.begin(), batch.size() - (v.size() - 2), 1); };
   promote(s.a);
   promote(s.b);
   DBRQ_ENSURE(s.a.size() <= static_cast<size_t>(kMaxDims), ShapeError, "matmul: too many dims");
@@ -158,8 +154,8 @@ MatmulShapes matmul_shapes(IntArrayRef a, IntArrayRef b) {
   return s;
 }
 
-std::vector<int64_t> infer_reshape(IntArrayRef target, int64_t numel, IntArrayRef from) {
-  std::vector<int64_t> out(target.begin(), target.end());
+DimVector infer_reshape(IntArrayRef target, int64_t numel, IntArrayRef from) {
+  DimVector out(target.begin(), target.end());
   int64_t known = 1;
   int infer = -1;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -182,12 +178,12 @@ std::vector<int64_t> infer_reshape(IntArrayRef target, int64_t numel, IntArrayRe
   return out;
 }
 
-std::vector<int64_t> cat_output_sizes(absl::Span<const Tensor* const> tensors, int64_t dim) {
+DimVector cat_output_sizes(absl::Span<const Tensor* const> tensors, int64_t dim) {
   DBRQ_ENSURE(!tensors.empty(), ValueError, "cat: needs at least one tensor");
   const Tensor& first = *tensors[0];
   check_defined("cat", "tensors[0]", first);
   const int64_t d = first.wrap_dim(dim);
-  std::vector<int64_t> out(first.sizes().begin(), first.sizes().end());
+  DimVector out(first.sizes().begin(), first.sizes().end());
   out[d] = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = *tensors[i];

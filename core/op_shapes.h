@@ -30,22 +30,22 @@ struct PoolGeometry {
 PoolGeometry pool2d_geometry(const char* op, const Tensor& x, const Pool2dParams& p);
 
 // x: [..., in_features], w: [out, in], b: undefined or [out]. Returns the output sizes.
-std::vector<int64_t> linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b);
+DimVector linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b);
 
 // NumPy broadcasting; `op` names the op in the error.
-std::vector<int64_t> broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b);
+DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b);
 
 struct MatmulShapes {
-  std::vector<int64_t> a, b, out;  // a and b promoted to equal rank >= 2, batch dims broadcast
+  DimVector a, b, out;  // a and b promoted to equal rank >= 2, batch dims broadcast
   bool squeeze_m = false, squeeze_n = false;  // 1-D operands: drop the added dim from out
 };
 MatmulShapes matmul_shapes(IntArrayRef a, IntArrayRef b);
 
 // Resolves one -1 and checks the element count.
-std::vector<int64_t> infer_reshape(IntArrayRef target, int64_t numel, IntArrayRef from);
+DimVector infer_reshape(IntArrayRef target, int64_t numel, IntArrayRef from);
 
 // Checks that the tensors agree on every dim except `dim`, and returns the output sizes.
-std::vector<int64_t> cat_output_sizes(absl::Span<const Tensor* const> tensors, int64_t dim);
+DimVector cat_output_sizes(absl::Span<const Tensor* const> tensors, int64_t dim);
 
 void check_defined(const char* op, const char* arg, const Tensor& t);
 void check_dtype(const char* op, const char* arg, const Tensor& t, DType expected);

@@ -53,8 +53,10 @@ std::string QuantParams::to_string() const {
 
 std::string shape_to_string(IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
 
-std::vector<int64_t> strides_for(IntArrayRef sizes, MemoryFormat format) {
-  std::vector<int64_t> st(sizes.size());
+namespace {
+
+// Strides for `sizes` into `st` (sizes.size() entries; no allocation: hot paths call this).
+void strides_into(IntArrayRef sizes, MemoryFormat format, int64_t* st) {
   if (format == MemoryFormat::kChannelsLast && sizes.size() == 4) {
     // NCHW sizes, NHWC order in memory: C fastest, then W, H, N.
     const int64_t c = std::max<int64_t>(sizes[1], 1), h = std::max<int64_t>(sizes[2], 1),
@@ -63,13 +65,20 @@ std::vector<int64_t> strides_for(IntArrayRef sizes, MemoryFormat format) {
     st[3] = c;
     st[2] = c * w;
     st[0] = c * w * h;
-    return st;
+    return;
   }
   int64_t s = 1;
   for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
     st[i] = s;
     s *= std::max<int64_t>(sizes[i], 1);
   }
+}
+
+}  // namespace
+
+std::vector<int64_t> strides_for(IntArrayRef sizes, MemoryFormat format) {
+  std::vector<int64_t> st(sizes.size());
+  strides_into(sizes, format, st.data());
   return st;
 }
 
@@ -108,8 +117,9 @@ Tensor Tensor::empty(IntArrayRef sizes, DType dtype, MemoryFormat format) {
   Tensor t;
   t.storage_ = Storage::allocate(static_cast<size_t>(product(sizes)) * dtype_size(dtype));
   t.dtype_ = dtype;
-  auto st = strides_for(sizes, format);
-  t.set_sizes_strides(sizes, st);
+  int64_t st[kMaxDims];
+  strides_into(sizes, format, st);
+  t.set_sizes_strides(sizes, IntArrayRef(st, sizes.size()));
   return t;
 }
 
@@ -148,8 +158,9 @@ Tensor Tensor::from_blob(void* data, IntArrayRef sizes, DType dtype, std::functi
   Tensor t;
   t.storage_ = Storage::wrap(data, static_cast<size_t>(product(sizes)) * dtype_size(dtype), std::move(release));
   t.dtype_ = dtype;
-  auto st = strides_for(sizes, MemoryFormat::kContiguous);
-  t.set_sizes_strides(sizes, st);
+  int64_t st[kMaxDims];
+  strides_into(sizes, MemoryFormat::kContiguous, st);
+  t.set_sizes_strides(sizes, IntArrayRef(st, sizes.size()));
   return t;
 }
 
@@ -169,7 +180,8 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
   if (!defined()) return false;
   if (format == MemoryFormat::kChannelsLast && ndim_ != 4) return false;
   if (format == MemoryFormat::kPreserve) return is_non_overlapping_and_dense();
-  auto expected = strides_for(sizes(), format);
+  int64_t expected[kMaxDims];
+  strides_into(sizes(), format, expected);
   for (int i = 0; i < ndim_; ++i) {
     if (sizes_[i] != 1 && strides_[i] != expected[i]) return false;
   }
@@ -308,10 +320,10 @@ Tensor Tensor::raw_view(IntArrayRef new_sizes) const {
   const int64_t n = numel();
   DBRQ_ENSURE(product(new_sizes) == n, ShapeError, "cannot view a tensor of sizes ", shape_string(), " (", n,
               " elements) as ", shape_to_string(new_sizes));
-  std::vector<int64_t> new_strides(new_sizes.size());
+  int64_t new_strides[kMaxDims];
   if (n == 0 || ndim_ == 0) {  // nothing to keep, or a scalar: every new dim has size 1
-    new_strides = strides_for(new_sizes, MemoryFormat::kContiguous);
-    return raw_as_strided(new_sizes, new_strides, offset_);
+    strides_into(new_sizes, MemoryFormat::kContiguous, new_strides);
+    return raw_as_strided(new_sizes, IntArrayRef(new_strides, new_sizes.size()), offset_);
   }
   int64_t view_d = static_cast<int64_t>(new_sizes.size()) - 1;
   int64_t chunk_base_stride = ndim_ > 0 ? strides_[ndim_ - 1] : 1;
@@ -333,7 +345,7 @@ Tensor Tensor::raw_view(IntArrayRef new_sizes) const {
     }
   }
   if (view_d != -1) return Tensor();
-  return raw_as_strided(new_sizes, new_strides, offset_);
+  return raw_as_strided(new_sizes, IntArrayRef(new_strides, new_sizes.size()), offset_);
 }
 
 Tensor Tensor::raw_permute(IntArrayRef dims) const {

@@ -26,13 +26,13 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/dim_vector.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/storage.h"
 
 namespace dbrq {
 
-inline constexpr int kMaxDims = 8;
 using IntArrayRef = absl::Span<const int64_t>;
 
 enum class MemoryFormat : uint8_t {

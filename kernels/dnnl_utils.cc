@@ -34,18 +34,36 @@ dt to_dnnl(DType t) {
 
 dnnl::memory::desc desc_of(const Tensor& t) { return desc_of(t, t.dtype()); }
 
-dnnl::memory::desc desc_of(const Tensor& t, DType as) {
-  dnnl::memory::dims dims(t.sizes().begin(), t.sizes().end());
-  dnnl::memory::dims strides(t.strides().begin(), t.strides().end());
-  if (dims.empty()) {  // oneDNN has no 0-D tensors
-    dims = {1};
-    strides = {1};
+namespace {
+
+// Descriptors through the C API, from arrays on the stack (the C++ constructors take dims vectors,
+// an allocation per descriptor on every call).
+dnnl::memory::desc checked(dnnl_status_t status, const dnnl_memory_desc_t& md, const char* what) {
+  if (status != dnnl_success) {
+    DBRQ_THROW(BackendError, "oneDNN failed describing ", what, " (status ", static_cast<int>(status), ")");
   }
-  return dnnl::memory::desc(dims, to_dnnl(as), strides);
+  return dnnl::memory::desc(md);
+}
+
+}  // namespace
+
+dnnl::memory::desc desc_of(const Tensor& t, DType as) {
+  dnnl_memory_desc_t md;
+  const int64_t one = 1;
+  const bool scalar = t.dim() == 0;  // oneDNN has no 0-D tensors
+  const int n = scalar ? 1 : static_cast<int>(t.dim());
+  const dnnl_status_t st =
+      dnnl_memory_desc_init_by_strides(&md, n, scalar ? &one : t.sizes().data(), static_cast<dnnl_data_type_t>(to_dnnl(as)),
+                                       scalar ? &one : t.strides().data());
+  return checked(st, md, "a tensor");
 }
 
 dnnl::memory::desc plain_desc(IntArrayRef dims, DType t, tag format) {
-  return dnnl::memory::desc(dnnl::memory::dims(dims.begin(), dims.end()), to_dnnl(t), format);
+  dnnl_memory_desc_t md;
+  const dnnl_status_t st =
+      dnnl_memory_desc_init_by_tag(&md, static_cast<int>(dims.size()), dims.data(),
+                                   static_cast<dnnl_data_type_t>(to_dnnl(t)), static_cast<dnnl_format_tag_t>(format));
+  return checked(st, md, "a plain layout");
 }
 
 dnnl::memory mem_of(const dnnl::memory::desc& d, const Tensor& t) {
@@ -68,25 +86,33 @@ struct Scratchpad {
 
 }  // namespace
 
-void execute(const dnnl::primitive& p, size_t scratchpad_bytes, std::unordered_map<int, dnnl::memory> args) {
+void execute(const dnnl::primitive& p, size_t scratchpad_bytes, ExecArgs args) {
   apply_thread_setting();
   if (scratchpad_bytes > 0) {
     // Grow-only per calling thread: oneDNN's worker threads never call execute, and two calling
-    // threads never share a scratchpad.
+    // threads never share a scratchpad. Its memory object is made once per size, not per call.
     thread_local Scratchpad pad;
+    thread_local dnnl::memory pad_mem;
+    thread_local size_t pad_mem_bytes = 0;
     if (pad.bytes < scratchpad_bytes) {
       pad.storage = Storage::allocate(scratchpad_bytes);
       pad.bytes = scratchpad_bytes;
     }
-    dnnl::memory::desc d({static_cast<int64_t>(scratchpad_bytes)}, dt::u8, tag::x);
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(d, cpu_engine(), pad.storage->data()));
+    if (pad_mem_bytes != pad.bytes) {
+      // Described with the whole buffer's size: oneDNN takes a scratchpad at least as large as it asks.
+      const int64_t n = static_cast<int64_t>(pad.bytes);
+      pad_mem = dnnl::memory(plain_desc(IntArrayRef(&n, 1), DType::kU8, tag::x), cpu_engine(), pad.storage->data());
+      pad_mem_bytes = pad.bytes;
+    }
+    args.emplace(DNNL_ARG_SCRATCHPAD, pad_mem);
   }
-  try {
-    p.execute(thread_stream(), args);
-    thread_stream().wait();
-  } catch (const dnnl::error& e) {
-    rethrow_dnnl("executing a primitive", e);
-  }
+  // The C API takes the arguments as an array (the C++ one as an unordered_map).
+  dnnl_exec_arg_t c_args[16];
+  DBRQ_CHECK(args.size() <= 16, "too many primitive arguments");
+  for (size_t i = 0; i < args.size(); ++i) c_args[i] = {args[i].first, args[i].second.get()};
+  dnnl_status_t st = dnnl_primitive_execute(p.get(), thread_stream().get(), static_cast<int>(args.size()), c_args);
+  if (st == dnnl_success) st = dnnl_stream_wait(thread_stream().get());
+  if (st != dnnl_success) rethrow_dnnl("executing a primitive", dnnl::error(st, "could not execute a primitive"));
 }
 
 void rethrow_dnnl(const char* what, const dnnl::error& e) {
@@ -171,14 +197,22 @@ dnnl::memory packed_weights(const Tensor& w, const dnnl::memory::desc& user_desc
 }
 
 void reorder_into(const Tensor& src, Tensor& dst) {
-  try {
-    dnnl::memory s = mem_of(src), d = mem_of(dst);
-    apply_thread_setting();
-    dnnl::reorder(s, d).execute(thread_stream(), s, d);
-    thread_stream().wait();
-  } catch (const dnnl::error& e) {
-    rethrow_dnnl("reordering", e);
-  }
+  // Reorder primitives are cached like every other (creating one costs far more than small copies).
+  PrimitiveKey key("reorder");
+  key.add(src).add(dst).add(static_cast<int64_t>(get_num_threads()));
+  const dnnl::memory::desc src_md = desc_of(src), dst_md = desc_of(dst);
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      dnnl::reorder::primitive_desc pd(cpu_engine(), src_md, cpu_engine(), dst_md, base_attr());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::reorder(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      return e;
+    } catch (const dnnl::error& err) {
+      rethrow_dnnl("creating a reorder", err);
+    }
+  });
+  execute(entry->prim, entry->scratchpad_bytes, {{DNNL_ARG_FROM, mem_of(src_md, src)}, {DNNL_ARG_TO, mem_of(dst_md, dst)}});
 }
 
 }  // namespace dbrq::kernels

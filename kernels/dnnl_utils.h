@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "core/tensor.h"
 #include "core/threading.h"
@@ -46,8 +47,20 @@ inline dnnl::memory mem_of(const Tensor& t) { return mem_of(desc_of(t), t); }
 // Attributes every dbrq primitive uses: user-managed scratchpad.
 dnnl::primitive_attr base_attr();
 
+// A primitive's arguments (DNNL_ARG_* -> memory), kept inline: executing allocates no map.
+class ExecArgs {
+ public:
+  ExecArgs(std::initializer_list<std::pair<int, dnnl::memory>> args) : args_(args.begin(), args.end()) {}
+  void emplace(int arg, dnnl::memory m) { args_.emplace_back(arg, std::move(m)); }
+  size_t size() const { return args_.size(); }
+  const std::pair<int, dnnl::memory>& operator[](size_t i) const { return args_[i]; }
+
+ private:
+  absl::InlinedVector<std::pair<int, dnnl::memory>, 8> args_;
+};
+
 // Runs a primitive on this thread's stream with a thread-local scratchpad of `scratchpad_bytes`.
-void execute(const dnnl::primitive& p, size_t scratchpad_bytes, std::unordered_map<int, dnnl::memory> args);
+void execute(const dnnl::primitive& p, size_t scratchpad_bytes, ExecArgs args);
 
 // Converts a oneDNN failure while creating or running `what` into a dbrq::BackendError.
 [[noreturn]] void rethrow_dnnl(const char* what, const dnnl::error& e);
@@ -75,7 +88,7 @@ class PrimitiveKey {
   // dtype, sizes and strides (not the data).
   PrimitiveKey& add(const Tensor& t);
   PrimitiveKey& add_string(const char* s);
-  const std::vector<int64_t>& values() const { return v_; }
+  IntArrayRef values() const { return IntArrayRef(v_.data(), v_.size()); }
   bool operator==(const PrimitiveKey& o) const { return v_ == o.v_; }
   template <typename H>
   friend H AbslHashValue(H h, const PrimitiveKey& k) {
@@ -83,7 +96,8 @@ class PrimitiveKey {
   }
 
  private:
-  std::vector<int64_t> v_;
+  // Inline: building a key on every call allocates nothing (keys hold ~10-40 values).
+  absl::InlinedVector<int64_t, 48> v_;
 };
 
 // A bounded LRU map from key to V, safe to use from several threads. Values are shared_ptr so a
@@ -93,7 +107,9 @@ class LruCache {
  public:
   explicit LruCache(size_t capacity) : capacity_(capacity) {}
 
-  std::shared_ptr<V> get_or_create(const PrimitiveKey& key, const std::function<std::shared_ptr<V>()>& create) {
+  // `create` runs on a miss only (a template: a std::function would allocate per call).
+  template <typename Create>
+  std::shared_ptr<V> get_or_create(const PrimitiveKey& key, Create&& create) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);

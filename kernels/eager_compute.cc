@@ -60,7 +60,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
     }
   });
   dnnl::memory wmem = packed_weights(w, conv_weights_user_desc(w, p.groups), entry->weights_desc);
-  std::unordered_map<int, dnnl::memory> args = {
+  ExecArgs args = {
       {DNNL_ARG_SRC, mem_of(src_md, src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
   const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
@@ -69,7 +69,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
 }
 
 Tensor linear(const Tensor& x, const Tensor& w_in, const Tensor& b, const PostOps& post) {
-  const std::vector<int64_t> out_sizes = linear_output_sizes(x, w_in, b);
+  const DimVector out_sizes = linear_output_sizes(x, w_in, b);
   check_float("linear", "input", x);
   check_float("linear", "weight", w_in);
   if (b.defined()) check_float("linear", "bias", b);
@@ -107,7 +107,7 @@ Tensor linear(const Tensor& x, const Tensor& w_in, const Tensor& b, const PostOp
     }
   });
   dnnl::memory wmem = packed_weights(w, desc_of(w), entry->weights_desc);
-  std::unordered_map<int, dnnl::memory> args = {
+  ExecArgs args = {
       {DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
   const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({n}, DType::kF32, tag::x), bias));
@@ -145,7 +145,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (!a.defined()) a = copy(a_in, MemoryFormat::kContiguous, DType::kF32).raw_view(s.a);
   if (!b.defined()) b = copy(b_in, MemoryFormat::kContiguous, DType::kF32).raw_view(s.b);
   Tensor dst = Tensor::empty(s.out, DType::kF32);
-  std::vector<int64_t> final_sizes = s.out;
+  DimVector final_sizes = s.out;
   if (s.squeeze_n) final_sizes.pop_back();
   if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
   if (dst.numel() == 0) return dst.raw_view(final_sizes);

@@ -139,7 +139,7 @@ Tensor binary(BinaryAlg alg, const Tensor& a_in, const Tensor& b_in) {
   const char* name = binary_name(alg);
   check_float(name, "input", a_in);
   check_float(name, "other", b_in);
-  const std::vector<int64_t> out = broadcast_shapes(name, a_in.sizes(), b_in.sizes());
+  const DimVector out = broadcast_shapes(name, a_in.sizes(), b_in.sizes());
   Tensor a = promote_rank(dense(a_in), out.size()), b = promote_rank(dense(b_in), out.size());
   const bool commutative = alg == BinaryAlg::kAdd || alg == BinaryAlg::kMul;
   if (IntArrayRef(out) != a.sizes() && IntArrayRef(out) == b.sizes() && commutative) std::swap(a, b);
@@ -161,7 +161,7 @@ void binary_inplace(BinaryAlg alg, Tensor& a, const Tensor& b_in) {
   const char* name = binary_name(alg);
   check_float(name, "self", a);
   check_float(name, "other", b_in);
-  const std::vector<int64_t> out = broadcast_shapes(name, a.sizes(), b_in.sizes());
+  const DimVector out = broadcast_shapes(name, a.sizes(), b_in.sizes());
   DBRQ_ENSURE(IntArrayRef(out) == a.sizes(), ShapeError, name, "_: result sizes ", shape_to_string(out),
               " differ from the in-place tensor's sizes ", a.shape_string());
   if (a.numel() == 0) return;

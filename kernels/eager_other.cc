@@ -97,7 +97,7 @@ Tensor layer_norm(const Tensor& x_in, IntArrayRef normalized_shape, const Tensor
       rethrow_dnnl("creating a layer normalization primitive", e);
     }
   });
-  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_DST, mem_of(d2)}};
+  ExecArgs args = {{DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_DST, mem_of(d2)}};
   if (affine) {
     args.emplace(DNNL_ARG_SCALE, mem_of(plain_desc({n}, DType::kF32, tag::x), w));
     args.emplace(DNNL_ARG_SHIFT, mem_of(plain_desc({n}, DType::kF32, tag::x), b));
@@ -349,7 +349,7 @@ Tensor std_dev(const Tensor& x, IntArrayRef dims, bool unbiased, bool keepdim) {
 }
 
 Tensor cat(absl::Span<const Tensor* const> tensors, int64_t dim) {
-  const std::vector<int64_t> out = cat_output_sizes(tensors, dim);
+  const DimVector out = cat_output_sizes(tensors, dim);
   const Tensor& first = *tensors[0];
   const int64_t d = first.wrap_dim(dim);
   DBRQ_ENSURE(first.dtype() == DType::kF32 || is_quantized_dtype(first.dtype()) || first.dtype() == DType::kS32,
@@ -416,7 +416,7 @@ Tensor copy(const Tensor& x, MemoryFormat format, DType dtype) {
 void copy_into(Tensor& dst, const Tensor& src) {
   check_defined("copy_", "self", dst);
   check_defined("copy_", "src", src);
-  const std::vector<int64_t> out = broadcast_shapes("copy_", dst.sizes(), src.sizes());
+  const DimVector out = broadcast_shapes("copy_", dst.sizes(), src.sizes());
   DBRQ_ENSURE(IntArrayRef(out) == dst.sizes(), ShapeError, "copy_: source sizes ", src.shape_string(),
               " do not broadcast to destination sizes ", dst.shape_string());
   if (dst.numel() == 0) return;

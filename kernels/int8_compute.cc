@@ -13,17 +13,26 @@
 
 namespace dbrq::kernels {
 
-RequantScales requant_scales(float src_scale, const std::vector<float>& weight_scales, float dst_scale) {
+namespace {
+
+// One channel of requant_scales (no allocation: QMatmul computes it per call).
+void requant_scale(float src_scale, float weight_scale, float dst_scale, float* bias_scale, float* op_scale) {
   // PyTorch keeps scales as doubles and hands oneDNN float reciprocals (1.0 / s in double).
   const float src_r = static_cast<float>(1.0 / static_cast<double>(src_scale));
   const float dst_r = dst_scale > 0 ? static_cast<float>(1.0 / static_cast<double>(dst_scale)) : 1.f;
+  const float w_r = static_cast<float>(1.0 / static_cast<double>(weight_scale));
+  *bias_scale = src_r * w_r;
+  *op_scale = dst_r / *bias_scale;
+}
+
+}  // namespace
+
+RequantScales requant_scales(float src_scale, const std::vector<float>& weight_scales, float dst_scale) {
   RequantScales r;
   r.bias_scales.resize(weight_scales.size());
   r.op_scales.resize(weight_scales.size());
   for (size_t i = 0; i < weight_scales.size(); ++i) {
-    const float w_r = static_cast<float>(1.0 / static_cast<double>(weight_scales[i]));
-    r.bias_scales[i] = src_r * w_r;
-    r.op_scales[i] = dst_r / r.bias_scales[i];
+    requant_scale(src_scale, weight_scales[i], dst_scale, &r.bias_scales[i], &r.op_scales[i]);
   }
   return r;
 }
@@ -44,8 +53,9 @@ class PrimitiveCacheImpl {
  public:
   static constexpr size_t kCapacity = 16;
 
-  std::shared_ptr<const Int8Entry> get(const PrimitiveKey& key,
-                                       const std::function<std::shared_ptr<Int8Entry>()>& create) {
+  // `create` runs on a miss only (a template: a std::function would allocate per call).
+  template <typename Create>
+  std::shared_ptr<const Int8Entry> get(const PrimitiveKey& key, Create&& create) {
     std::shared_ptr<const Int8Entry> last = std::atomic_load(&last_);
     if (last != nullptr && last->key == key) return last;
     std::lock_guard<std::mutex> lock(mu_);
@@ -242,7 +252,7 @@ Tensor QConv2d::run(const Tensor& x_in, const Tensor* residual, const Tensor* ou
       rethrow_dnnl("creating an int8 convolution", err);
     }
   });
-  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
+  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
                                                 {DNNL_ARG_WEIGHTS, entry->weights},
                                                 {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
   if (bias_acc_.defined()) args.emplace(DNNL_ARG_BIAS, entry->bias);
@@ -322,7 +332,7 @@ Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) 
 
 Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std::vector<float>& op_scales,
                            const Tensor& bias, const QuantParams* dstq) const {
-  const std::vector<int64_t> out_sizes = linear_output_sizes(x_in, o_.weight, o_.bias);
+  const DimVector out_sizes = linear_output_sizes(x_in, o_.weight, o_.bias);
   const int64_t k = o_.weight.size(1), n = o_.weight.size(0);
   const int64_t m = k == 0 ? 0 : x_in.numel() / k;
   Tensor x = x_in.raw_view({m, k});
@@ -373,7 +383,7 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
       rethrow_dnnl("creating an int8 matmul for linear", err);
     }
   });
-  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
+  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
                                                 {DNNL_ARG_WEIGHTS, entry->weights},
                                                 {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({1, n}, DType::kF32, tag::ab), bias));
@@ -431,19 +441,20 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   const DType out_dt = dynamic_ ? DType::kF32 : DType::kU8;
   Tensor dst = Tensor::empty(s.out, out_dt);
   if (!dynamic_) dst = dst.with_qparams(dst_);
-  std::vector<int64_t> final_sizes = s.out;
+  DimVector final_sizes = s.out;
   if (s.squeeze_n) final_sizes.pop_back();
   if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
   if (dst.numel() == 0) return dst.raw_view(final_sizes);
   // PyTorch convention, one scale for the whole product.
-  const RequantScales r = requant_scales(a.q_scale(), {b.q_scale()}, dynamic_ ? 0.f : dst_->scale());
+  float bias_scale, op_scale;
+  requant_scale(a.q_scale(), b.q_scale(), dynamic_ ? 0.f : dst_->scale(), &bias_scale, &op_scale);
   PrimitiveKey key("qmatmul");
-  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads())).add(r.op_scales[0]);
+  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads())).add(op_scale);
   key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
   auto entry = cache_->get(key, [&] {
     try {
       dnnl::primitive_attr attr = base_attr();
-      attr.set_output_scales(0, {r.op_scales[0]});
+      attr.set_output_scales(0, {op_scale});
       if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
       if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
       if (!dynamic_ && dst_->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_->zero_point()});

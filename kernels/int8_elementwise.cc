@@ -221,7 +221,8 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
   const int64_t sn = x.stride(0), sc = x.stride(1), sh = x.stride(2), sw = x.stride(3);
   const int64_t dn = dst.stride(0), dc = dst.stride(1), dh = dst.stride(2), dw = dst.stride(3);
   parallel_for(n * os[0], 1, [&](int64_t lo, int64_t hi) {
-    std::vector<int32_t> acc(static_cast<size_t>(c));
+    thread_local std::vector<int32_t> acc;  // grow-only per worker: no allocation per call
+    acc.resize(static_cast<size_t>(c));
     for (int64_t nh = lo; nh < hi; ++nh) {
       const int64_t b = nh / os[0], i = nh % os[0];
       const int64_t h0 = (i * h) / os[0], h1 = ((i + 1) * h + os[0] - 1) / os[0];

@@ -1,5 +1,7 @@
 #include "runtime/nn.h"
 
+#include "runtime/ops/op_call.h"
+
 #include <atomic>
 #include <cmath>
 
@@ -109,6 +111,13 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool ele
   }
 }
 
+Tensor LayerNorm::forward(const Tensor& x) {
+  NormParams p;
+  p.eps = eps_;
+  p.normalized_shape.assign(normalized_shape_.begin(), normalized_shape_.end());
+  return ops::layer_norm(x, p, weight, bias);
+}
+
 std::string LayerNorm::extra_repr() const {
   return absl::StrCat("(", absl::StrJoin(normalized_shape_, ", "), ",), eps=", eps_);
 }
@@ -143,10 +152,7 @@ MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding, int64
   params_.ceil_mode = ceil_mode;
 }
 
-Tensor MaxPool2d::forward(const Tensor& x) {
-  return max_pool2d(x, params_.kernel_size, {params_.stride[0], params_.stride[1]}, params_.padding, params_.dilation,
-                    params_.ceil_mode);
-}
+Tensor MaxPool2d::forward(const Tensor& x) { return ops::max_pool2d(x, params_); }
 
 std::string MaxPool2d::extra_repr() const {
   return absl::StrCat("kernel_size=", params_.kernel_size[0], ", stride=", params_.stride[0],
@@ -160,10 +166,7 @@ AvgPool2d::AvgPool2d(int64_t kernel_size, int64_t stride, int64_t padding, bool 
   params_.count_include_pad = count_include_pad;
 }
 
-Tensor AvgPool2d::forward(const Tensor& x) {
-  return avg_pool2d(x, params_.kernel_size, {params_.stride[0], params_.stride[1]}, params_.padding, params_.ceil_mode,
-                    params_.count_include_pad);
-}
+Tensor AvgPool2d::forward(const Tensor& x) { return ops::avg_pool2d(x, params_); }
 
 std::string AvgPool2d::extra_repr() const {
   return absl::StrCat("kernel_size=", params_.kernel_size[0], ", stride=", params_.stride[0],

@@ -136,7 +136,7 @@ class LayerNorm final : public Layer<LayerNorm> {
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
       : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
-  Tensor forward(const Tensor& x) { return layer_norm(x, normalized_shape_, weight, bias, eps_); }
+  Tensor forward(const Tensor& x);
   std::string extra_repr() const override;
 
   Tensor weight, bias;

@@ -91,7 +91,7 @@ using WeightedFactory = std::unique_ptr<kernels::QWeighted> (*)(kernels::QWeight
                                                                 const void* params);
 using FoldFn = void (*)(const Tensor& w, const Tensor& b, absl::Span<const Tensor> stats, const void* params,
                         Tensor* w_out, Tensor* b_out);
-using SizesFn = std::vector<int64_t> (*)(const OpCall& call);
+using SizesFn = DimVector (*)(const OpCall& call);
 
 struct OpDef {
   OpKind kind = OpKind::kNumOpKinds;

@@ -169,7 +169,8 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false
 Tensor std(const Tensor& x, std::vector<int64_t> dims = {}, bool unbiased = true, bool keepdim = false);
 
 // ---- joining and shape ops (int8 tensors pass through these unchanged) ----
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// `tensors`: a braced list ({a, b}) or any contiguous container of tensors (no copy is made).
+Tensor cat(absl::Span<const Tensor> tensors, int64_t dim = 0);
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor reshape(const Tensor& x, std::vector<int64_t> sizes);
 Tensor permute(const Tensor& x, std::vector<int64_t> dims);

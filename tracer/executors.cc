@@ -82,7 +82,7 @@ Tensor run_fp32(const OpCall& call) {
   // An explicit dequantize in user code takes its int8 argument as it is.
   if (!any_quantized(call) || op_def(call.kind).takes_int8) return call.run(call);
   // Dequantize every int8 argument; keep the rest. At most a handful of inputs except for cat.
-  std::vector<Tensor> deq(call.inputs.size());
+  absl::InlinedVector<Tensor, 4> deq(call.inputs.size());
   absl::InlinedVector<const Tensor*, 8> ptrs(call.inputs.size());
   {
     InterceptorScope none(nullptr);

@@ -36,8 +36,8 @@ Tensor run_activation(const OpCall& c) {
   return kernels::eltwise(e, c.input(0));
 }
 
-std::vector<int64_t> same_sizes(const OpCall& c) {
-  return std::vector<int64_t>(c.input(0).sizes().begin(), c.input(0).sizes().end());
+DimVector same_sizes(const OpCall& c) {
+  return DimVector(c.input(0).sizes().begin(), c.input(0).sizes().end());
 }
 
 Tensor unary_op(OpKind kind, const Tensor& x, const ActivationParams* p = nullptr) {

@@ -38,8 +38,8 @@ Tensor run_binary_inplace(const OpCall& c) {
   return self;
 }
 
-std::vector<int64_t> binary_sizes(const OpCall& c) {
-  if (c.has_scalar) return std::vector<int64_t>(c.input(0).sizes().begin(), c.input(0).sizes().end());
+DimVector binary_sizes(const OpCall& c) {
+  if (c.has_scalar) return DimVector(c.input(0).sizes().begin(), c.input(0).sizes().end());
   return broadcast_shapes(op_name(c.kind), c.input(0).sizes(), c.input(1).sizes());
 }
 

@@ -13,7 +13,7 @@ Tensor run_conv2d(const OpCall& c) {
   return kernels::conv2d(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
 }
 
-std::vector<int64_t> conv2d_sizes(const OpCall& c) {
+DimVector conv2d_sizes(const OpCall& c) {
   const ConvGeometry g = conv2d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
   return {g.n, g.k, g.oh, g.ow};
 }

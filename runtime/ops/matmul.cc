@@ -13,8 +13,8 @@ namespace {
 Tensor run_linear(const OpCall& c) { return kernels::linear(c.input(0), c.input(1), c.input(2)); }
 Tensor run_matmul(const OpCall& c) { return kernels::matmul(c.input(0), c.input(1)); }
 
-std::vector<int64_t> linear_sizes(const OpCall& c) { return linear_output_sizes(c.input(0), c.input(1), c.input(2)); }
-std::vector<int64_t> matmul_sizes(const OpCall& c) {
+DimVector linear_sizes(const OpCall& c) { return linear_output_sizes(c.input(0), c.input(1), c.input(2)); }
+DimVector matmul_sizes(const OpCall& c) {
   return matmul_shapes(c.input(0).sizes(), c.input(1).sizes()).out;
 }
 

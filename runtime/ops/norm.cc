@@ -18,8 +18,8 @@ Tensor run_layer_norm(const OpCall& c) {
   return kernels::layer_norm(c.input(0), np.normalized_shape, c.input(1), c.input(2), np.eps);
 }
 
-std::vector<int64_t> same_sizes(const OpCall& c) {
-  return std::vector<int64_t>(c.input(0).sizes().begin(), c.input(0).sizes().end());
+DimVector same_sizes(const OpCall& c) {
+  return DimVector(c.input(0).sizes().begin(), c.input(0).sizes().end());
 }
 
 // stats: running mean, running var, weight, bias as the op received them.
@@ -46,14 +46,18 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 
 Tensor layer_norm(const Tensor& input, std::vector<int64_t> normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  const Tensor* in[] = {&input, &weight, &bias};
   NormParams p;
   p.eps = eps;
-  p.normalized_shape = std::move(normalized_shape);
-  return ops::call(OpKind::kLayerNorm, in, &p, run_layer_norm);
+  p.normalized_shape.assign(normalized_shape.begin(), normalized_shape.end());
+  return ops::layer_norm(input, p, weight, bias);
 }
 
 namespace ops {
+
+Tensor layer_norm(const Tensor& input, const NormParams& params, const Tensor& weight, const Tensor& bias) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  return call(OpKind::kLayerNorm, in, &params, run_layer_norm);
+}
 
 void register_norm_ops(OpRegistry& r) {
   OpDef& bn = r.define(OpKind::kBatchNorm, "batch_norm").with_params<NormParams>();

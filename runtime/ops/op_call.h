@@ -51,6 +51,12 @@ inline Tensor& call_inplace(OpKind kind, Tensor& self, const Tensor* other, cons
 
 inline Tensor& mutable_self(const OpCall& c) { return const_cast<Tensor&>(*c.inputs[0]); }
 
+// Pooling with every parameter given (the layers' forward: no stride vector built per call).
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params);
+// layer_norm with its parameters built (LayerNorm::forward).
+Tensor layer_norm(const Tensor& input, const NormParams& params, const Tensor& weight, const Tensor& bias);
+
 // Each family's registration, called once by op_registry() in this order.
 void register_conv_ops(OpRegistry& r);
 void register_matmul_ops(OpRegistry& r);

@@ -25,14 +25,14 @@ Tensor run_adaptive_avg_pool2d(const OpCall& c) {
 }
 
 template <const char* kName>
-std::vector<int64_t> pool2d_sizes(const OpCall& c) {
+DimVector pool2d_sizes(const OpCall& c) {
   const PoolGeometry g = pool2d_geometry(kName, c.input(0), c.p<Pool2dParams>());
   return {g.n, g.c, g.oh, g.ow};
 }
 constexpr char kMaxPool[] = "max_pool2d";
 constexpr char kAvgPool[] = "avg_pool2d";
 
-std::vector<int64_t> adaptive_sizes(const OpCall& c) {
+DimVector adaptive_sizes(const OpCall& c) {
   const Tensor& x = c.input(0);
   const auto& out = c.p<AdaptivePool2dParams>().output_size;
   DBRQ_ENSURE(x.dim() == 4, ShapeError, "adaptive_avg_pool2d: input must be 4-D, got ", x.shape_string());
@@ -80,6 +80,16 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
 }
 
 namespace ops {
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const Tensor* in[] = {&x};
+  return call(OpKind::kMaxPool2d, in, &params, run_max_pool2d);
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const Tensor* in[] = {&x};
+  return call(OpKind::kAvgPool2d, in, &params, run_avg_pool2d);
+}
 
 void register_pooling_ops(OpRegistry& r) {
   OpDef& mx = r.define(OpKind::kMaxPool2d, "max_pool2d").with_params<Pool2dParams>();

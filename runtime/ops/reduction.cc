@@ -23,7 +23,7 @@ Tensor int8_mean(const Tensor& x, const void* p) {
 
 Tensor reduce(OpKind kind, const Tensor& x, std::vector<int64_t> dims, bool keepdim, bool unbiased, OpFn run) {
   DimParams p;
-  p.dims = std::move(dims);
+  p.dims.assign(dims.begin(), dims.end());
   p.keepdim = keepdim;
   p.unbiased = unbiased;
   const Tensor* in[] = {&x};

@@ -20,7 +20,7 @@ void check_not_per_channel(const char* op, const Tensor& x) {
 
 Tensor reshape_impl(const Tensor& x, IntArrayRef target_in) {
   check_defined("reshape", "input", x);
-  const std::vector<int64_t> target = infer_reshape(target_in, x.numel(), x.sizes());
+  const DimVector target = infer_reshape(target_in, x.numel(), x.sizes());
   if (IntArrayRef(target) == x.sizes()) return x.raw_as_strided(x.sizes(), x.strides(), x.storage_offset());
   check_not_per_channel("reshape", x);
   Tensor v = x.raw_view(target);
@@ -33,7 +33,7 @@ Tensor run_reshape(const OpCall& c) { return reshape_impl(c.input(0), c.p<ShapeP
 Tensor run_view(const OpCall& c) {
   const Tensor& x = c.input(0);
   check_defined("view", "input", x);
-  const std::vector<int64_t> target = infer_reshape(c.p<ShapeParams>().sizes, x.numel(), x.sizes());
+  const DimVector target = infer_reshape(c.p<ShapeParams>().sizes, x.numel(), x.sizes());
   check_not_per_channel("view", x);
   Tensor v = x.raw_view(target);
   if (!v.defined() && x.dim() == 4 && x.is_channels_last()) {
@@ -54,7 +54,7 @@ Tensor run_flatten(const OpCall& c) {
   if (x.dim() == 0) return reshape_impl(x, {1});
   const int64_t start = x.wrap_dim(p.start), end = x.wrap_dim(p.length);
   DBRQ_ENSURE(start <= end, ValueError, "flatten: start_dim (", p.start, ") must not come after end_dim (", p.length, ")");
-  std::vector<int64_t> sizes;
+  DimVector sizes;
   for (int64_t d = 0; d < start; ++d) sizes.push_back(x.size(d));
   int64_t m = 1;
   for (int64_t d = start; d <= end; ++d) m *= x.size(d);
@@ -73,7 +73,7 @@ Tensor run_transpose(const OpCall& c) {
   check_defined("transpose", "input", x);
   const ShapeParams& p = c.p<ShapeParams>();
   const int64_t a = x.wrap_dim(p.start), b = x.wrap_dim(p.length);
-  std::vector<int64_t> dims(x.dim());
+  DimVector dims(x.dim());
   for (int64_t d = 0; d < x.dim(); ++d) dims[d] = d;
   std::swap(dims[a], dims[b]);
   return x.raw_permute(dims);
@@ -88,7 +88,7 @@ Tensor run_narrow(const OpCall& c) {
   DBRQ_ENSURE(step >= 1, ValueError, "slice: step must be >= 1, got ", step);
   Tensor n = x.raw_narrow(d, p.start, p.length);
   if (step == 1) return n;
-  std::vector<int64_t> sizes(n.sizes().begin(), n.sizes().end()), strides(n.strides().begin(), n.strides().end());
+  DimVector sizes(n.sizes().begin(), n.sizes().end()), strides(n.strides().begin(), n.strides().end());
   sizes[d] = (p.length + step - 1) / step;
   strides[d] *= step;
   Tensor s = n.raw_as_strided(sizes, strides, n.storage_offset());
@@ -116,7 +116,7 @@ Tensor run_select(const OpCall& c) {
   DBRQ_ENSURE(i >= -x.size(d) && i < x.size(d), IndexError, "select: index ", i, " is out of range for dim ", d,
               " of size ", x.size(d));
   if (i < 0) i += x.size(d);
-  std::vector<int64_t> sizes, strides;
+  DimVector sizes, strides;
   for (int64_t k = 0; k < x.dim(); ++k) {
     if (k == d) continue;
     sizes.push_back(x.size(k));
@@ -134,7 +134,7 @@ Tensor run_unsqueeze(const OpCall& c) {
   DBRQ_ENSURE(d >= -n && d < n, IndexError, "unsqueeze: dim ", d, " is out of range for a ", x.dim(), "-D tensor");
   if (d < 0) d += n;
   check_not_per_channel("unsqueeze", x);
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end()), strides(x.strides().begin(), x.strides().end());
+  DimVector sizes(x.sizes().begin(), x.sizes().end()), strides(x.strides().begin(), x.strides().end());
   const int64_t st = d < x.dim() ? x.stride(d) * x.size(d) : 1;
   sizes.insert(sizes.begin() + d, 1);
   strides.insert(strides.begin() + d, st);
@@ -147,7 +147,7 @@ Tensor run_squeeze(const OpCall& c) {
   const int64_t d = x.wrap_dim(c.p<ShapeParams>().start);
   if (x.size(d) != 1) return x.raw_as_strided(x.sizes(), x.strides(), x.storage_offset());
   check_not_per_channel("squeeze", x);
-  std::vector<int64_t> sizes, strides;
+  DimVector sizes, strides;
   for (int64_t k = 0; k < x.dim(); ++k) {
     if (k == d) continue;
     sizes.push_back(x.size(k));
@@ -187,11 +187,11 @@ Tensor run_dropout(const OpCall& c) {
 
 Tensor run_cat(const OpCall& c) { return kernels::cat(c.inputs, c.p<DimParams>().dims[0]); }
 
-std::vector<int64_t> cat_sizes(const OpCall& c) { return cat_output_sizes(c.inputs, c.p<DimParams>().dims[0]); }
+DimVector cat_sizes(const OpCall& c) { return cat_output_sizes(c.inputs, c.p<DimParams>().dims[0]); }
 
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor cat(absl::Span<const Tensor> tensors, int64_t dim) {
   absl::InlinedVector<const Tensor*, 8> in;
   in.reserve(tensors.size());
   for (const Tensor& t : tensors) in.push_back(&t);
@@ -201,7 +201,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   c.kind = OpKind::kCat;
   c.inputs = absl::MakeConstSpan(in);
   c.params = &p;
-  c.run = [](const OpCall& call) { return kernels::cat(call.inputs, call.p<DimParams>().dims[0]); };
+  c.run = run_cat;
   return dispatch(c);
 }
 
@@ -213,19 +213,20 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   return ops::call(OpKind::kFlatten, in, &p, run_flatten);
 }
 
-Tensor reshape(const Tensor& x, std::vector<int64_t> sizes) {
+namespace {
+
+// reshape / permute from sizes or dims in any container (the parameters hold them inline).
+Tensor sizes_op(OpKind kind, const Tensor& x, IntArrayRef sizes, OpFn run) {
   ShapeParams p;
-  p.sizes = std::move(sizes);
+  p.sizes.assign(sizes.begin(), sizes.end());
   const Tensor* in[] = {&x};
-  return ops::call(OpKind::kReshape, in, &p, run_reshape);
+  return ops::call(kind, in, &p, run);
 }
 
-Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
-  ShapeParams p;
-  p.sizes = std::move(dims);
-  const Tensor* in[] = {&x};
-  return ops::call(OpKind::kPermute, in, &p, run_permute);
-}
+}  // namespace
+
+Tensor reshape(const Tensor& x, std::vector<int64_t> sizes) { return sizes_op(OpKind::kReshape, x, sizes, run_reshape); }
+Tensor permute(const Tensor& x, std::vector<int64_t> dims) { return sizes_op(OpKind::kPermute, x, dims, run_permute); }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
   ShapeParams p;
@@ -248,17 +249,11 @@ Tensor identity(const Tensor& x) {
   return ops::call(OpKind::kIdentity, in, nullptr, run_identity);
 }
 
-Tensor Tensor::reshape(IntArrayRef sizes) const { return dbrq::reshape(*this, std::vector<int64_t>(sizes.begin(), sizes.end())); }
-
-Tensor Tensor::view(IntArrayRef sizes) const {
-  ShapeParams p;
-  p.sizes.assign(sizes.begin(), sizes.end());
-  const Tensor* in[] = {this};
-  return ops::call(OpKind::kReshape, in, &p, run_view);
-}
+Tensor Tensor::reshape(IntArrayRef sizes) const { return sizes_op(OpKind::kReshape, *this, sizes, run_reshape); }
+Tensor Tensor::view(IntArrayRef sizes) const { return sizes_op(OpKind::kReshape, *this, sizes, run_view); }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const { return dbrq::flatten(*this, start_dim, end_dim); }
-Tensor Tensor::permute(IntArrayRef dims) const { return dbrq::permute(*this, std::vector<int64_t>(dims.begin(), dims.end())); }
+Tensor Tensor::permute(IntArrayRef dims) const { return sizes_op(OpKind::kPermute, *this, dims, run_permute); }
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const { return dbrq::transpose(*this, dim0, dim1); }
 
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {

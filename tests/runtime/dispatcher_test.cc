@@ -158,7 +158,7 @@ TEST(DispatchOps, OptionalArgumentsAreUndefinedTensorsAndParamsArePassed) {
       EXPECT_TRUE(c.p<ActivationParams>().approximate_tanh);
     }
     if (c.kind == OpKind::kSoftmax) {
-      EXPECT_EQ(c.p<DimParams>().dims, std::vector<int64_t>{-1});
+      EXPECT_EQ(c.p<DimParams>().dims, DimVector{-1});
     }
     return std::nullopt;
   };
