@@ -1,0 +1,74 @@
+// kernels::QLinear against a naive matrix product (tests/kernels/qlinear_tester.h).
+#include <gtest/gtest.h>
+
+#include "tests/kernels/qlinear_tester.h"
+
+namespace dbrq::kernel_testing {
+namespace {
+
+TEST(QLinear, Default) { QLinearTester().iterations(3).Test(); }
+
+TEST(QLinear, SingleRow) { QLinearTester().batch_dims({1}).Test(); }
+
+TEST(QLinear, VectorInput) { QLinearTester().batch_dims({}).input_zero_point(5).Test(); }
+
+TEST(QLinear, BatchDims) { QLinearTester().batch_dims({2, 3}).input_zero_point(3).Test(); }
+
+TEST(QLinear, ThreeBatchDims) { QLinearTester().batch_dims({2, 1, 4}).input_channels(8).output_channels(16).Test(); }
+
+TEST(QLinear, EmptyBatch) { QLinearTester().batch_dims({0}).Test(); }
+
+TEST(QLinear, NoBias) { QLinearTester().bias(false).input_zero_point(128).Test(); }
+
+TEST(QLinear, PerTensor) { QLinearTester().per_channel(false).input_zero_point(17).Test(); }
+
+TEST(QLinear, PerTensorNoBias) { QLinearTester().per_channel(false).bias(false).batch_dims({4, 2}).Test(); }
+
+TEST(QLinear, InputZeroPoints) {
+  for (int32_t zp : {1, 64, 200, 255}) QLinearTester().input_zero_point(zp).Test();
+}
+
+TEST(QLinear, Wide) { QLinearTester().input_channels(64).output_channels(33).batch_dims({5}).Test(); }
+
+TEST(QLinear, Relu) { QLinearTester().post(Post::kRelu).iterations(2).Test(); }
+
+TEST(QLinear, ReluPerTensorZeroPoint) {
+  QLinearTester().post(Post::kRelu).per_channel(false).input_zero_point(9).batch_dims({2, 3}).Test();
+}
+
+TEST(QLinear, ReluNoBias) { QLinearTester().post(Post::kRelu).bias(false).Test(); }
+
+TEST(QLinear, Relu6) { QLinearTester().post(Post::kRelu6).input_zero_point(20).Test(); }
+
+TEST(QLinear, Hardswish) { QLinearTester().post(Post::kHardswish).input_zero_point(20).Test(); }
+
+TEST(QLinear, Saturation) { QLinearTester().saturate(true).input_zero_point(3).Test(); }
+
+TEST(QLinear, SaturationRelu) { QLinearTester().saturate(true).post(Post::kRelu).Test(); }
+
+TEST(QLinear, Dynamic) { QLinearTester().dynamic(true).iterations(3).Test(); }
+
+TEST(QLinear, DynamicPerTensor) { QLinearTester().dynamic(true).per_channel(false).Test(); }
+
+TEST(QLinear, DynamicNoBias) { QLinearTester().dynamic(true).bias(false).batch_dims({2, 3}).Test(); }
+
+TEST(QLinear, DynamicBatchDims) {
+  QLinearTester().dynamic(true).batch_dims({2, 2, 3}).input_channels(32).output_channels(9).Test();
+}
+
+TEST(QLinear, DynamicVectorInput) { QLinearTester().dynamic(true).batch_dims({}).Test(); }
+
+TEST(QLinear, DynamicManyCalls) { QLinearTester().dynamic(true).calls(5).Test(); }
+
+TEST(QLinear, DynamicBatchSizes) {
+  for (int64_t m : {1, 4, 2}) QLinearTester().dynamic(true).batch_dims({m}).seed(static_cast<uint32_t>(m)).Test();
+}
+
+TEST(QLinear, DynamicQuantizedInput) { QLinearTester().dynamic(true).quantized_input(true).input_zero_point(7).Test(); }
+
+TEST(QLinear, DynamicQuantizedInputPerTensor) {
+  QLinearTester().dynamic(true).quantized_input(true).per_channel(false).input_zero_point(250).Test();
+}
+
+}  // namespace
+}  // namespace dbrq::kernel_testing

@@ -1,0 +1,64 @@
+// kernels::QMatmul against a naive batched, broadcasting matrix product
+// (tests/kernels/qmatmul_tester.h).
+#include <gtest/gtest.h>
+
+#include "tests/kernels/qmatmul_tester.h"
+
+namespace dbrq::kernel_testing {
+namespace {
+
+TEST(QMatmul, Default) { QMatmulTester().iterations(3).Test(); }
+
+TEST(QMatmul, ZeroPoints) {
+  QMatmulTester().a_zero_point(3).b_zero_point(0).Test();
+  QMatmulTester().a_zero_point(0).b_zero_point(128).Test();
+  QMatmulTester().a_zero_point(200).b_zero_point(17).Test();
+  QMatmulTester().a_zero_point(255).b_zero_point(255).Test();
+}
+
+TEST(QMatmul, Batched) { QMatmulTester().a_shape({2, 3, 4}).b_shape({2, 4, 5}).a_zero_point(3).b_zero_point(9).Test(); }
+
+TEST(QMatmul, BatchedFourDims) {
+  QMatmulTester().a_shape({2, 3, 5, 8}).b_shape({2, 3, 8, 4}).a_zero_point(128).b_zero_point(120).Test();
+}
+
+TEST(QMatmul, BroadcastB) { QMatmulTester().a_shape({2, 3, 4}).b_shape({4, 5}).b_zero_point(7).Test(); }
+
+TEST(QMatmul, BroadcastA) { QMatmulTester().a_shape({3, 4}).b_shape({2, 4, 5}).a_zero_point(7).Test(); }
+
+TEST(QMatmul, BroadcastBothBatchDims) {
+  QMatmulTester().a_shape({2, 1, 3, 4}).b_shape({3, 4, 5}).a_zero_point(3).b_zero_point(100).Test();
+}
+
+TEST(QMatmul, BroadcastOnes) { QMatmulTester().a_shape({1, 3, 3, 6}).b_shape({2, 1, 6, 2}).b_zero_point(1).Test(); }
+
+TEST(QMatmul, VectorTimesMatrix) { QMatmulTester().a_shape({4}).b_shape({4, 5}).a_zero_point(2).Test(); }
+
+TEST(QMatmul, MatrixTimesVector) { QMatmulTester().a_shape({3, 4}).b_shape({4}).b_zero_point(2).Test(); }
+
+TEST(QMatmul, VectorTimesBatched) { QMatmulTester().a_shape({4}).b_shape({2, 4, 5}).Test(); }
+
+TEST(QMatmul, BatchedTimesVector) { QMatmulTester().a_shape({2, 3, 4}).b_shape({4}).a_zero_point(30).Test(); }
+
+TEST(QMatmul, TransposedB) {
+  QMatmulTester().a_shape({2, 4, 8}).b_shape({2, 8, 4}).transposed_b(true).a_zero_point(5).b_zero_point(60).Test();
+}
+
+TEST(QMatmul, TransposedBBroadcast) {
+  QMatmulTester().a_shape({2, 2, 3, 8}).b_shape({2, 1, 8, 3}).transposed_b(true).b_zero_point(4).Test();
+}
+
+TEST(QMatmul, Saturation) { QMatmulTester().saturate(true).a_zero_point(3).b_zero_point(4).Test(); }
+
+TEST(QMatmul, Larger) { QMatmulTester().a_shape({2, 16, 32}).b_shape({2, 32, 16}).a_zero_point(90).b_zero_point(140).Test(); }
+
+TEST(QMatmul, Dynamic) { QMatmulTester().dynamic(true).iterations(3).Test(); }
+
+TEST(QMatmul, DynamicBatched) { QMatmulTester().dynamic(true).a_shape({2, 3, 4}).b_shape({2, 4, 5}).Test(); }
+
+TEST(QMatmul, DynamicBroadcast) { QMatmulTester().dynamic(true).a_shape({2, 1, 3, 4}).b_shape({3, 4, 5}).Test(); }
+
+TEST(QMatmul, DynamicVector) { QMatmulTester().dynamic(true).a_shape({4}).b_shape({2, 4, 5}).Test(); }
+
+}  // namespace
+}  // namespace dbrq::kernel_testing
