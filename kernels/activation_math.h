@@ -3,7 +3,7 @@
 // of int8 activations, and the tests all use these.
 //
 //   float y = dbrq::kernels::math::hardswish(x);
-//   float z = dbrq::kernels::eltwise_reference(dbrq::kernels::Eltwise::elu(1.f), x);
+//   float z = dbrq::kernels::eltwise_reference({dbrq::kernels::Eltwise::Alg::kElu, 1.f, 0.f}, x);
 #pragma once
 
 #include <algorithm>

@@ -155,7 +155,7 @@ Tensor qmul(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool re
 // PyTorch's quantized average pooling (sum of codes, rounded mean), output keeps x's parameters.
 Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
-// Mean over dims on codes, keeping x's parameters.
+// Mean over dims: of the real values (f32, oneDNN reduction), requantized with x's own parameters.
 Tensor qmean(const Tensor& x, IntArrayRef dims, bool keepdim);
 // clamp of real values [lo, hi] on codes (relu: lo = 0, hi = +inf), keeping x's parameters.
 Tensor qclamp(const Tensor& x, double lo, double hi);

@@ -188,6 +188,16 @@ class LeakyReLU final : public Layer<LeakyReLU> {
   double slope_;
 };
 
+class ELU final : public Layer<ELU> {
+ public:
+  explicit ELU(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
+  Tensor forward(const Tensor& x) { return elu(x, alpha_); }
+  std::string extra_repr() const override { return absl::StrCat("alpha=", alpha_); }
+
+ private:
+  double alpha_;
+};
+
 class Hardswish final : public Layer<Hardswish> {
  public:
   Hardswish() : Layer("Hardswish") {}

@@ -51,6 +51,7 @@ enum class OpKind : uint16_t {
   kSilu,
   kGelu,
   kClamp,
+  kElu,
   // normalizing reductions
   kSoftmax,
   kLogSoftmax,
@@ -151,6 +152,8 @@ Tensor silu(const Tensor& x);
 // approximate: "none" (erf) or "tanh".
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor clamp(const Tensor& x, double min_val, double max_val);
+// x for x > 0, alpha * (exp(x) - 1) otherwise.
+Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 

@@ -1,5 +1,5 @@
 // The activation family: unary elementwise functions (relu, relu6, hardtanh, clamp, leaky_relu,
-// sigmoid, tanh, hardsigmoid, hardswish, silu, gelu) and the normalizing reductions softmax and
+// sigmoid, tanh, hardsigmoid, hardswish, silu, gelu, elu) and the normalizing reductions softmax and
 // log_softmax.
 //
 // Each unary activation is one kernels::Eltwise (oneDNN's vocabulary): that runs it eagerly, makes it
@@ -77,6 +77,11 @@ Tensor clamp(const Tensor& x, double min_val, double max_val) {
 Tensor leaky_relu(const Tensor& x, double negative_slope) {
   const ActivationParams p{negative_slope, 0.0, false};
   return unary_op(OpKind::kLeakyRelu, x, &p);
+}
+
+Tensor elu(const Tensor& x, double alpha) {
+  const ActivationParams p{alpha, 0.0, false};
+  return unary_op(OpKind::kElu, x, &p);
 }
 
 Tensor sigmoid(const Tensor& x) { return unary_op(OpKind::kSigmoid, x); }
@@ -191,6 +196,13 @@ void register_activation_ops(OpRegistry& r) {
       QuantRole::kLut);
   gelu.with_params<ActivationParams>();
   gelu.fuses_after = kAfterLinear;
+
+  // oneDNN's elu post-op fuses it after a conv or linear; alone it runs int8 through a table.
+  OpDef& elu = define_activation(
+      r, OpKind::kElu, "elu",
+      [](const void* p) { return Eltwise{A::kElu, static_cast<float>(act(p).alpha), 0.f}; }, QuantRole::kLut);
+  elu.with_params<ActivationParams>();
+  elu.fuses_after = kAfterConv | kAfterLinear;
 
   OpDef& softmax = r.define(OpKind::kSoftmax, "softmax").with_params<DimParams>();
   softmax.run = run_softmax;

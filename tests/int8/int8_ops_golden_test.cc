@@ -406,6 +406,8 @@ TEST(Int8OpsGolden, LookupTableActivations) {
       {"leaky_relu_ties", "leaky_relu slope=0.5", OpKind::kLeakyRelu, act(0.5, false)},
       {"gelu", "gelu", OpKind::kGelu, act(0.0, false)},
       {"gelu_tanh", "gelu approximate=tanh", OpKind::kGelu, act(0.0, true)},
+      {"elu", "elu alpha=1", OpKind::kElu, act(1.0, false)},
+      {"elu_alpha", "elu alpha=0.5", OpKind::kElu, act(0.5, false)},
   };
   for (const Case& c : cases) {
     begin_case(c.name, c.desc);

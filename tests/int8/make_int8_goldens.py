@@ -413,6 +413,11 @@ def make_op_goldens():
         put_output(case, torch.quantize_per_tensor(ref, os_, oz, torch.quint8))
         meta[case] = "matmul reference=fx"
 
+    # Cases added later come last, so every earlier case keeps its random data byte for byte.
+    unary_case("elu", "elu alpha=1", lambda q: torch.ops.quantized.elu(q, f32(0.031), 133, 1.0))
+    unary_case("elu_alpha", "elu alpha=0.5", lambda q: torch.ops.quantized.elu(q, f32(0.027), 40, 0.5),
+               scale=0.04, zp=100)
+
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 
 

@@ -64,6 +64,7 @@ const std::map<std::string, std::vector<ActivationCase>>& activation_cases() {
       {"hardswish", {no_params()}},
       {"silu", {no_params()}},
       {"gelu", {with("approximate none", 0.0, 0.0, false), with("approximate tanh", 0.0, 0.0, true)}},
+      {"elu", {with("alpha 1", 1.0, 0.0), with("alpha 0.5", 0.5, 0.0)}},
   };
   return *cases;
 }

@@ -187,6 +187,8 @@ def make_unary():
     put("unary.gelu", F.gelu(x))
     put("unary.gelu_tanh", F.gelu(x, approximate="tanh"))
     put("unary.clamp", torch.clamp(x, -1.2, 0.7))
+    put("unary.elu", F.elu(x))
+    put("unary.elu_alpha", F.elu(x, 0.5))
 
 
 def make_softmax():

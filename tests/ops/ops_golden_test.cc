@@ -251,6 +251,8 @@ TEST(OpsGolden, UnaryActivations) {
       {"gelu", [](const Tensor& t) { return gelu(t); }},
       {"gelu_tanh", [](const Tensor& t) { return gelu(t, "tanh"); }},
       {"clamp", [](const Tensor& t) { return clamp(t, -1.2, 0.7); }},
+      {"elu", [](const Tensor& t) { return elu(t); }},
+      {"elu_alpha", [](const Tensor& t) { return elu(t, 0.5); }},
   };
   for (const auto& [name, f] : ops) {
     SCOPED_TRACE(name);
