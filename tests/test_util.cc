@@ -53,6 +53,20 @@ void expect_equal(const Tensor& actual, const Tensor& expected, const std::strin
                      << " (" << (first >= 0 ? a[first] : 0) << " vs " << (first >= 0 ? b[first] : 0) << ")";
 }
 
+std::vector<Tensor> random_batches(int n, uint64_t seed, const std::vector<int64_t>& sizes) {
+  std::vector<Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(randn(sizes, seed + static_cast<uint64_t>(i)));
+  return out;
+}
+
+std::set<int> observer_roots(ModelQuantState& m) {
+  std::set<int> out;
+  for (size_t i = 0; i < m.num_slots(); ++i) out.insert(m.find(static_cast<int>(i)));
+  return out;
+}
+
+std::set<int> observer_roots(const nn::Module& model) { return observer_roots(model_quant_state(model)); }
+
 std::map<std::string, Tensor> load_golden(const std::string& path) {
   std::map<std::string, Tensor> out;
   for (auto& [n, t] : load_safetensors(path)) out[n] = t;

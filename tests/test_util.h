@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "dbrq.h"
 #include "tracer/internal.h"  // tests may look at the recorded program
@@ -38,6 +40,11 @@ double relative_error(const Tensor& actual, const Tensor& expected);
 void expect_close(const Tensor& actual, const Tensor& expected, double tol, const std::string& what = "");
 // Element-wise equality of values (any dtypes), with a count of differing elements in the failure.
 void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what = "");
+// `n` batches of N(0, 1) samples of `sizes`, from seeds seed, seed + 1, ...
+std::vector<Tensor> random_batches(int n, uint64_t seed, const std::vector<int64_t>& sizes);
+// Distinct observers (union-find roots) of a prepared model, ascending.
+std::set<int> observer_roots(ModelQuantState& m);
+std::set<int> observer_roots(const nn::Module& model);
 // Loads a committed golden file relative to the workspace root (Bazel runs tests from there).
 std::map<std::string, Tensor> load_golden(const std::string& path);
 // A tensor from a golden map; fails with the list of available names when absent.

@@ -22,12 +22,6 @@ using testing::sqnr_of;
 using testing::state_of;
 using K = OpKind;
 
-std::vector<Tensor> batches(int n, uint64_t seed) {
-  std::vector<Tensor> out;
-  for (int i = 0; i < n; ++i) out.push_back(randn({2, 3, 8, 8}, seed + i));
-  return out;
-}
-
 bool lists_fp32(const AutoQuantizationState& s, OpKind kind, const std::string& reason) {
   for (const NonQuantOpInfo& o : s.non_quant_ops()) {
     if (o.kind == kind && o.reason == reason) return true;
@@ -47,7 +41,7 @@ struct StdAfterConv : nn::CallableModule<StdAfterConv> {
 TEST(Fp32Ops, UnsupportedOpAfterQuantizedOpGetsDequantizedInput) {
   manual_seed(1);
   auto model = std::make_shared<StdAfterConv>();
-  const auto inputs = batches(3, 10);
+  const auto inputs = testing::random_batches(3, 10, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});
@@ -118,7 +112,7 @@ TEST(Fp32Ops, InPlaceOpBetweenTwoConvs) {
     SCOPED_TRACE(static_cast<int>(kind));
     manual_seed(2);
     auto model = std::make_shared<InPlaceBetweenConvs>(kind);
-    const auto inputs = batches(3, 20);
+    const auto inputs = testing::random_batches(3, 20, {2, 3, 8, 8});
     std::vector<Tensor> refs;
     for (const Tensor& x : inputs) refs.push_back((*model)(x));
     // Sanity: without the in-place op conv2 would compute something far from the reference.
@@ -179,7 +173,7 @@ struct ExplicitDequantize : nn::CallableModule<ExplicitDequantize> {
 TEST(Fp32Ops, ExplicitDequantizeOfAnInt8ActivationAfterConvert) {
   manual_seed(3);
   auto model = std::make_shared<ExplicitDequantize>();
-  const auto inputs = batches(3, 30);
+  const auto inputs = testing::random_batches(3, 30, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});

@@ -66,12 +66,6 @@ void calibrate_convert_compare(M& model, const std::vector<Tensor>& inputs, cons
   for (size_t i = 0; i < inputs.size(); ++i) EXPECT_GT(sqnr_of(model(inputs[i]), refs[i]), kMinSqnrDb) << i;
 }
 
-std::vector<Tensor> batches(int n, uint64_t seed, int64_t c) {
-  std::vector<Tensor> out;
-  for (int i = 0; i < n; ++i) out.push_back(randn({2, c, 8, 8}, seed + i));
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------------
 
 struct ConvBnRelu : nn::CallableModule<ConvBnRelu> {
@@ -90,7 +84,7 @@ struct ConvBnRelu : nn::CallableModule<ConvBnRelu> {
 TEST(Fusion, ConvBnReluTopLevel) {
   manual_seed(1);
   auto model = std::make_shared<ConvBnRelu>();
-  const auto inputs = batches(3, 100, 3);
+  const auto inputs = testing::random_batches(3, 100, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});
@@ -127,7 +121,7 @@ struct SeqModel : nn::CallableModule<SeqModel> {
 TEST(Fusion, ConvBnReluInsideSequential) {
   manual_seed(2);
   auto model = std::make_shared<SeqModel>();
-  const auto inputs = batches(3, 110, 3);
+  const auto inputs = testing::random_batches(3, 110, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});
@@ -165,7 +159,7 @@ struct LoopModel : nn::CallableModule<LoopModel> {
 TEST(Fusion, LoopCallingTheSameConvTwice) {
   manual_seed(3);
   auto model = std::make_shared<LoopModel>();
-  const auto inputs = batches(3, 120, 4);
+  const auto inputs = testing::random_batches(3, 120, {2, 4, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});
@@ -254,7 +248,7 @@ struct BasicBlock : nn::CallableModule<BasicBlock> {
 TEST(Fusion, ResidualConvBnAddRelu) {
   manual_seed(5);
   auto model = std::make_shared<BasicBlock>(6);
-  const auto inputs = batches(3, 150, 6);
+  const auto inputs = testing::random_batches(3, 150, {2, 6, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});
@@ -298,7 +292,7 @@ struct ResidualFirst : nn::CallableModule<ResidualFirst> {
 TEST(Fusion, ResidualOnTheLeftOfTheAdd) {
   manual_seed(6);
   auto model = std::make_shared<ResidualFirst>();
-  const auto inputs = batches(3, 160, 4);
+  const auto inputs = testing::random_batches(3, 160, {2, 4, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
   prepare(*model, {inputs[0]});

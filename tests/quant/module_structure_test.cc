@@ -34,12 +34,6 @@ using K = OpKind;
 
 constexpr double kMinSqnrDb = 25.0;
 
-std::vector<Tensor> batches(int n, uint64_t seed, int64_t c = 3) {
-  std::vector<Tensor> out;
-  for (int i = 0; i < n; ++i) out.push_back(randn({2, c, 8, 8}, seed + i));
-  return out;
-}
-
 template <typename M>
 std::vector<Tensor> run_all(M& model, const std::vector<Tensor>& inputs) {
   std::vector<Tensor> out;
@@ -85,7 +79,7 @@ struct Nested : nn::CallableModule<Nested> {
 TEST(ModuleStructure, NestedChildrenEachOwnTheirOps) {
   manual_seed(1);
   auto model = std::make_shared<Nested>();
-  const auto inputs = batches(3, 10);
+  const auto inputs = testing::random_batches(3, 10, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   AutoQuantizationState& root = state_of(*model);
@@ -146,7 +140,7 @@ struct TupleUser : nn::CallableModule<TupleUser> {
 TEST(ModuleStructure, ChildReturningATuple) {
   manual_seed(2);
   auto model = std::make_shared<TupleUser>();
-  const auto inputs = batches(3, 20);
+  const auto inputs = testing::random_batches(3, 20, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   AutoQuantizationState& heads = state_of(*model->heads);
@@ -196,7 +190,7 @@ struct CountUser : nn::CallableModule<CountUser> {
 TEST(ModuleStructure, ChildReturningANonTensorAlongsideATensor) {
   manual_seed(3);
   auto model = std::make_shared<CountUser>();
-  const auto inputs = batches(3, 30);
+  const auto inputs = testing::random_batches(3, 30, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   EXPECT_EQ(seen_kinds(state_of(*model->child)), std::vector<OpKind>{K::kConv2d});
@@ -222,7 +216,7 @@ struct ListModel : nn::CallableModule<ListModel> {
 TEST(ModuleStructure, ModuleListIteration) {
   manual_seed(4);
   auto model = std::make_shared<ListModel>();
-  const auto inputs = batches(3, 40);
+  const auto inputs = testing::random_batches(3, 40, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   AutoQuantizationState& root = state_of(*model);
@@ -283,7 +277,7 @@ void expect_untouched_subtree(nn::Module& m, const std::string& fqn) {
 TEST(ModuleStructure, NonTraceableChildClassStaysFp32) {
   manual_seed(5);
   auto model = std::make_shared<WithOpaque>();
-  const auto inputs = batches(3, 50);
+  const auto inputs = testing::random_batches(3, 50, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   PrepareOptions options;
   options.non_traceable_module_classes = {"Opaque"};
@@ -323,7 +317,7 @@ struct Deep : nn::CallableModule<Deep> {
 TEST(ModuleStructure, NonTraceableMidLevelSubtreeStaysFp32) {
   manual_seed(6);
   auto model = std::make_shared<Deep>();
-  const auto inputs = batches(3, 60);
+  const auto inputs = testing::random_batches(3, 60, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   PrepareOptions options;
   options.non_traceable_module_names = {"body.1"};
@@ -376,7 +370,7 @@ struct SharedTwice : nn::CallableModule<SharedTwice> {
 TEST(ModuleStructure, ChildCalledTwiceDuringTraceKeepsOneRecord) {
   manual_seed(7);
   auto model = std::make_shared<SharedTwice>();
-  const auto inputs = batches(3, 70);
+  const auto inputs = testing::random_batches(3, 70, {2, 3, 8, 8});
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   AutoQuantizationState& unit = state_of(*model->unit);

@@ -74,18 +74,12 @@ struct Net : nn::CallableModule<Net> {
   std::shared_ptr<Head> d;
 };
 
-std::vector<Tensor> batches(int n, uint64_t seed) {
-  std::vector<Tensor> out;
-  for (int i = 0; i < n; ++i) out.push_back(randn({2, 4, 6, 6}, seed + i));
-  return out;
-}
-
 class MappingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     manual_seed(12);
     model = std::make_shared<Net>();
-    inputs = batches(3, 10);
+    inputs = testing::random_batches(3, 10, {2, 4, 6, 6});
     for (const Tensor& x : inputs) refs.push_back((*model)(x));
   }
   void prepare_with(const QConfigMapping& mapping) { prepare(*model, {inputs[0]}, mapping); }

@@ -51,12 +51,6 @@ std::vector<std::string> display_kinds(const AutoQuantizationState& s) {
   return out;
 }
 
-std::set<int> observer_roots(ModelQuantState& m) {
-  std::set<int> out;
-  for (size_t i = 0; i < m.num_slots(); ++i) out.insert(m.find(static_cast<int>(i)));
-  return out;
-}
-
 std::set<int> fed_roots(ModelQuantState& m) {
   std::set<int> out;
   for (AutoQuantizationState* s : m.states()) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dbrq.h"
+#include "tests/test_util.h"  // observer_roots, random_batches
 #include "tracer/internal.h"  // tests may look at the recorded program
 
 namespace dbrq::testing {
@@ -28,8 +29,6 @@ std::vector<OpKind> seen_kinds(const AutoQuantizationState& s);
 // display_kind() of every seen op that is not a fused follower ("conv2d+batch_norm+relu", "add").
 std::vector<std::string> display_kinds(const AutoQuantizationState& s);
 
-// Distinct observers (union-find roots) of the model.
-std::set<int> observer_roots(ModelQuantState& m);
 // Roots of every observer slot some seen op feeds (input or output), over every module state.
 std::set<int> fed_roots(ModelQuantState& m);
 

@@ -218,7 +218,7 @@ ShardResult calibrate_sharded(const std::string& name, const QConfigMapping& map
 
   ModelQuantState& a = model_quant_state(*merged.model);
   ModelQuantState& b = model_quant_state(*whole.model);
-  const std::vector<int> roots = observer_roots(*merged.model);
+  const std::set<int> roots = observer_roots(*merged.model);
   EXPECT_EQ(roots, observer_roots(*whole.model));
   for (int slot : roots) {
     const Observer& oa = *a.slot(slot).observer;

@@ -16,15 +16,6 @@ bool operator==(const ObserverRecord& a, const ObserverRecord& b) {
          a.stats.inf_count == b.stats.inf_count;
 }
 
-std::vector<int> observer_roots(const nn::Module& model) {
-  ModelQuantState& m = model_quant_state(model);
-  std::vector<int> roots;
-  for (size_t i = 0; i < m.num_slots(); ++i) {
-    if (m.find(static_cast<int>(i)) == static_cast<int>(i)) roots.push_back(static_cast<int>(i));
-  }
-  return roots;
-}
-
 std::vector<ObserverRecord> observer_stats(const nn::Module& model) {
   ModelQuantState& m = model_quant_state(model);
   std::vector<ObserverRecord> out;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dbrq.h"
+#include "tests/test_util.h"  // observer_roots
 #include "tracer/internal.h"  // tests may look at the recorded program
 
 namespace dbrq::testing {
@@ -27,8 +28,6 @@ bool operator==(const ObserverRecord& a, const ObserverRecord& b);
 inline bool operator!=(const ObserverRecord& a, const ObserverRecord& b) { return !(a == b); }
 // Every root observer slot of a prepared (not necessarily calibrated) model, in slot order.
 std::vector<ObserverRecord> observer_stats(const nn::Module& model);
-// Root observer slot indices of a prepared model.
-std::vector<int> observer_roots(const nn::Module& model);
 
 // Whether this binary runs under AddressSanitizer / ThreadSanitizer (RSS and timing checks do
 // not apply there).
