@@ -270,6 +270,10 @@ def main():
     ap.add_argument("--only", default="fp32,int8,bert,overhead,prep",
                     help="comma-separated subset of: fp32,int8,bert,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
+    ap.add_argument("--baseline-bench", default=None,
+                    help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
+                         "latencies are measured in the same interleaved chunks and reported as *_vs_before ratios")
+    ap.add_argument("--baseline-overhead-bench", default=None, help="the overhead_bench of that revision")
     ap.add_argument("--max-wait", type=float, default=None,
                     help="seconds to wait for other processes to leave the cores before each measurement "
                          "(default 5 quick, 30 full)")
@@ -325,6 +329,16 @@ def main():
 
     report = Report()
     server = DbrqServer(args.dbrq_bench)
+    base = DbrqServer(args.baseline_bench) if args.baseline_bench else None
+
+    def before(label, **setup):
+        """The same configuration on the baseline build ([] without one)."""
+        return [DbrqSide(base, label, **setup)] if base is not None else []
+
+    def report_before(section, key, res, label_now, label_before):
+        if base is not None:
+            report.add(section, f"{key}_vs_before", res[label_now], res[label_before], "ms",
+                       "torch column = dbrq before (the baseline build), same run", busy=res["busy"])
     short = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2", "bert_encoder": "bert"}
     try:
         # ---- fp32 (issue 2) ------------------------------------------------------------------
@@ -347,7 +361,8 @@ def main():
                     ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in variants.items()], probe)
                     extra = [TorchSide("torchscript", script, x, t)] if script is not None else []
                     n, c = iters[bs]
-                    res = interleave([d] + ts + extra, n, c, warmup, monitor, t)
+                    b = before("dbrq before", model=name, mode="fp32", batch=bs, threads=t, **files[name])
+                    res = interleave([d] + b + ts + extra, n, c, warmup, monitor, t)
                     best = min((s.label for s in ts), key=lambda k: res[k])
                     others = ", ".join(f"{s.label} {res[s.label]:.1f}" for s in ts if s.label != best)
                     report.add("fp32", key, res["dbrq"], res[best], "ms",
@@ -355,6 +370,7 @@ def main():
                     if extra:
                         report.add("fp32", f"{key}_vs_torchscript", res["dbrq"], res["torchscript"], "ms",
                                    "torch = TorchScript frozen + optimize_for_inference", busy=res["busy"])
+                    report_before("fp32", key, res, "dbrq", "dbrq before")
                 del variants, script
                 gc.collect()
 
@@ -386,13 +402,15 @@ def main():
                         ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in tm.int8_variants(qm, x).items()],
                                           probe)
                         n, c = iters[bs]
-                        res = interleave([d8, d32] + ts, n, c, warmup, monitor, t)
+                        b = before("dbrq before int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
+                        res = interleave([d8, d32] + b + ts, n, c, warmup, monitor, t)
                         best = min((s.label for s in ts), key=lambda k: res[k])
                         report.add("int8", key, res["dbrq int8"], res[best], "ms", note + f"torch {best}",
                                    goal=0.9, busy=res["busy"])
                         goal = 0.3 if (name == "resnet18" and bs == 8 and t == 1) else None
                         report.add("int8", f"{short[name]}_bs{bs}_t{t}_int8_vs_dbrq_fp32", res["dbrq int8"],
                                    res["dbrq fp32"], "ms", "torch column = dbrq fp32", goal=goal, busy=res["busy"])
+                        report_before("int8", key, res, "dbrq int8", "dbrq before int8")
                         del qm, ts
                         gc.collect()
 
@@ -423,12 +441,14 @@ def main():
                              f"{sqnr_db(y_t, r):.1f} dB")
                 ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in variants.items()], probe)
                 n, c = iters[1]
-                res = interleave([d8, d32] + ts, n, c, warmup, monitor, t)
+                b = before("dbrq before int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
+                res = interleave([d8, d32] + b + ts, n, c, warmup, monitor, t)
                 best = min((s.label for s in ts), key=lambda k: res[k])
                 report.add("bert", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
                            note + "; torch column = dbrq fp32", goal=0.5, busy=res["busy"])
                 report.add("bert", f"{key}_int8_vs_torch_dynamic_int8", res["dbrq int8"], res[best], "ms",
                            f"dbrq static int8 vs torch quantize_dynamic ({best})", busy=res["busy"])
+                report_before("bert", f"{key}_int8", res, "dbrq int8", "dbrq before int8")
             del variants
             gc.collect()
 
@@ -471,6 +491,8 @@ def main():
             report.absolute[f"resnet18_prep_calib16_convert_t{t}_torch_s"] = json_num(median(torch_s), 3)
     finally:
         server.close()
+        if base is not None:
+            base.close()
 
     # ---- per-op interception overhead (issue 3) ----------------------------------------------
     if "overhead" in only:
@@ -489,6 +511,13 @@ def main():
         report.add_value("overhead", "fp32_dispatch_overhead_ns_per_op", o["fp32_dispatch_overhead_ns_per_op"], "ns",
                          f"unprepared model {o['fp32_model_ns_per_op']:.0f} ns/op vs direct kernels::binary "
                          f"{o['fp32_direct_ns_per_op']:.0f} ns/op", busy=busy)
+        if args.baseline_overhead_bench:
+            out_b = subprocess.run([args.baseline_overhead_bench, f"--reps={300 if q else 2000}"], env=env,
+                                   check=True, capture_output=True, text=True).stdout
+            ob = json.loads(out_b.strip().splitlines()[-1])
+            report.add("overhead", "convert_overhead_ns_per_op_vs_before", o["convert_overhead_ns_per_op"],
+                       ob["convert_overhead_ns_per_op"], "ns", "torch column = dbrq before (the baseline build)",
+                       busy=monitor.excess())
         report.ratios["convert_model_vs_direct_kernel_per_op"] = json_num(
             o["int8_model_ns_per_op"] / o["int8_direct_ns_per_op"], 4)
         report.ratios["fp32_model_vs_direct_kernel_per_op"] = json_num(
