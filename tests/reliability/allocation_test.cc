@@ -69,14 +69,26 @@ void classify() {
 
 }  // namespace
 
-void* operator new(size_t n) {
+// The whole family of (unaligned) operator new / delete, so every pair matches (AddressSanitizer
+// checks that memory from one is released by its own counterpart).
+void* counted_new(size_t n) {
   if (g_counts != nullptr && !g_in_hook) classify();
-  void* p = std::malloc(n == 0 ? 1 : n);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new(size_t n) {
+  void* p = counted_new(n);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
+void* operator new[](size_t n) { return operator new(n); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace dbrq {
 namespace {
