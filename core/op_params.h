@@ -74,6 +74,28 @@ struct ConvertParams {
   double value = 0.0;     // kFill
 };
 
+// A stable 64-bit fingerprint of parameters (the same in every process): part of how the
+// quantization tracer identifies an op and how its files name it.
+uint64_t fingerprint(const Conv2dParams& p);
+uint64_t fingerprint(const Pool2dParams& p);
+uint64_t fingerprint(const AdaptivePool2dParams& p);
+uint64_t fingerprint(const NormParams& p);
+uint64_t fingerprint(const DimParams& p);
+uint64_t fingerprint(const ShapeParams& p);
+uint64_t fingerprint(const ActivationParams& p);
+uint64_t fingerprint(const DropoutParams& p);
+uint64_t fingerprint(const ConvertParams& p);
+// One more 64-bit value into a fingerprint: a multiply-xorshift mix (two multiplies; the tracer
+// runs it for every op call after convert, so no byte-at-a-time FNV).
+inline uint64_t fingerprint_mix(uint64_t h, uint64_t v) {
+  h ^= v * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 32;
+  h *= 0xD6E8FEB86659FD93ull;
+  h ^= h >> 32;
+  return h;
+}
+inline constexpr uint64_t kFingerprintSeed = 0xcbf29ce484222325ull;
+
 // Equality of parameters (a converted op checks that later calls pass what the first run passed).
 bool operator==(const Conv2dParams& a, const Conv2dParams& b);
 bool operator==(const Pool2dParams& a, const Pool2dParams& b);

@@ -119,6 +119,11 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::function<
   return s;
 }
 
+Storage::Storage() {
+  static std::atomic<uint64_t> next{1};
+  id_ = next.fetch_add(1, std::memory_order_relaxed);
+}
+
 Storage::~Storage() {
   if (!owned_) {
     if (release_) release_();

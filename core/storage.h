@@ -35,15 +35,18 @@ class Storage {
   // access). Caches of derived data (prepacked weights) compare it to detect stale entries.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
   void bump_version() { version_.fetch_add(1, std::memory_order_acq_rel); }
+  // Unique for the process's lifetime (unlike the address, which a later storage may reuse).
+  uint64_t id() const { return id_; }
 
  private:
-  Storage() = default;
+  Storage();
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   bool cached_ = false;  // came from the caching allocator
   bool owned_ = true;    // false for wrapped memory
   std::function<void()> release_;
   std::atomic<uint64_t> version_{0};
+  uint64_t id_;
 };
 
 struct AllocatorStats {

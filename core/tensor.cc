@@ -310,6 +310,7 @@ Tensor Tensor::raw_as_strided(IntArrayRef sizes, IntArrayRef strides, int64_t st
   t.set_sizes_strides(sizes, strides);
   t.offset_ = storage_offset;
   t.trace_id_ = 0;
+  t.trace_origin_ = 0;
   return t;
 }
 

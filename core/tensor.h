@@ -188,10 +188,14 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
 
-  // Opaque tag for interceptors (the tracer stores its model-wide tensor id here). Copies keep it,
-  // raw_* views reset it to 0, and an op that returns its input unchanged returns it as is.
+  // Opaque tags for interceptors (the quantization tracer stores where the tensor came from:
+  // trace_id, its producer as the enclosing module sees it; trace_origin, the producing record,
+  // model-wide). Copies keep them, raw_* views reset them to 0, and an op that returns its input
+  // unchanged returns it as is.
   int64_t trace_id() const { return trace_id_; }
   void set_trace_id(int64_t id) { trace_id_ = id; }
+  int64_t trace_origin() const { return trace_origin_; }
+  void set_trace_origin(int64_t id) { trace_origin_ = id; }
 
   std::string to_string() const;
   std::string shape_string() const;  // "[1, 3, 224, 224]"
@@ -219,6 +223,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   QuantParamsPtr qparams_;
   int64_t trace_id_ = 0;
+  int64_t trace_origin_ = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

@@ -101,6 +101,11 @@ struct OpDef {
   // Copies the op's *Params struct (OpCall::params) for the recorded program; null: no parameters.
   OpParams (*copy_params)(const void* params) = nullptr;
   bool (*params_equal)(const void* a, const void* b) = nullptr;
+  uint64_t (*params_fingerprint)(const void* params) = nullptr;  // stable across processes
+  // Whether the parameters are part of what the op is for the tracer (its record): yes when its int8
+  // form is built from them (a conv's stride, a clamp's bounds); no for ops that only view their
+  // input (narrow's start: a loop over t must fold into one record).
+  bool params_in_identity = true;
 
   // ---- fp32 ----
   OpFn run = nullptr;                  // the eager kernel of the functional form
@@ -141,6 +146,7 @@ struct OpDef {
     params_equal = [](const void* a, const void* b) {
       return *static_cast<const P*>(a) == *static_cast<const P*>(b);
     };
+    params_fingerprint = [](const void* p) { return fingerprint(*static_cast<const P*>(p)); };
     return *this;
   }
   size_t activation_inputs(size_t num_inputs) const {

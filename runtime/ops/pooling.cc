@@ -96,6 +96,7 @@ void register_pooling_ops(OpRegistry& r) {
   mx.run = run_max_pool2d;
   mx.infer_sizes = pool2d_sizes<kMaxPool>;
   mx.role = QuantRole::kShare;
+  mx.params_in_identity = false;  // int8 through its eager kernel, with the call's parameters
 
   OpDef& avg = r.define(OpKind::kAvgPool2d, "avg_pool2d").with_params<Pool2dParams>();
   avg.run = run_avg_pool2d;

@@ -311,10 +311,13 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
 namespace ops {
 
 void register_shape_ops(OpRegistry& r) {
+  // Shape ops and cat run int8 through their eager kernels with the call's own parameters: their
+  // parameters do not identify them (a loop's narrow(0, t, 1) is one record).
   OpDef& cat = r.define(OpKind::kCat, "cat").with_params<DimParams>();
   cat.run = run_cat;
   cat.infer_sizes = cat_sizes;
   cat.role = QuantRole::kCat;
+  cat.params_in_identity = false;
 
   const struct {
     OpKind kind;
@@ -330,14 +333,17 @@ void register_shape_ops(OpRegistry& r) {
     OpDef& d = r.define(v.kind, v.name).with_params<ShapeParams>();
     d.run = v.run;
     d.role = QuantRole::kShare;
+    d.params_in_identity = false;
   }
   OpDef& contiguous = r.define(OpKind::kContiguous, "contiguous").with_params<ConvertParams>();
   contiguous.run = run_contiguous;
   contiguous.role = QuantRole::kShare;
+  contiguous.params_in_identity = false;
 
   OpDef& dropout = r.define(OpKind::kDropout, "dropout").with_params<DropoutParams>();
   dropout.run = run_dropout;
   dropout.role = QuantRole::kShare;
+  dropout.params_in_identity = false;
 
   OpDef& identity = r.define(OpKind::kIdentity, "identity");
   identity.run = run_identity;
