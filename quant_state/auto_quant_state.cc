@@ -49,6 +49,31 @@ const ModelQuantState::TensorRecord* ModelQuantState::tensor(int64_t id) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+int64_t ModelQuantState::fp32_origin(int64_t tag) {
+  auto it = fp32_origins_.find(tag);
+  if (it != fp32_origins_.end()) return it->second;
+  const int64_t id = new_tensor_id();
+  fp32_origins_.emplace(tag, id);
+  tensors_[id] = TensorRecord{};
+  return id;
+}
+
+SeenOpInfo& ModelQuantState::record(int global_index) {
+  auto& [state, index] = records_[static_cast<size_t>(global_index)];
+  return state->seen_ops()[static_cast<size_t>(index)];
+}
+
+int ModelQuantState::ensure_slot(int record, int input, const ObserverSpec& spec, int64_t tensor_id,
+                                 const std::string& owner) {
+  auto it = slot_index_.find({record, input});
+  if (it != slot_index_.end()) return it->second;
+  const int s = new_slot(spec, tensor_id, owner);
+  slots_[s].record = record;
+  slots_[s].input = input;
+  slot_index_.emplace(std::make_pair(record, input), s);
+  return s;
+}
+
 int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const std::string& owner) {
   ObserverSlot s;
   s.observer = make_observer(spec);
@@ -56,6 +81,17 @@ int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const
   s.owner = owner;
   slots_.push_back(std::move(s));
   return static_cast<int>(slots_.size()) - 1;
+}
+
+void ObserverSlot::observe_once(const Tensor& t, uint64_t call) {
+  const Last now{call, t.defined() ? t.storage()->id() : 0, t.defined() ? t.storage()->version() : 0,
+                 t.storage_offset()};
+  if (now.storage != 0 && now.call == last.call && now.storage == last.storage && now.version == last.version &&
+      now.offset == last.offset) {
+    return;
+  }
+  observer->observe(t);
+  last = now;
 }
 
 int ModelQuantState::find(int slot) const {
@@ -67,8 +103,12 @@ int ModelQuantState::unite(int a, int b) {
   a = find(a);
   b = find(b);
   if (a == b) return a;
-  // Keep the earlier slot: it belongs to the tensor produced first.
+  // Keep the earlier slot: it belongs to the tensor produced first. What b saw so far (a path
+  // found later can unite slots that already observed) goes into a.
   if (b < a) std::swap(a, b);
+  if (slots_[b].observer && slots_[b].observer->has_data() && slots_[a].observer->spec().kind == slots_[b].observer->spec().kind) {
+    slots_[a].observer->merge(*slots_[b].observer);
+  }
   slots_[b].parent = a;
   slots_[b].observer.reset();
   return a;
@@ -96,38 +136,115 @@ std::string op_where(OpKind kind, const std::string& fqn) { return absl::StrCat(
 
 }  // namespace
 
-SeenOpInfo& AutoQuantizationState::validate_cur_op(int cursor, OpKind kind, const nn::Module* leaf,
-                                                   const LeafQuantInfo* leaf_info) {
-  // The hot path of every converted call: compare, and build messages only when throwing.
-  if (__builtin_expect(cursor < static_cast<int>(seen_ops_.size()), 1)) {
-    SeenOpInfo& op = seen_ops_[cursor];
-    if (__builtin_expect(op.kind == kind && op.leaf == leaf, 1)) return op;
+int AutoQuantizationState::find_record(int64_t tag, OpKind kind, const ProducerTags& producers, int hint) const {
+  // The hot path of every converted call: the hint is almost always right (no hashing).
+  if (hint >= 0 && hint < static_cast<int>(seen_ops_.size())) {
+    const SeenOpInfo& h = seen_ops_[static_cast<size_t>(hint)];
+    if (h.tag == tag && h.kind == kind && h.producers == producers) return hint;
   }
-  const std::string seen = op_where(kind, leaf_info != nullptr ? leaf_info->fqn() : fqn_);
-  DBRQ_ENSURE(cursor < static_cast<int>(seen_ops_.size()), ControlFlowError, "control flow changed in module \"",
-              fqn_, "\" (", type_name_, "): op ", cursor, " is ", seen, " but the first run recorded only ",
-              seen_ops_.size(), " quantizeable ops. Quantizeable ops must run in the same order on every call; "
-              "data-dependent branches may only contain non-quantizeable ops");
-  const SeenOpInfo& op = seen_ops_[cursor];
-  DBRQ_THROW(ControlFlowError, "control flow changed in module \"", fqn_, "\" (", type_name_, "): op ", cursor,
-             " was recorded as ", op_where(op.kind, op.fqn), " but this run called ", seen,
-             ". Quantizeable ops must run in the same order on every call; data-dependent branches may only "
-             "contain non-quantizeable ops");
+  auto it = index_.find(Key{tag, kind, producers});
+  return it == index_.end() ? -1 : it->second;
 }
 
-void AutoQuantizationState::validate_op_count(int cursor) const {
-  if (cursor == static_cast<int>(seen_ops_.size())) return;
-  const SeenOpInfo& missing = seen_ops_[cursor];
+SeenOpInfo& AutoQuantizationState::add_record(int64_t tag, OpKind kind, const ProducerTags& producers) {
+  const int index = static_cast<int>(seen_ops_.size());
+  seen_ops_.emplace_back();
+  next_hint_.emplace_back(-1);
+  SeenOpInfo& op = seen_ops_.back();
+  op.index = index;
+  op.kind = kind;
+  op.tag = tag;
+  op.producers = producers;
+  index_.emplace(Key{tag, kind, producers}, index);
+  return op;
+}
+
+void AutoQuantizationState::remove_last_record() {
+  DBRQ_CHECK(!seen_ops_.empty(), "no record to remove");
+  const SeenOpInfo& op = seen_ops_.back();
+  index_.erase(Key{op.tag, op.kind, op.producers});
+  seen_ops_.pop_back();
+  next_hint_.pop_back();
+}
+
+int AutoQuantizationState::next_hint(int index) const {
+  return index >= 0 && index < static_cast<int>(next_hint_.size())
+             ? next_hint_[static_cast<size_t>(index)].load(std::memory_order_relaxed)
+             : -1;
+}
+
+void AutoQuantizationState::set_next_hint(int index, int next) const {
+  if (index >= 0 && index < static_cast<int>(next_hint_.size())) {
+    next_hint_[static_cast<size_t>(index)].store(next, std::memory_order_relaxed);
+  }
+}
+
+void AutoQuantizationState::check_sequence(int cursor, OpKind kind, int64_t tag, const LeafQuantInfo* leaf_info) {
+  if (__builtin_expect(cursor < static_cast<int>(first_sequence_.size()), 1)) {
+    const SeenOpInfo& op = seen_ops_[static_cast<size_t>(first_sequence_[static_cast<size_t>(cursor)])];
+    if (__builtin_expect(op.kind == kind && op.tag == tag, 1)) return;
+  }
+  const std::string seen = op_where(kind, leaf_info != nullptr ? leaf_info->fqn() : fqn_);
+  DBRQ_ENSURE(cursor < static_cast<int>(first_sequence_.size()), ControlFlowError, "control flow changed in module \"",
+              fqn_, "\" (", type_name_, "): op ", cursor, " is ", seen, " but the first run recorded only ",
+              first_sequence_.size(), " quantizeable ops. With strict_control_flow, quantizeable ops must run in "
+              "the same order on every call");
+  const SeenOpInfo& op = seen_ops_[static_cast<size_t>(first_sequence_[static_cast<size_t>(cursor)])];
+  DBRQ_THROW(ControlFlowError, "control flow changed in module \"", fqn_, "\" (", type_name_, "): op ", cursor,
+             " was recorded as ", op_where(op.kind, op.fqn), " but this run called ", seen,
+             ". With strict_control_flow, quantizeable ops must run in the same order on every call");
+}
+
+void AutoQuantizationState::check_sequence_end(int cursor) const {
+  if (cursor == static_cast<int>(first_sequence_.size())) return;
+  const SeenOpInfo& missing = seen_ops_[static_cast<size_t>(first_sequence_[static_cast<size_t>(cursor)])];
   DBRQ_THROW(ControlFlowError, "control flow changed in module \"", fqn_, "\" (", type_name_, "): this call ran ",
-             cursor, " of the ", seen_ops_.size(), " recorded quantizeable ops; op ", cursor, " (",
+             cursor, " of the ", first_sequence_.size(), " recorded quantizeable ops; op ", cursor, " (",
              op_where(missing.kind, missing.fqn), ") did not run");
+}
+
+void AutoQuantizationState::note_path(const std::array<uint64_t, 4>& mask, const std::vector<int>* records) {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  for (PathInfo& p : paths_) {
+    if (p.mask == mask) {
+      ++p.calls;
+      return;
+    }
+  }
+  PathInfo p;
+  p.mask = mask;
+  if (records != nullptr) {
+    p.records = *records;
+  } else {
+    for (size_t w = 0; w < mask.size(); ++w) {
+      for (int b = 0; b < 64; ++b) {
+        if (mask[w] >> b & 1) p.records.push_back(static_cast<int>(w * 64) + b);
+      }
+    }
+  }
+  p.calls = 1;
+  paths_.push_back(std::move(p));
+}
+
+std::vector<PathInfo> AutoQuantizationState::paths() const {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  return paths_;
+}
+
+void AutoQuantizationState::set_paths(std::vector<PathInfo> paths) {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  paths_ = std::move(paths);
 }
 
 namespace {
 
 std::string tensor_list(const std::vector<QTensorInfo>& ts) {
   std::vector<std::string> parts;
-  for (const QTensorInfo& t : ts) parts.push_back(absl::StrCat("t", t.id, ":", dtype_name(t.inf_dtype)));
+  for (const QTensorInfo& t : ts) {
+    std::string ids = absl::StrCat("t", t.id);
+    for (int64_t m : t.more_ids) absl::StrAppend(&ids, "|t", m);
+    parts.push_back(absl::StrCat(ids, ":", dtype_name(t.inf_dtype)));
+  }
   return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
 }
 
@@ -153,15 +270,12 @@ std::string AutoQuantizationState::to_string(int indent) const {
     // Fused followers are shown through their chain's base op.
     if (op.fusion.fused() && op.fusion.position > 0) continue;
     std::vector<QTensorInfo> outs = op.outputs;
-    if (op.fusion.fused()) {
-      const SeenOpInfo& last = seen_ops_[op.fusion.base + op.fusion.pattern.size() - 1];
-      outs = last.outputs;
-    }
+    if (op.fusion.fused()) outs = seen_ops_[static_cast<size_t>(op.fusion.members.back())].outputs;
     std::vector<QTensorInfo> ins = op.inputs;
     // A residual add in the chain contributes its other input.
-    for (size_t p = 1; op.fusion.fused() && p < op.fusion.pattern.size(); ++p) {
-      const SeenOpInfo& m = seen_ops_[op.fusion.base + p];
-      if (m.fusion.residual_input >= 0) ins.push_back(m.inputs[m.fusion.residual_input]);
+    for (size_t p = 1; op.fusion.fused() && p < op.fusion.members.size(); ++p) {
+      const SeenOpInfo& m = seen_ops_[static_cast<size_t>(op.fusion.members[p])];
+      if (m.fusion.residual_input >= 0) ins.push_back(m.inputs[static_cast<size_t>(m.fusion.residual_input)]);
     }
     std::string kind = op.display_kind();
     kind.resize(width, ' ');
@@ -199,6 +313,17 @@ std::string AutoQuantizationState::to_string(int indent) const {
     std::vector<std::string> parts;
     for (auto& [n, c] : counts) parts.push_back(c > 1 ? absl::StrCat(n, " x", c) : n);
     os << pad << "  fp32_ops: " << absl::StrJoin(parts, ", ") << "\n";
+  }
+  const std::vector<PathInfo> ps = paths();
+  if (ps.size() > 1) {
+    // Several paths: which records each ran, and how many calls took it.
+    os << pad << "  paths:";
+    for (const PathInfo& p : ps) {
+      std::vector<std::string> ids;
+      for (int r : p.records) ids.push_back(std::to_string(r));
+      os << " [" << absl::StrJoin(ids, " ") << "] x" << p.calls << ";";
+    }
+    os << "\n";
   }
   return os.str();
 }

@@ -1,10 +1,15 @@
 // Per-module quantization state (AutoQuantizationState) and the model-wide state it shares
-// (ModelQuantState): what the first run recorded, where observers go, and what convert decided.
+// (ModelQuantState): the recorded program (every quantizeable op a module ran, on every path its
+// calls took), where observers go, and what convert decided.
 //
-// prepare() attaches one AutoQuantizationState to every non-leaf module. The traced first run
-// records, per module and in execution order, every quantizeable op it sees (SeenOpInfo) and the
-// other ops; analyze_trace() then finds fusions, works out which tensors are int8 at inference and
-// places observers. Later runs validate that the op at each position is the one recorded.
+// prepare() attaches one AutoQuantizationState to every non-leaf module. A module's recorded ops
+// (SeenOpInfo, "records") are identified by what they are, not by their position in a call: the op
+// kind, the layer that runs it, its parameters and scalar (its "tag"), and where its inputs come
+// from inside the module (see docs/control_flow.md). So a loop uses one record per op whatever its
+// trip count, a branch adds the records of the ops only it runs, and a module called N times uses
+// the same records each time. The first run records; a later calibrating
+// call that runs an op no record matches records it too; analyze_program() then (re)computes
+// fusions, which tensors are int8 at inference and where observers go, over every path seen.
 //
 //   auto* state = dynamic_cast<dbrq::AutoQuantizationState*>(block->extension());
 //   for (const dbrq::SeenOpInfo& op : state->seen_ops()) std::cout << op.index << " " << op.fqn;
@@ -15,16 +20,21 @@
 //       0: conv2d+batch_norm+relu  in=[t3:u8] w=[layer1.0.conv1.weight:s8 per-channel] out=[t5:u8]
 //       3: conv2d+batch_norm+add+relu  in=[t5:u8, t3:u8] w=[...] out=[t9:u8]
 //     observers: t3 Histogram[min=-2.1 max=3.4] t9 Histogram[min=0 max=5.2]
+//     paths: 1 (ops 0-5: 12 calls)
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
-#include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "quant_state/observers.h"
 #include "quant_state/qconfig.h"
 #include "runtime/module.h"
@@ -32,22 +42,26 @@
 
 namespace dbrq {
 
-// A tensor as the trace saw it.
+// A tensor as the recorded program sees it. `id` names its origin, model-wide: the output of a
+// record, or an fp32 source (a model input, the output of an op that is not recorded).
 struct QTensorInfo {
-  int64_t id = 0;                // model-wide tensor id, assigned by the trace
+  int64_t id = 0;                 // the (first) origin
   DType trace_dtype = DType::kF32;
   DType inf_dtype = DType::kF32;  // what it is at inference: u8 when quantized
+  std::vector<int64_t> more_ids;  // inputs: further origins seen on other paths or loop iterations
+  size_t num_origins() const { return 1 + more_ids.size(); }
 };
 
 struct WeightInfo {
   std::string fqn;    // registered parameter name ("layer1.0.conv1.weight"); "" for a computed tensor
-  Tensor tensor;      // captured at trace; shares storage with the parameter
+  Tensor tensor;      // captured when recorded; shares storage with the parameter
 };
 
 // Membership in a fused chain (e.g. conv2d -> batch_norm -> relu).
 struct FusionInfo {
   std::vector<OpKind> pattern;  // the whole chain
-  int base = -1;                // index (in the module's seen ops) of the chain's first op
+  std::vector<int> members;     // the chain's records (indices in the module's seen ops), base first
+  int base = -1;                // index of the chain's first op (for a follower of several bases, the first)
   int position = -1;            // this op's place in the chain; 0 is the base
   int residual_input = -1;      // for an add in the chain: which add input is the residual
   bool fused() const { return base >= 0; }
@@ -65,13 +79,30 @@ struct ExecutorInfo {
   const std::string& describe() const { return description; }
 };
 
+// A read of a record's output by another record (the data flow the fusion analysis needs).
+struct Consumer {
+  int record = -1;  // global index (ModelQuantState::records())
+  int input = -1;
+  bool operator==(const Consumer& o) const { return record == o.record && input == o.input; }
+};
+
+// Producer tags of a record's activation inputs, as its module sees them (see SeenOpInfo::key).
+using ProducerTags = absl::InlinedVector<int64_t, 4>;
+
 struct SeenOpInfo {
-  int index = 0;                  // position in the module's sequence of quantizeable ops
+  int index = 0;                  // position in the module's records (creation order)
+  int global_index = -1;          // position in ModelQuantState::records()
   OpKind kind = OpKind::kNumOpKinds;
   std::string fqn;                // leaf module ("layer1.0.conv1") or enclosing module for functional ops
-  const nn::Module* leaf = nullptr;  // the leaf module that ran it (identity check on later runs)
+  const nn::Module* leaf = nullptr;  // the leaf module that runs it
+  // Identity, inside the module: its tag (kind, layer, parameters, scalar, weights: what the op
+  // is) and the producer tags of its activation inputs (the tag of the op that produced each: a
+  // record's, an unrecorded op's, the module's input k, a child module's output j).
+  int64_t tag = 0;
+  ProducerTags producers;
+  uint64_t params_fingerprint = 0;  // stable across processes (files)
   QConfigPtr qconfig;
-  QuantRole role = QuantRole::kNone;  // as decided by the trace analysis (kNone: runs in fp32)
+  QuantRole role = QuantRole::kNone;  // as decided by the analysis (kNone: runs in fp32)
   std::vector<QTensorInfo> inputs;    // activation inputs
   std::vector<QTensorInfo> outputs;
   std::vector<WeightInfo> weights;    // conv/linear weight and bias; batch_norm mean, var, weight, bias
@@ -79,11 +110,16 @@ struct SeenOpInfo {
   double scalar = 0.0;
   OpParams params;                // stride, padding, dims, eps, ... as the first run passed them
   FusionInfo fusion;
+  // Who reads the output (over every call recorded so far).
+  std::vector<Consumer> consumers;
+  bool read_by_fp32 = false;  // by an op that is not recorded
+  bool escapes = false;       // returned from a (non-leaf) module
+  bool read_twice = false;    // twice by one op (x + x)
   // Observer slots (in ModelQuantState) this op feeds during calibration; -1 for none.
   std::vector<int> input_observers;  // per input: observed here (first consumer of an fp32 tensor)
   int output_observer = -1;          // observed at this op's output
   std::string unsupported;           // why a requested quantization was ignored (logged once)
-  int program_index = -1;         // position in the model's execution order (analyze_trace)
+  int program_index = -1;            // index of its executor in the converted program (= global_index)
   std::unique_ptr<ExecutorInfo> executor;  // set by convert
 
   // "conv2d", or the fused chain's name on its base op.
@@ -97,31 +133,40 @@ struct NonQuantOpInfo {
   std::string reason;
 };
 
+// The distinct records one call of a module ran, and how many calls ran exactly those.
+struct PathInfo {
+  std::array<uint64_t, 4> mask{};  // record i is bit i (records beyond 256 share bits modulo 256)
+  std::vector<int> records;        // in the order of the first call that took it
+  int64_t calls = 0;
+};
+
 enum class Phase : uint8_t { kTracing, kCalibrating, kConverted };
 const char* phase_name(Phase p);
 
 class AutoQuantizationState;
 
-// One event of the traced run, in execution order (used by analyze_trace).
-struct TraceEvent {
-  enum class Kind : uint8_t { kSeenOp, kOtherOp, kEscape } kind;
-  AutoQuantizationState* state = nullptr;  // kSeenOp
-  int op_index = -1;                       // kSeenOp
-  std::vector<int64_t> inputs;             // tensor ids read
-  std::vector<int64_t> outputs;            // tensor ids produced
-  std::string where;                       // kEscape: the module whose output it is
-  bool repeat = false;  // kSeenOp of a module's later call during the trace: aliases the recorded op
-};
-
 struct ObserverSlot {
   std::unique_ptr<Observer> observer;
   int parent = -1;        // union-find: -1 for a root
-  int64_t tensor_id = 0;  // the tensor the slot was created for
+  int64_t tensor_id = 0;  // the tensor (origin) the slot was created for
   std::string owner;      // fqn of the module whose op observes it (for printing)
+  int record = -1;        // the record (global index) it belongs to
+  int input = -1;         // that record's input it observes; -1: its output
   QuantParamsPtr qparams;  // computed by convert
+  // The tensor it observed last (storage id, version, offset): several consumers of one fp32
+  // tensor feed its observer, which takes each tensor once.
+  struct Last {
+    uint64_t call = 0;  // ModelQuantState::call_count() when observed
+    uint64_t storage = 0;
+    uint64_t version = 0;
+    int64_t offset = -1;
+  } last;
+  // Observes `t` unless it is the tensor observed last in this call (`call`).
+  void observe_once(const Tensor& t, uint64_t call);
 };
 
-// Model-wide quantization state shared by every module's AutoQuantizationState.
+// Model-wide quantization state shared by every module's AutoQuantizationState. Calibration of one
+// model happens on one thread at a time; converted calls may run on several threads at once.
 class ModelQuantState {
  public:
   ModelQuantState(QConfigMapping mapping, BackendConfig backend);
@@ -134,31 +179,50 @@ class ModelQuantState {
   bool seen_kind(OpKind kind) const { return seen_kind_[static_cast<size_t>(kind)]; }
   bool observers_enabled() const { return observers_enabled_; }
   void set_observers_enabled(bool on) { observers_enabled_ = on; }
+  // Strict control flow (PrepareOptions::strict_control_flow): one fixed op sequence per module.
+  bool strict() const { return strict_; }
+  void set_strict(bool on) { strict_ = on; }
 
-  // Tensor ids are unique across the process, so a tensor traced by another model is never
-  // mistaken for one of ours.
+  // Ids of origins (record outputs and fp32 sources) are unique across the process, so a tensor
+  // of another model is never mistaken for one of ours.
   static int64_t new_tensor_id();
   struct TensorRecord {
     DType trace_dtype = DType::kF32;
     DType inf_dtype = DType::kF32;
-    int slot = -1;  // observer slot giving its qparams when int8
+    int slot = -1;    // observer slot giving its qparams when int8
+    int record = -1;  // the producing record (global index); -1: an fp32 source
   };
   std::unordered_map<int64_t, TensorRecord>& tensors() { return tensors_; }
   const TensorRecord* tensor(int64_t id) const;
+  // The origin id of an fp32 source known by `tag` (a site, a model input), made on first use.
+  int64_t fp32_origin(int64_t tag);
 
-  // Observer slots with union-find sharing.
+  // Every record of every module, in creation order: (state, index in it).
+  std::vector<std::pair<AutoQuantizationState*, int>>& records() { return records_; }
+  // The same, under the name convert and printing use: the program's order.
+  std::vector<std::pair<AutoQuantizationState*, int>>& execution_order() { return records_; }
+  SeenOpInfo& record(int global_index);
+
+  // Observer slots with union-find sharing. A slot belongs to a record's output (input = -1) or
+  // input; ensure_slot returns the existing one, so analysis can run again as paths are added.
   int new_slot(const ObserverSpec& spec, int64_t tensor_id, const std::string& owner);
+  int ensure_slot(int record, int input, const ObserverSpec& spec, int64_t tensor_id, const std::string& owner);
   int find(int slot) const;
-  // Makes two slots one (keeps a's observer; b's spec must match a's kind or b is dropped).
+  // Makes two slots one, keeping a's observer and folding b's statistics into it.
   int unite(int a, int b);
   Observer& observer(int slot) { return *slots_[find(slot)].observer; }
   ObserverSlot& slot(int s) { return slots_[find(s)]; }
   size_t num_slots() const { return slots_.size(); }
 
-  std::vector<TraceEvent>& events() { return events_; }
-  // Seen ops in the order the first run executed them (kept after the trace events are dropped).
-  std::vector<std::pair<AutoQuantizationState*, int>>& execution_order() { return execution_order_; }
   std::vector<AutoQuantizationState*>& states() { return states_; }
+
+  // Counts the model's outermost calls (an observer takes one tensor once per call).
+  uint64_t call_count() const { return calls_; }
+  void count_call() { ++calls_; }
+
+  // The recorded program changed (a record or an edge was added) since the last analysis.
+  bool dirty() const { return dirty_; }
+  void set_dirty(bool on) { dirty_ = on; }
 
  private:
   QConfigMapping mapping_;
@@ -166,10 +230,14 @@ class ModelQuantState {
   std::array<bool, static_cast<size_t>(OpKind::kNumOpKinds)> seen_kind_{};
   Phase phase_ = Phase::kTracing;
   bool observers_enabled_ = true;
+  bool strict_ = false;
+  bool dirty_ = false;
+  uint64_t calls_ = 0;
   std::unordered_map<int64_t, TensorRecord> tensors_;
+  std::unordered_map<int64_t, int64_t> fp32_origins_;  // tag -> origin id
   std::vector<ObserverSlot> slots_;
-  std::vector<TraceEvent> events_;
-  std::vector<std::pair<AutoQuantizationState*, int>> execution_order_;
+  std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
+  std::vector<std::pair<AutoQuantizationState*, int>> records_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
 };
 
@@ -195,43 +263,78 @@ class AutoQuantizationState : public nn::ModuleExtension {
   const std::shared_ptr<ModelQuantState>& model_ptr() const { return model_; }
 
   // Whether an op of `kind` run directly by this module (leaf == nullptr) or by the layer `leaf`
-  // is a seen op: recorded, validated on later runs and handled by convert. Returns its qconfig
-  // (null: not seen).
+  // is a seen op: recorded and handled by convert. Returns its qconfig (null: not seen).
   QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const;
 
   bool recorded() const { return recorded_; }
   void set_recorded() { recorded_ = true; }
-  std::vector<SeenOpInfo>& seen_ops() { return seen_ops_; }
-  const std::vector<SeenOpInfo>& seen_ops() const { return seen_ops_; }
+  // Records, in creation order (a deque: references stay valid as records are added).
+  std::deque<SeenOpInfo>& seen_ops() { return seen_ops_; }
+  const std::deque<SeenOpInfo>& seen_ops() const { return seen_ops_; }
   std::vector<NonQuantOpInfo>& non_quant_ops() { return non_quant_ops_; }
   const std::vector<NonQuantOpInfo>& non_quant_ops() const { return non_quant_ops_; }
 
-  // The op about to run at `cursor` must be the one recorded there (run by `leaf`, or by this
-  // module's own code when null); throws ControlFlowError naming this module, the index, the
-  // recorded op and the op seen. Allocates nothing unless it throws.
-  SeenOpInfo& validate_cur_op(int cursor, OpKind kind, const nn::Module* leaf, const LeafQuantInfo* leaf_info);
-  // At the end of a call: every recorded op must have run.
-  void validate_op_count(int cursor) const;
+  // The record of an op with tag `tag` and producer tags `producers`, or -1. `hint`: the record
+  // expected (the one that followed the previous record last time), checked before the map.
+  int find_record(int64_t tag, OpKind kind, const ProducerTags& producers, int hint) const;
+  // Adds a record (index = its position) and indexes it; the caller fills the rest.
+  SeenOpInfo& add_record(int64_t tag, OpKind kind, const ProducerTags& producers);
+  // Removes the newest record (a failed call's; it must be the last one added).
+  void remove_last_record();
+  // The record that followed `index` last time (a lookup hint; racy reads are fine).
+  int next_hint(int index) const;
+  void set_next_hint(int index, int next) const;
+
+  // Strict control flow: the sequence of records of the module's first call, and the check of
+  // each later call against it (ControlFlowError naming this module, the index, the recorded op
+  // and the op seen). Allocates nothing unless it throws.
+  std::vector<int>& first_sequence() { return first_sequence_; }
+  void check_sequence(int cursor, OpKind kind, int64_t tag, const LeafQuantInfo* leaf_info);
+  void check_sequence_end(int cursor) const;
+
+  // Paths: the distinct sets of records calls of this module ran (thread-safe).
+  void note_path(const std::array<uint64_t, 4>& mask, const std::vector<int>* records);
+  std::vector<PathInfo> paths() const;
+  void set_paths(std::vector<PathInfo> paths);
 
   std::string to_string(int indent = 0) const;
 
  private:
+  struct Key {
+    int64_t tag;
+    OpKind kind;
+    ProducerTags producers;
+    bool operator==(const Key& o) const { return tag == o.tag && kind == o.kind && producers == o.producers; }
+    template <typename H>
+    friend H AbslHashValue(H h, const Key& k) {
+      return H::combine(std::move(h), k.tag, static_cast<int>(k.kind), k.producers);
+    }
+  };
+
   std::string fqn_;
   std::string type_name_;
   std::shared_ptr<ModelQuantState> model_;
   bool recorded_ = false;
   std::array<QConfigPtr, static_cast<size_t>(OpKind::kNumOpKinds)> functional_qconfig_;
   std::array<bool, static_cast<size_t>(OpKind::kNumOpKinds)> functional_seen_{};
-  std::vector<SeenOpInfo> seen_ops_;
+  std::deque<SeenOpInfo> seen_ops_;
+  absl::flat_hash_map<Key, int> index_;
+  mutable std::deque<std::atomic<int>> next_hint_;
   std::vector<NonQuantOpInfo> non_quant_ops_;
+  std::vector<int> first_sequence_;
+  mutable std::mutex paths_mu_;
+  std::vector<PathInfo> paths_;
 };
 
 // Whether the backend would record `kind` at all (quantizeable, or part of a fusion pattern).
 bool is_seen_kind(const BackendConfig& backend, OpKind kind);
 
-// After the traced run: fusion discovery, inference dtypes, observer placement. Throws nothing for
-// unsupported requests: those ops stay fp32 and get a logged warning.
-void analyze_trace(ModelQuantState& model);
+// Over every record and edge recorded so far: fusion discovery, inference dtypes, observer
+// placement. Runs after the first (traced) call and again after a calibrating call that added
+// records or edges; existing observers keep their statistics. Throws nothing for unsupported
+// requests: those ops stay fp32 and get a logged warning (once).
+void analyze_program(ModelQuantState& model);
+inline void analyze_trace(ModelQuantState& model) { analyze_program(model); }
 
 // The AutoQuantizationState of a prepared module, or null.
 AutoQuantizationState* quant_state_of(const nn::Module& m);

@@ -1,53 +1,56 @@
-// analyze_trace: turns the events of the traced first run into fusions, inference dtypes and
-// observer placement. Everything here runs once, at prepare time.
+// analyze_program: from the recorded program (every record and the data flow between records seen
+// on any path) to fusions, inference dtypes and observer placement. Runs after the first (traced)
+// call and again after a calibrating call that found a new path; it recomputes everything from the
+// records, and observer slots are found again by their owner, so observers keep what they saw.
 #include <algorithm>
 #include <map>
 #include <set>
 
-#include "quant_state/auto_quant_state.h"
 #include "core/logging.h"
+#include "quant_state/auto_quant_state.h"
 
 namespace dbrq {
 namespace {
 
 using Record = ModelQuantState::TensorRecord;
 
-struct OpRef {
-  AutoQuantizationState* state;
-  int index;
-  SeenOpInfo& op() const { return state->seen_ops()[index]; }
-};
-
 class Analyzer {
  public:
   explicit Analyzer(ModelQuantState& m) : m_(m) {}
 
   void run() {
-    index_events();
+    reset();
     for (AutoQuantizationState* s : m_.states()) discover_fusions(*s);
-    for (const TraceEvent& e : m_.events()) infer(e);
+    infer_dtypes();
+    for (size_t g = 0; g < m_.records().size(); ++g) place(static_cast<int>(g));
+    for (size_t g = 0; g < m_.records().size(); ++g) unite_arrivals(static_cast<int>(g));
   }
 
  private:
-  void index_events() {
-    for (size_t i = 0; i < m_.events().size(); ++i) {
-      const TraceEvent& e = m_.events()[i];
-      for (int64_t id : e.inputs) consumers_[id].push_back(static_cast<int>(i));
-      if (e.kind == TraceEvent::Kind::kSeenOp && !e.repeat) {
-        for (int64_t id : e.outputs) producer_[id] = OpRef{e.state, e.op_index};
-      }
-    }
+  SeenOpInfo& rec_op(int g) { return m_.record(g); }
+  AutoQuantizationState& state_of(int g) { return *m_.records()[static_cast<size_t>(g)].first; }
+  Record& rec(int64_t id) { return m_.tensors()[id]; }
+
+  static std::vector<int64_t> origins(const QTensorInfo& t) {
+    std::vector<int64_t> ids = {t.id};
+    ids.insert(ids.end(), t.more_ids.begin(), t.more_ids.end());
+    return ids;
   }
 
-  // The single op (in the same module state) that reads `id`, when it is the only reader.
-  const TraceEvent* sole_consumer(int64_t id, const AutoQuantizationState* state) const {
-    auto it = consumers_.find(id);
-    if (it == consumers_.end() || it->second.size() != 1) return nullptr;
-    const TraceEvent& e = m_.events()[it->second[0]];
-    if (e.kind != TraceEvent::Kind::kSeenOp || e.state != state) return nullptr;
-    // An op reading the same tensor twice (x + x) is two reads.
-    if (std::count(e.inputs.begin(), e.inputs.end(), id) != 1) return nullptr;
-    return &e;
+  void reset() {
+    for (auto& [id, r] : m_.tensors()) {
+      r.inf_dtype = DType::kF32;
+      r.slot = -1;
+    }
+    for (auto& [s, i] : m_.records()) {
+      SeenOpInfo& op = s->seen_ops()[static_cast<size_t>(i)];
+      op.role = QuantRole::kNone;
+      op.fusion = FusionInfo{};
+      op.input_observers.assign(op.inputs.size(), -1);
+      op.output_observer = -1;
+      for (QTensorInfo& t : op.inputs) t.inf_dtype = DType::kF32;
+      for (QTensorInfo& t : op.outputs) t.inf_dtype = DType::kF32;
+    }
   }
 
   bool quantizable(const SeenOpInfo& op) const {
@@ -55,6 +58,19 @@ class Analyzer {
            m_.backend().unsupported_reason(op.kind, *op.qconfig).empty();
   }
 
+  // The one record that reads `op`'s output, when nothing else does (no op that is not recorded,
+  // no module boundary, one read).
+  const Consumer* sole_consumer(const SeenOpInfo& op) const {
+    if (op.outputs.size() != 1 || op.consumers.size() != 1 || op.read_by_fp32 || op.escapes || op.read_twice) {
+      return nullptr;
+    }
+    return &op.consumers[0];
+  }
+
+  // Chains the backend fuses, in each module: a chain A -> B -> ... of records where each one is
+  // the only reader of the one before. A follower reached from several records (a loop: the same
+  // layer's first-iteration and later records feed one record) joins when every record feeding it
+  // is such a predecessor.
   void discover_fusions(AutoQuantizationState& s) {
     auto& ops = s.seen_ops();
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -65,30 +81,43 @@ class Analyzer {
         std::vector<int> residual = {-1};
         bool ok = true;
         for (size_t p = 1; p < pattern.size() && ok; ++p) {
-          const SeenOpInfo& cur = ops[chain.back()];
-          const TraceEvent* next = cur.outputs.size() == 1 ? sole_consumer(cur.outputs[0].id, &s) : nullptr;
-          ok = next != nullptr && next->op_index > chain.back();
+          const SeenOpInfo& cur = ops[static_cast<size_t>(chain.back())];
+          const Consumer* c = sole_consumer(cur);
+          ok = c != nullptr && &state_of(c->record) == &s;
           if (!ok) break;
-          SeenOpInfo& n = ops[next->op_index];
-          ok = n.kind == pattern[p] && !n.fusion.fused() && n.qconfig != nullptr && !n.has_scalar;
+          SeenOpInfo& n = rec_op(c->record);
+          ok = n.kind == pattern[p] && n.qconfig != nullptr && !n.has_scalar &&
+               (!n.fusion.fused() || (n.fusion.pattern == pattern && n.fusion.position == static_cast<int>(p)));
           if (!ok) break;
+          const int pos = c->input;
           // The chain tensor must be the first input of a batch_norm / activation; for an add it
           // may be either, the other one being the residual.
-          int pos = -1;
-          for (size_t k = 0; k < n.inputs.size(); ++k) {
-            if (n.inputs[k].id == cur.outputs[0].id) pos = static_cast<int>(k);
-          }
           const bool residual_add = op_def(n.kind).residual_add;
           ok = pos >= 0 && (residual_add || pos == 0);
           if (!ok) break;
-          chain.push_back(next->op_index);
+          // Every record feeding that input must be a predecessor like `cur`.
+          for (int64_t id : origins(n.inputs[static_cast<size_t>(pos)])) {
+            const Record* r = m_.tensor(id);
+            if (r == nullptr || r->record < 0) {
+              ok = false;
+              break;
+            }
+            const SeenOpInfo& pred = rec_op(r->record);
+            const Consumer* pc = sole_consumer(pred);
+            ok = &state_of(r->record) == &s && pred.kind == pattern[p - 1] && pc != nullptr &&
+                 pc->record == c->record && pc->input == pos;
+            if (!ok) break;
+          }
+          if (!ok) break;
+          chain.push_back(n.index);
           residual.push_back(residual_add ? 1 - pos : -1);
         }
         if (!ok) continue;
-        // batch_norm after linear must be 1-d (BatchNorm1d on [N, C]).
         for (size_t p = 0; p < chain.size(); ++p) {
-          SeenOpInfo& op = ops[chain[p]];
+          SeenOpInfo& op = ops[static_cast<size_t>(chain[p])];
+          if (p > 0 && op.fusion.fused()) continue;  // a follower another chain already reached
           op.fusion.pattern = pattern;
+          op.fusion.members = chain;
           op.fusion.base = chain[0];
           op.fusion.position = static_cast<int>(p);
           op.fusion.residual_input = residual[p];
@@ -98,19 +127,114 @@ class Analyzer {
     }
   }
 
-  Record& rec(int64_t id) { return m_.tensors()[id]; }
-
-  // The op consumes input k as u8: an fp32 arrival is quantized there, observed at its first
-  // quantizing consumer.
-  void require_u8(AutoQuantizationState& s, SeenOpInfo& op, size_t k) {
-    QTensorInfo& in = op.inputs[k];
-    Record& r = rec(in.id);
-    in.inf_dtype = DType::kU8;
-    if (r.inf_dtype == DType::kU8) return;
-    if (r.slot < 0) {
-      r.slot = m_.new_slot(op.qconfig->activation, in.id, s.fqn());
-      op.input_observers[k] = r.slot;
+  bool any_input_u8(const SeenOpInfo& op, size_t k) {
+    if (k >= op.inputs.size()) return false;
+    for (int64_t id : origins(op.inputs[k])) {
+      if (rec(id).inf_dtype == DType::kU8) return true;
     }
+    return false;
+  }
+
+  void warn_unsupported(AutoQuantizationState& s, SeenOpInfo& op, const std::string& reason) {
+    if (op.unsupported == reason) return;  // said once per record, not at every analysis
+    op.unsupported = reason;
+    log()->warn("quantization of {} at {} (module \"{}\", op {}) ignored: {}", op_name(op.kind), op.fqn, s.fqn(),
+                op.index, reason);
+  }
+
+  // The role a record runs with and whether its output is u8, given its inputs' dtypes.
+  QuantRole role_of(SeenOpInfo& op, bool* out_u8) {
+    *out_u8 = false;
+    AutoQuantizationState& s = state_of(op.global_index);
+    if (op.fusion.fused() && op.fusion.position > 0) {
+      const SeenOpInfo& base = s.seen_ops()[static_cast<size_t>(op.fusion.base)];
+      const QuantRole r = m_.backend().role(base.kind);
+      *out_u8 = !(base.qconfig && base.qconfig->is_dynamic());
+      return r;
+    }
+    const QuantRole role = m_.backend().role(op.kind);
+    if (role == QuantRole::kNone) return QuantRole::kNone;
+    const std::string reason = m_.backend().unsupported_reason(op.kind, *op.qconfig);
+    if (!reason.empty()) {
+      warn_unsupported(s, op, reason);
+      return QuantRole::kNone;
+    }
+    const bool dynamic = op.qconfig->is_dynamic();
+    switch (role) {
+      case QuantRole::kWeighted:
+      case QuantRole::kMatmul:
+        *out_u8 = !dynamic;
+        return role;
+      case QuantRole::kBinary:
+        if (op.has_scalar) {
+          // x + c, x * c, x - c, x / c keep int8 with parameters derived from x's (one origin:
+          // derived once); c - x and c / x do not.
+          const OpDef& d = op_def(op.kind);
+          ScalarAffine affine;
+          if (!any_input_u8(op, 0) || op.inputs[0].num_origins() != 1 || d.scalar_affine == nullptr ||
+              !d.scalar_affine(op.scalar, op.scalar_first, &affine)) {
+            return QuantRole::kNone;
+          }
+          *out_u8 = true;
+          return role;
+        }
+        if (op_def(op.kind).int8_binary == nullptr) return QuantRole::kNone;  // sub, div of two tensors
+        *out_u8 = true;
+        return role;
+      case QuantRole::kCat:
+        *out_u8 = true;
+        return role;
+      case QuantRole::kShare:
+      case QuantRole::kLut:
+      case QuantRole::kFixedQParams:
+        if (!any_input_u8(op, 0)) return QuantRole::kNone;
+        *out_u8 = true;
+        return role;
+      case QuantRole::kNone:
+        break;
+    }
+    return QuantRole::kNone;
+  }
+
+  // Roles and output dtypes to a fixed point: an op that passes int8 through (a reshape, a clamp)
+  // is int8 when its input is, and on a path added later that input may come from a record created
+  // after it (a loop's back edge).
+  void infer_dtypes() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto& [s, i] : m_.records()) {
+        SeenOpInfo& op = s->seen_ops()[static_cast<size_t>(i)];
+        bool u8 = false;
+        const QuantRole role = role_of(op, &u8);
+        const DType dt = u8 ? DType::kU8 : DType::kF32;
+        if (role != op.role || (!op.outputs.empty() && op.outputs[0].inf_dtype != dt)) changed = true;
+        op.role = role;
+        for (QTensorInfo& o : op.outputs) {
+          o.inf_dtype = dt;
+          rec(o.id).inf_dtype = dt;
+        }
+      }
+    }
+  }
+
+  // The op consumes input k as u8. One origin: an int8 one is taken as it is; an fp32 one is
+  // quantized with one observer for the tensor, fed by every quantizing consumer (each consumer may
+  // run on a path the others do not; the observer takes a tensor once per call, see
+  // ObserverSlot::last). Several origins (paths, loop iterations): the input has its own observer,
+  // and every arrival is brought to its parameters.
+  void require_u8(int g, size_t k) {
+    SeenOpInfo& op = rec_op(g);
+    QTensorInfo& in = op.inputs[k];
+    in.inf_dtype = DType::kU8;
+    const std::string& owner = state_of(g).fqn();
+    if (in.num_origins() > 1) {
+      op.input_observers[k] = m_.ensure_slot(g, static_cast<int>(k), op.qconfig->activation, in.id, owner);
+      return;
+    }
+    Record& r = rec(in.id);
+    if (r.inf_dtype == DType::kU8) return;
+    if (r.slot < 0) r.slot = m_.ensure_slot(g, static_cast<int>(k), op.qconfig->activation, in.id, owner);
+    op.input_observers[k] = r.slot;
   }
 
   void set_output(SeenOpInfo& op, DType dt, int slot) {
@@ -122,140 +246,124 @@ class Analyzer {
     }
   }
 
-  void fp32(SeenOpInfo& op) {
-    op.role = QuantRole::kNone;
-    set_output(op, DType::kF32, -1);
-  }
-
-  bool input_is_u8(const SeenOpInfo& op, size_t k) {
-    return k < op.inputs.size() && rec(op.inputs[k].id).inf_dtype == DType::kU8;
-  }
-
-  void warn_unsupported(AutoQuantizationState& s, SeenOpInfo& op, const std::string& reason) {
-    op.unsupported = reason;
-    log()->warn("quantization of {} at {} (module \"{}\", op {}) ignored: {}", op_name(op.kind), op.fqn, s.fqn(),
-                op.index, reason);
-  }
-
-  void infer(const TraceEvent& e) {
-    if (e.kind == TraceEvent::Kind::kOtherOp) {
-      for (int64_t id : e.outputs) rec(id).inf_dtype = DType::kF32;
-      return;
-    }
-    if (e.kind != TraceEvent::Kind::kSeenOp) return;
-    AutoQuantizationState& s = *e.state;
-    SeenOpInfo& op = s.seen_ops()[e.op_index];
-    if (e.repeat) {
-      // Same record, new tensors: they are what the recorded op's tensors are.
-      for (size_t j = 0; j < e.outputs.size() && j < op.outputs.size(); ++j) rec(e.outputs[j]) = rec(op.outputs[j].id);
-      return;
-    }
-    op.program_index = static_cast<int>(m_.execution_order().size());
-    m_.execution_order().emplace_back(&s, e.op_index);
-    op.input_observers.assign(op.inputs.size(), -1);
-    for (QTensorInfo& in : op.inputs) in.inf_dtype = rec(in.id).inf_dtype;
-
+  // Placement, in creation order (a producer's placement comes before its consumers' on the
+  // paths that created them).
+  void place(int g) {
+    SeenOpInfo& op = rec_op(g);
+    AutoQuantizationState& s = state_of(g);
+    if (op.role == QuantRole::kNone) return set_output(op, DType::kF32, -1);
+    const std::string& owner = s.fqn();
     if (op.fusion.fused() && op.fusion.position > 0) {
       // A follower runs inside its base's fused kernel: its output is the chain's output.
-      SeenOpInfo& base = s.seen_ops()[op.fusion.base];
-      if (op.fusion.residual_input >= 0) require_u8(s, op, op.fusion.residual_input);
-      op.role = base.role;
-      const int last = op.fusion.base + static_cast<int>(op.fusion.pattern.size()) - 1;
+      const SeenOpInfo& base = s.seen_ops()[static_cast<size_t>(op.fusion.base)];
+      if (op.fusion.residual_input >= 0) require_u8(g, static_cast<size_t>(op.fusion.residual_input));
+      if (base.qconfig && base.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);
       const int slot = rec(base.outputs[0].id).slot;
       set_output(op, DType::kU8, slot);
-      if (e.op_index == last) op.output_observer = slot;
+      if (op.index == op.fusion.members.back()) op.output_observer = slot;
       return;
     }
-
-    QuantRole role = m_.backend().role(op.kind);
-    if (role == QuantRole::kNone) return fp32(op);
-    const std::string reason = m_.backend().unsupported_reason(op.kind, *op.qconfig);
-    if (!reason.empty()) {
-      warn_unsupported(s, op, reason);
-      return fp32(op);
-    }
-    const bool dynamic = op.qconfig->is_dynamic();
-    op.role = role;
-    switch (role) {
+    switch (op.role) {
       case QuantRole::kWeighted:
       case QuantRole::kMatmul:
-        if (dynamic) {
-          // Activation parameters come from each call's data; the output stays fp32.
-          return set_output(op, DType::kF32, -1);
-        }
-        require_u8(s, op, 0);
-        if (role == QuantRole::kMatmul) require_u8(s, op, 1);
-        return new_output(s, op);
+        if (op.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);  // parameters per call
+        require_u8(g, 0);
+        if (op.role == QuantRole::kMatmul) require_u8(g, 1);
+        return new_output(g);
       case QuantRole::kBinary:
         if (op.has_scalar) {
-          // x + c, x * c, x - c, x / c keep int8 with parameters derived from x's; c - x and c / x
-          // do not.
-          const OpDef& d = op_def(op.kind);
-          ScalarAffine affine;
-          if (!input_is_u8(op, 0) || d.scalar_affine == nullptr || !d.scalar_affine(op.scalar, op.scalar_first, &affine)) {
-            return fp32(op);
-          }
           op.inputs[0].inf_dtype = DType::kU8;
           return set_output(op, DType::kU8, -1);  // parameters derived at convert
         }
-        if (op_def(op.kind).int8_binary == nullptr) return fp32(op);  // sub, div of two tensors
-        require_u8(s, op, 0);
-        require_u8(s, op, 1);
-        return new_output(s, op);
+        require_u8(g, 0);
+        require_u8(g, 1);
+        return new_output(g);
       case QuantRole::kCat: {
         int shared = -1;
-        for (size_t k = 0; k < op.inputs.size(); ++k) {
-          Record& r = rec(op.inputs[k].id);
-          if (r.inf_dtype == DType::kU8 && r.slot >= 0) shared = shared < 0 ? m_.find(r.slot) : m_.unite(shared, r.slot);
+        for (const QTensorInfo& in : op.inputs) {
+          for (int64_t id : origins(in)) {
+            Record& r = rec(id);
+            if (r.inf_dtype == DType::kU8 && r.slot >= 0) shared = shared < 0 ? m_.find(r.slot) : m_.unite(shared, r.slot);
+          }
         }
-        if (shared < 0) shared = m_.new_slot(op.qconfig->activation, op.outputs[0].id, s.fqn());
+        if (shared < 0) shared = m_.ensure_slot(g, -1, op.qconfig->activation, op.outputs[0].id, owner);
         for (size_t k = 0; k < op.inputs.size(); ++k) {
-          Record& r = rec(op.inputs[k].id);
-          if (!(r.inf_dtype == DType::kU8 && r.slot >= 0)) op.input_observers[k] = shared;
+          bool all_u8 = true;
+          for (int64_t id : origins(op.inputs[k])) {
+            const Record& r = rec(id);
+            all_u8 = all_u8 && r.inf_dtype == DType::kU8 && r.slot >= 0;
+          }
+          if (!all_u8) op.input_observers[k] = shared;
           op.inputs[k].inf_dtype = DType::kU8;
         }
         return set_output(op, DType::kU8, shared);
       }
-      case QuantRole::kShare:
-        if (!input_is_u8(op, 0)) return fp32(op);
+      case QuantRole::kShare: {
         op.inputs[0].inf_dtype = DType::kU8;
-        return set_output(op, DType::kU8, rec(op.inputs[0].id).slot);
+        if (op.inputs[0].num_origins() == 1) return set_output(op, DType::kU8, rec(op.inputs[0].id).slot);
+        // Several origins: its own parameters, observed at its input.
+        const int slot = m_.ensure_slot(g, 0, op.qconfig->activation, op.inputs[0].id, owner);
+        op.input_observers[0] = slot;
+        return set_output(op, DType::kU8, slot);
+      }
       case QuantRole::kLut:
-        if (!input_is_u8(op, 0)) return fp32(op);
-        op.inputs[0].inf_dtype = DType::kU8;
-        return new_output(s, op);
+        require_u8(g, 0);
+        return new_output(g);
       case QuantRole::kFixedQParams: {
-        if (!input_is_u8(op, 0)) return fp32(op);
-        op.inputs[0].inf_dtype = DType::kU8;
+        require_u8(g, 0);
         const BackendOpConfig* cfg = m_.backend().op(op.kind);
         const ObserverSpec spec =
             op.qconfig->activation.kind == ObserverKind::kFixedQParams ? op.qconfig->activation : *cfg->fixed_output;
-        const int slot = m_.new_slot(spec, op.outputs[0].id, s.fqn());
+        const int slot = m_.ensure_slot(g, -1, spec, op.outputs[0].id, owner);
         return set_output(op, DType::kU8, slot);
       }
       case QuantRole::kNone:
         break;
     }
-    fp32(op);
+    set_output(op, DType::kF32, -1);
+  }
+
+  // An input with several origins has its own observer, and every arrival is brought to its
+  // parameters. When one arrival is the record's own output (a loop's back edge onto itself,
+  // `z = z + y` repeated), that output is united with the input instead: one range for the
+  // loop-carried tensor and no requantization per iteration. Arrivals from other records keep
+  // their own ranges (uniting them would cost every one of them resolution). Done once every
+  // output has its slot (a back edge comes from a record placed later).
+  void unite_arrivals(int g) {
+    SeenOpInfo& op = rec_op(g);
+    if (op.fusion.fused()) return;
+    for (size_t k = 0; k < op.inputs.size() && k < op.input_observers.size(); ++k) {
+      if (op.input_observers[k] < 0 || op.inputs[k].num_origins() < 2) continue;
+      for (int64_t id : origins(op.inputs[k])) {
+        const Record& r = rec(id);
+        if (r.record != g || r.inf_dtype != DType::kU8 || r.slot < 0) continue;
+        if (m_.observer(op.input_observers[k]).spec() == m_.observer(r.slot).spec()) {
+          m_.unite(op.input_observers[k], r.slot);
+        }
+      }
+    }
   }
 
   // A fresh output observer, observed where the op's (or its fused chain's) result is produced.
-  void new_output(AutoQuantizationState& s, SeenOpInfo& op) {
-    // Named after the tensor users see: the end of the fused chain, if any.
-    int64_t id = op.outputs[0].id;
-    if (op.fusion.fused()) id = s.seen_ops()[op.fusion.base + op.fusion.pattern.size() - 1].outputs[0].id;
-    const int slot = m_.new_slot(op.qconfig->activation, id, s.fqn());
+  void new_output(int g) {
+    SeenOpInfo& op = rec_op(g);
+    AutoQuantizationState& s = state_of(g);
+    // Named after the tensor users see, and owned by the op producing it: the end of the fused
+    // chain, if any (chains of a loop's iterations ending in one record share it).
+    const SeenOpInfo& last = op.fusion.fused() ? s.seen_ops()[static_cast<size_t>(op.fusion.members.back())] : op;
+    const int slot = m_.ensure_slot(last.global_index, -1, op.qconfig->activation, last.outputs[0].id, s.fqn());
     set_output(op, DType::kU8, slot);
     if (!op.fusion.fused()) op.output_observer = slot;  // else the chain's last op observes
   }
 
   ModelQuantState& m_;
-  std::map<int64_t, std::vector<int>> consumers_;
-  std::map<int64_t, OpRef> producer_;
 };
 
 }  // namespace
 
-void analyze_trace(ModelQuantState& model) { Analyzer(model).run(); }
+void analyze_program(ModelQuantState& model) {
+  Analyzer(model).run();
+  model.set_dirty(false);
+}
 
 }  // namespace dbrq

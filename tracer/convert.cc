@@ -40,7 +40,11 @@ class Converter {
       info->description = e.describe();
       info->fp32 = e.is_fp32();
       if (!info->fp32) {
-        for (const QTensorInfo& in : op.inputs) info->input_qparams.push_back(known_qparams(in));
+        for (size_t k = 0; k < op.inputs.size(); ++k) {
+          info->input_qparams.push_back(op.inputs[k].num_origins() > 1 && op.input_observers[k] >= 0
+                                            ? m_.slot(op.input_observers[k]).qparams
+                                            : known_qparams(op.inputs[k]));
+        }
         if (!op.outputs.empty()) info->output_qparams = known_qparams(op.outputs[0]);
       }
       if (auto* w = dynamic_cast<WeightedExec*>(&e)) info->weight_qparams = w->weight_qparams();
@@ -60,7 +64,12 @@ class Converter {
       DBRQ_CHECK(it != derived_.end(), "no parameters for tensor t", id);
       return it->second;
     }
-    ObserverSlot& slot = m_.slot(r->slot);
+    return slot_qparams(s, op, r->slot);
+  }
+
+  // A slot's parameters, from its observer on first use.
+  QuantParamsPtr slot_qparams(const AutoQuantizationState& s, const SeenOpInfo& op, int slot_index) {
+    ObserverSlot& slot = m_.slot(slot_index);
     if (slot.qparams == nullptr) {
       const Observer& obs = *slot.observer;
       DBRQ_ENSURE(obs.has_data(), NotCalibratedError, "convert: no calibration data for tensor t", slot.tensor_id,
@@ -88,19 +97,30 @@ class Converter {
   // The tensor a fused chain produces (its last op's output).
   int64_t chain_output(const AutoQuantizationState& s, const SeenOpInfo& base) {
     if (!base.fusion.fused()) return base.outputs[0].id;
-    return s.seen_ops()[base.fusion.base + base.fusion.pattern.size() - 1].outputs[0].id;
+    return s.seen_ops()[static_cast<size_t>(base.fusion.members.back())].outputs[0].id;
+  }
+
+  // The parameters input k is brought to: its origin's, or (several origins: paths, loop
+  // iterations) its own observer's.
+  QuantParamsPtr input_qparams(const AutoQuantizationState& s, const SeenOpInfo& op, size_t k) {
+    if (op.inputs[k].num_origins() > 1) {
+      const int slot = op.input_observers[k];
+      DBRQ_CHECK(slot >= 0, "input with several origins has no observer");
+      return slot_qparams(s, op, slot);
+    }
+    return qparams_of(s, op, op.inputs[k].id);
   }
 
   InputSpec input_spec(const AutoQuantizationState& s, const SeenOpInfo& op, size_t k,
                        MemoryFormat fmt = MemoryFormat::kPreserve) {
-    return InputSpec{qparams_of(s, op, op.inputs[k].id), fmt};
+    return InputSpec{input_qparams(s, op, k), fmt};
   }
 
   // The members of `base`'s fused chain after it.
   std::vector<const SeenOpInfo*> followers(const AutoQuantizationState& s, const SeenOpInfo& base) {
     std::vector<const SeenOpInfo*> out;
-    for (size_t p = 1; base.fusion.fused() && p < base.fusion.pattern.size(); ++p) {
-      out.push_back(&s.seen_ops()[base.fusion.base + p]);
+    for (size_t p = 1; base.fusion.fused() && p < base.fusion.members.size(); ++p) {
+      out.push_back(&s.seen_ops()[static_cast<size_t>(base.fusion.members[p])]);
     }
     return out;
   }
@@ -192,7 +212,7 @@ class Converter {
     std::vector<Fold> folds;
     bool deferred = false;
     if (!dynamic) {
-      base.src_qparams = qparams_of(s, op, op.inputs[0].id);
+      base.src_qparams = input_qparams(s, op, 0);
       base.dst_qparams = qparams_of(s, op, chain_output(s, op));
       base.post = post_ops_of(s, op);
     }
@@ -200,7 +220,7 @@ class Converter {
       const OpDef& md = op_def(m->kind);
       if (md.fold != nullptr) folds.push_back(Fold{md.fold, tensors_of(*m), m->params});
       if (m->fusion.residual_input >= 0) {
-        base.sum_qparams = qparams_of(s, *m, m->inputs[m->fusion.residual_input].id);
+        base.sum_qparams = input_qparams(s, *m, static_cast<size_t>(m->fusion.residual_input));
         deferred = true;
       }
     }

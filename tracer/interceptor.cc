@@ -1,5 +1,7 @@
 #include "tracer/interceptor.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "runtime/ops.h"
@@ -116,6 +118,79 @@ decltype(auto) self_located(F&& f) {
 
 }  // namespace
 
+int64_t site_tag(const void* site) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(site)); }
+
+int64_t QuantInterceptor::op_tag(const OpCall& call, const nn::Module* leaf, const OpDef& def, size_t n_act,
+                                 bool seen) const {
+  uint64_t h = fingerprint_mix(kFingerprintSeed, static_cast<uint64_t>(call.kind));
+  h = fingerprint_mix(h, reinterpret_cast<uintptr_t>(leaf));
+  // Parameters and scalars identify a recorded op whose int8 form is built from them; an op that
+  // is not recorded is only ever a producer, and its parameters may vary with a loop's index.
+  if (seen && def.params_in_identity && call.params != nullptr && def.params_fingerprint != nullptr) {
+    h = fingerprint_mix(h, def.params_fingerprint(call.params));
+  }
+  if (seen && call.has_scalar) {
+    uint64_t b;
+    std::memcpy(&b, &call.scalar, sizeof(b));
+    h = fingerprint_mix(fingerprint_mix(h, b), call.scalar_first ? 1u : 0u);
+  }
+  if (leaf == nullptr) {
+    // A functional op with weights: which parameters (a computed weight is "computed").
+    for (size_t i = n_act; i < call.inputs.size(); ++i) {
+      const Tensor& w = *call.inputs[i];
+      const bool param = w.defined() && param_names_.count(w.storage().get()) != 0;
+      h = fingerprint_mix(h, param ? reinterpret_cast<uintptr_t>(w.storage().get()) : 1u);
+    }
+  }
+  // Never a module-input tag (small) or a child-output tag (an address inside a module).
+  return static_cast<int64_t>(h | (uint64_t{1} << 63));
+}
+
+int64_t module_input_tag(size_t k) { return static_cast<int64_t>(k) + 1; }
+int64_t child_output_tag(const nn::Module* child, size_t j) {
+  // An address inside the child object: never another object's start or a code address.
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(child)) + 1 + static_cast<int64_t>(j % 7);
+}
+
+int64_t fp32_origin_id(const void* model, int64_t tag) {
+  // Deterministic (no table to look up after convert), apart from record ids (bit 62 set).
+  uint64_t h = static_cast<uint64_t>(tag) * 0x9E3779B97F4A7C15ull ^ reinterpret_cast<uintptr_t>(model);
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return static_cast<int64_t>((h & ((uint64_t{1} << 61) - 1)) | (uint64_t{1} << 62));  // bit 61: kInnerFusedBit
+}
+
+namespace {
+
+// Records created by the current outermost call on this thread (undone if the call fails).
+thread_local std::vector<std::pair<AutoQuantizationState*, int>> tls_created;
+
+std::vector<int64_t> origins_of(const QTensorInfo& t) {
+  std::vector<int64_t> ids = {t.id};
+  ids.insert(ids.end(), t.more_ids.begin(), t.more_ids.end());
+  return ids;
+}
+
+// After convert, the output of a fused chain's inner op (a conv whose relu runs in its kernel)
+// does not exist: the tensor holds the chain's result, or nothing yet (a conv waiting for its
+// residual add). Such tensors carry this bit in their origin, so a path never calibrated that
+// reads one is caught without a table lookup.
+constexpr int64_t kInnerFusedBit = int64_t{1} << 61;
+
+[[noreturn]] void throw_reads_inner(const std::string& who, const SeenOpInfo& p) {
+  DBRQ_THROW(ControlFlowError, "an uncalibrated path (", who, ") reads the output of ", op_name(p.kind), " (", p.fqn,
+             "), which after convert runs fused as ", p.fusion.name(), " and has no output of its own; calibrate this "
+             "path before convert");
+}
+
+// Whether an input arrives from where calibration saw it come from.
+bool expected_origin(const QTensorInfo& in, int64_t origin) {
+  return origin == in.id || std::find(in.more_ids.begin(), in.more_ids.end(), origin) != in.more_ids.end();
+}
+
+}  // namespace
+
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
   for (auto& [name, t] : root.named_parameters()) param_names_[t.storage().get()] = name;
@@ -140,152 +215,251 @@ std::string QuantInterceptor::weight_fqn(const Tensor& t) const {
   return it == param_names_.end() ? "" : it->second;
 }
 
-void QuantInterceptor::assign_ids(const OpCall& call) {
-  for (const Tensor* t : call.inputs) {
-    if (!t->defined()) continue;
-    if (model_->tensor(t->trace_id()) != nullptr) continue;
-    // First sight of a tensor made outside any op (model input, constant, parameter): an fp32
-    // source. The id is written into the caller's Tensor object, which only the tracer reads.
-    const int64_t id = ModelQuantState::new_tensor_id();
-    const_cast<Tensor*>(t)->set_trace_id(id);
-    model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
-  }
+int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k) {
+  const int64_t o = t.trace_origin();
+  if (o != 0 && model_->tensor(o) != nullptr) return o;
+  // Made outside any op of this model (a constant, a parameter used as an activation, another
+  // model's tensor): an fp32 source of its own at this input.
+  const int64_t id = fp32_origin_id(model_.get(), tag * 31 + static_cast<int64_t>(k) + site_tag(state) * 7);
+  model_->tensors().emplace(id, ModelQuantState::TensorRecord{});
+  return id;
 }
 
 Tensor QuantInterceptor::on_op(const OpCall& call) {
   Frame* top = nullptr;
   Frame* owner = owner_frame(&top);
-  switch (model_->phase()) {
-    case Phase::kTracing:
-      return trace_op(call, owner, top);
-    case Phase::kCalibrating:
-      return observe_op(call, owner, top);
-    case Phase::kConverted:
-      return convert_op(call, owner, top);
-  }
-  return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  if (owner == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  const LeafQuantInfo* leaf = top != nullptr ? top->leaf : nullptr;
+  if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return other_op(call, owner, top);
+  return seen_op(call, owner, top);
 }
 
-namespace {
-
-QTensorInfo info_of(const Tensor& t, ModelQuantState& m) {
-  QTensorInfo i;
-  i.id = t.trace_id();
-  i.trace_dtype = t.dtype();
-  if (const auto* r = m.tensor(i.id)) i.inf_dtype = r->inf_dtype;
-  return i;
-}
-
-const LeafQuantInfo* leaf_of(const Frame* top) { return top != nullptr ? top->leaf : nullptr; }
-
-}  // namespace
-
-Tensor QuantInterceptor::trace_op(const OpCall& call, Frame* owner, Frame* top) {
-  assign_ids(call);
-  const LeafQuantInfo* leaf = leaf_of(top);
-  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
+// An op that is not recorded: fp32 (int8 arguments dequantized). Its output carries its site, so
+// the records reading it know where it came from.
+Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) {
+  const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
-  Tensor out = located(call.kind, site_of(owner, top, qconfig != nullptr ? owner->cursor : -1),
-                       [&] { return call.run(call); });
-  const int64_t out_id = ModelQuantState::new_tensor_id();
-  out.set_trace_id(out_id);
-  model_->tensors()[out_id] = {out.dtype(), out.dtype(), -1};
-
-  TraceEvent e;
-  e.kind = TraceEvent::Kind::kOtherOp;
-  const size_t n_act = def.activation_inputs(call.inputs.size());
-  for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
-    if (call.inputs[i]->defined()) e.inputs.push_back(call.inputs[i]->trace_id());
-  }
-  e.outputs.push_back(out_id);
-
-  if (qconfig != nullptr) {
-    AutoQuantizationState& s = *owner->state;
-    if (owner->recording) {
-      SeenOpInfo op;
-      op.index = owner->cursor;
-      op.kind = call.kind;
-      op.fqn = leaf != nullptr ? leaf->fqn() : s.fqn();
-      op.leaf = leaf != nullptr ? top->module : nullptr;
-      op.qconfig = qconfig;
-      for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
-        if (call.inputs[i]->defined()) op.inputs.push_back(info_of(*call.inputs[i], *model_));
+  const int64_t tag =
+      op_tag(call, leaf != nullptr ? top->module : nullptr, def, def.activation_inputs(call.inputs.size()), false);
+  const Phase phase = model_->phase();
+  if (phase != Phase::kConverted) {
+    // What it reads is read by something other than a record: no fusion may hide it.
+    for (const Tensor* t : call.inputs) {
+      if (!t->defined()) continue;
+      const ModelQuantState::TensorRecord* r = model_->tensor(t->trace_origin());
+      if (r != nullptr && r->record >= 0) {
+        SeenOpInfo& p = model_->record(r->record);
+        if (!p.read_by_fp32) {
+          p.read_by_fp32 = true;
+          model_->set_dirty(true);
+        }
       }
-      for (size_t i = n_act; i < call.inputs.size(); ++i) {
-        op.weights.push_back({weight_fqn(*call.inputs[i]), *call.inputs[i]});
-      }
-      op.outputs.push_back(info_of(out, *model_));
-      op.has_scalar = call.has_scalar;
-      op.scalar = call.scalar;
-      op.scalar_first = call.scalar_first;
-      if (call.params != nullptr && def.copy_params != nullptr) op.params = def.copy_params(call.params);
-      s.seen_ops().push_back(std::move(op));
-      e.kind = TraceEvent::Kind::kSeenOp;
-      e.state = &s;
-      e.op_index = owner->cursor;
-    } else {
-      // A module called again during the trace: its ops were recorded on its first call.
-      SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-        return s.validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
-      });
-      e.kind = TraceEvent::Kind::kSeenOp;
-      e.state = &s;
-      e.op_index = op.index;
-      // Later calls share the first call's record; their tensors alias its tensors.
-      e.repeat = true;
     }
-    ++owner->cursor;
-  } else if (owner != nullptr && owner->recording) {
-    owner->state->non_quant_ops().push_back(
-        {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
-         model_->seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
+    if (phase == Phase::kTracing && owner->recording) {
+      owner->state->non_quant_ops().push_back(
+          {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
+           model_->seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
+    }
+  } else {
+    // After convert, an fp32 op reading a fused chain's inner tensor would read the chain's result.
+    for (const Tensor* t : call.inputs) {
+      if (t->defined() && (t->trace_origin() & kInnerFusedBit) != 0) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(t->trace_origin() & ~kInnerFusedBit);
+        if (r != nullptr && r->record >= 0) throw_reads_inner(op_name(call.kind), model_->record(r->record));
+      }
+    }
   }
-  model_->events().push_back(std::move(e));
+  Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  out.set_trace_id(tag);
+  out.set_trace_origin(fp32_origin_id(model_.get(), tag ^ site_tag(owner->state)));
+  if (phase != Phase::kConverted) model_->tensors().emplace(out.trace_origin(), ModelQuantState::TensorRecord{});
   return out;
 }
 
-Tensor QuantInterceptor::observe_op(const OpCall& call, Frame* owner, Frame* top) {
-  const LeafQuantInfo* leaf = leaf_of(top);
-  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
-  if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
-  SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
-  });
-  ++owner->cursor;
-  const bool observe = model_->observers_enabled();
-  auto observe_inputs = [&] {
-    for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
-      if (op.input_observers[k] >= 0) model_->observer(op.input_observers[k]).observe(*call.inputs[k]);
-    }
-  };
-  return located(call.kind, site_of(owner, top, op.index), [&] {
-    // The op runs before its inputs are observed, so an input it rejects is reported by the op
-    // ("conv2d: input must have dtype f32") rather than by an observer. Each observer still sees
-    // its tensors in the same order. An in-place op overwrites its input: observe that first.
-    if (observe && call.inplace) observe_inputs();
-    Tensor out = run_fp32(call);
-    if (observe && !call.inplace) observe_inputs();
-    if (observe && op.output_observer >= 0) model_->observer(op.output_observer).observe(out);
-    return out;
-  });
+SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag,
+                                        const ProducerTags& producers, const QConfigPtr& qconfig) {
+  AutoQuantizationState& s = *owner->state;
+  const LeafQuantInfo* leaf = top->leaf;
+  SeenOpInfo& op = s.add_record(tag, call.kind, producers);
+  op.global_index = static_cast<int>(model_->records().size());
+  op.program_index = op.global_index;
+  model_->records().emplace_back(&s, op.index);
+  tls_created.emplace_back(&s, op.index);
+  op.fqn = leaf != nullptr ? leaf->fqn() : s.fqn();
+  op.leaf = leaf != nullptr ? top->module : nullptr;
+  op.qconfig = qconfig;
+  const OpDef& def = op_def(call.kind);
+  const size_t n_act = def.activation_inputs(call.inputs.size());
+  for (size_t i = 0; i < n_act; ++i) {
+    const Tensor& t = *call.inputs[i];
+    if (!t.defined()) continue;
+    QTensorInfo in;
+    in.id = origin_of(t, &s, tag, i);
+    in.trace_dtype = t.dtype();
+    op.inputs.push_back(in);
+  }
+  for (size_t i = n_act; i < call.inputs.size(); ++i) op.weights.push_back({weight_fqn(*call.inputs[i]), *call.inputs[i]});
+  QTensorInfo out;
+  out.id = ModelQuantState::new_tensor_id();
+  op.outputs.push_back(out);
+  ModelQuantState::TensorRecord r;
+  r.record = op.global_index;
+  model_->tensors()[out.id] = r;
+  op.has_scalar = call.has_scalar;
+  op.scalar = call.scalar;
+  op.scalar_first = call.scalar_first;
+  if (call.params != nullptr && def.copy_params != nullptr) op.params = def.copy_params(call.params);
+  if (call.params != nullptr && def.params_fingerprint != nullptr) op.params_fingerprint = def.params_fingerprint(call.params);
+  model_->set_dirty(true);
+  return op;
 }
 
-Tensor QuantInterceptor::convert_op(const OpCall& call, Frame* owner, Frame* top) {
-  const LeafQuantInfo* leaf = leaf_of(top);
-  QConfigPtr qconfig = owner != nullptr ? owner->state->seen_qconfig(call.kind, leaf) : nullptr;
-  if (qconfig == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
-  SeenOpInfo& op = self_located([&]() -> SeenOpInfo& {
-    return owner->state->validate_cur_op(owner->cursor, call.kind, leaf != nullptr ? top->module : nullptr, leaf);
-  });
-  ++owner->cursor;
-  const OpSite site = site_of(owner, top, op.index);
-  ConvertedOp* exec = program_[op.program_index].get();
-  if (__builtin_expect(probe_ != nullptr, 0)) {
-    Tensor out = located(call.kind, site, [&] { return exec->run(call); });
-    probe_(*owner->state, op, out);
-    return out;
+void QuantInterceptor::note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op) {
+  const size_t n_act = op_def(call.kind).activation_inputs(call.inputs.size());
+  int64_t seen_ids[8];
+  size_t n_seen = 0;
+  for (size_t i = 0, a = 0; i < n_act && i < call.inputs.size(); ++i) {
+    const Tensor& t = *call.inputs[i];
+    if (!t.defined() || a >= op.inputs.size()) continue;
+    QTensorInfo& in = op.inputs[a];
+    const int64_t id = origin_of(t, owner->state, op.tag, i);
+    if (id != in.id && std::find(in.more_ids.begin(), in.more_ids.end(), id) == in.more_ids.end()) {
+      in.more_ids.push_back(id);
+      model_->set_dirty(true);
+    }
+    if (in.trace_dtype != t.dtype() && t.dtype() == DType::kF32) in.trace_dtype = t.dtype();
+    const ModelQuantState::TensorRecord* r = model_->tensor(id);
+    if (r != nullptr && r->record >= 0) {
+      SeenOpInfo& p = model_->record(r->record);
+      const Consumer c{op.global_index, static_cast<int>(a)};
+      if (std::find(p.consumers.begin(), p.consumers.end(), c) == p.consumers.end()) {
+        p.consumers.push_back(c);
+        model_->set_dirty(true);
+      }
+      for (size_t j = 0; j < n_seen && j < 8; ++j) {
+        if (seen_ids[j] == id && !p.read_twice) {
+          p.read_twice = true;
+          model_->set_dirty(true);
+        }
+      }
+      if (n_seen < 8) seen_ids[n_seen++] = id;
+    }
+    ++a;
   }
-  return located(call.kind, site, [&] { return exec->run(call); });
+}
+
+int QuantInterceptor::find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag,
+                                     const ProducerTags& producers) {
+  AutoQuantizationState& s = *owner->state;
+  int r = s.find_record(tag, call.kind, producers, s.next_hint(owner->last_record));
+  if (r < 0 && model_->phase() != Phase::kConverted) {
+    QConfigPtr qconfig = s.seen_qconfig(call.kind, top->leaf);
+    r = record_op(call, owner, top, tag, producers, qconfig).index;
+  }
+  return r;
+}
+
+Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why) {
+  AutoQuantizationState& s = *owner->state;
+  const std::string where = absl::StrCat("module \"", s.fqn(), "\" (", s.type_name(), "), ", op_name(call.kind), " (",
+                                         top->leaf != nullptr ? top->leaf->fqn() : s.fqn(), ")");
+  if (strict_paths_) {
+    DBRQ_THROW(ControlFlowError, "uncalibrated path after convert: ", where, " ", why,
+               ". Calibrate this path before convert, or convert without ConvertOptions::strict_paths to run it in "
+               "fp32");
+  }
+  uncalibrated_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(warned_mu_);
+    if (warned_.insert({&s, static_cast<int>(call.kind)}).second) {
+      log()->warn("uncalibrated path after convert: {} {}; it runs in fp32 (int8 inputs dequantized)", where, why);
+    }
+  }
+  // An fp32 run reading a fused chain's inner tensor would read the chain's result.
+  for (const Tensor* t : call.inputs) {
+    if (t->defined() && (t->trace_origin() & kInnerFusedBit) != 0) {
+      const ModelQuantState::TensorRecord* r = model_->tensor(t->trace_origin() & ~kInnerFusedBit);
+      if (r != nullptr && r->record >= 0) throw_reads_inner(where, model_->record(r->record));
+    }
+  }
+  Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  const OpDef& def = op_def(call.kind);
+  out.set_trace_id(
+      op_tag(call, top->leaf != nullptr ? top->module : nullptr, def, def.activation_inputs(call.inputs.size()), true));
+  out.set_trace_origin(0);
+  return out;
+}
+
+Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
+  AutoQuantizationState& s = *owner->state;
+  const LeafQuantInfo* leaf = top->leaf;
+  const OpDef& def = op_def(call.kind);
+  const size_t n_act = def.activation_inputs(call.inputs.size());
+  const int64_t tag = op_tag(call, leaf != nullptr ? top->module : nullptr, def, n_act, true);
+  ProducerTags producers;
+  for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+    if (call.inputs[i]->defined()) producers.push_back(call.inputs[i]->trace_id());
+  }
+  const Phase phase = model_->phase();
+  int r = -1;
+  if (model_->strict() && !owner->recording) {
+    // One fixed sequence: the op at this position is the record the first call ran there.
+    self_located([&] { s.check_sequence(owner->cursor, call.kind, tag, leaf); });
+    r = s.first_sequence()[static_cast<size_t>(owner->cursor++)];
+  } else {
+    r = find_or_record(call, owner, top, tag, producers);
+  }
+  if (model_->strict() && owner->recording && r >= 0) s.first_sequence().push_back(r);
+  if (r < 0) return run_uncalibrated(call, owner, top, "was never run while calibrating");
+  if (owner->last_record >= 0 && s.next_hint(owner->last_record) != r) s.set_next_hint(owner->last_record, r);
+  owner->last_record = r;
+  owner->path[static_cast<size_t>(r / 64) % 4] |= uint64_t{1} << (r % 64);
+  SeenOpInfo& op = s.seen_ops()[static_cast<size_t>(r)];
+  const OpSite where = site_of(owner, top, op.index);
+  Tensor out;
+  if (phase == Phase::kConverted) {
+    // An input from elsewhere than calibration saw is fine (it is brought to the parameters the
+    // op was converted with), except a fused chain's inner tensor, which does not exist.
+    for (size_t i = 0, a = 0; i < n_act && i < call.inputs.size(); ++i) {
+      const Tensor& t = *call.inputs[i];
+      if (!t.defined()) continue;
+      const int64_t o = t.trace_origin();
+      if (__builtin_expect((o & kInnerFusedBit) != 0, 0) && a < op.inputs.size() &&
+          !expected_origin(op.inputs[a], o & ~kInnerFusedBit)) {
+        const ModelQuantState::TensorRecord* pr = model_->tensor(o & ~kInnerFusedBit);
+        if (pr != nullptr && pr->record >= 0) throw_reads_inner(op_name(call.kind), model_->record(pr->record));
+      }
+      ++a;
+    }
+    ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
+    out = located(call.kind, where, [&] { return exec->run(call); });
+    if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, op, out);
+  } else {
+    note_inputs(call, owner, op);
+    const bool observe = phase == Phase::kCalibrating && model_->observers_enabled();
+    auto observe_inputs = [&] {
+      for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
+        if (op.input_observers[k] >= 0) {
+          model_->slot(op.input_observers[k]).observe_once(*call.inputs[k], model_->call_count());
+        }
+      }
+    };
+    out = located(call.kind, where, [&] {
+      // The op runs before its inputs are observed, so an input it rejects is reported by the op
+      // ("conv2d: input must have dtype f32") rather than by an observer. Each observer still sees
+      // its tensors in the same order. An in-place op overwrites its input: observe that first.
+      if (observe && call.inplace) observe_inputs();
+      Tensor o = run_fp32(call);
+      if (observe && !call.inplace) observe_inputs();
+      if (observe && op.output_observer >= 0) model_->observer(op.output_observer).observe(o);
+      return o;
+    });
+  }
+  out.set_trace_id(tag);
+  const bool inner = phase == Phase::kConverted && op.fusion.fused() &&
+                     op.fusion.position + 1 < static_cast<int>(op.fusion.members.size());
+  out.set_trace_origin(op.outputs[0].id | (inner ? kInnerFusedBit : 0));
+  return out;
 }
 
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
@@ -293,10 +467,23 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   f.module = &module;
   f.owner = this;
   nn::ModuleExtension* ext = module.extension();
+  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
+  const Phase phase = model_->phase();
+  if (outermost) {
+    // The model's inputs are fp32 sources, the same on every call.
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      Tensor* t = inputs[k];
+      if (!t->defined()) continue;
+      t->set_trace_origin(fp32_origin_id(model_.get(), module_input_tag(k) ^ site_tag(&module)));
+      if (phase != Phase::kConverted) model_->tensors().emplace(t->trace_origin(), ModelQuantState::TensorRecord{});
+    }
+    f.created_mark = tls_created.size();
+    if (phase == Phase::kCalibrating) model_->count_call();
+  }
   if (dynamic_cast<NonTraceableInfo*>(ext) != nullptr) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
-    if (model_->phase() != Phase::kTracing) {
+    if (phase != Phase::kTracing) {
       InterceptorScope none(nullptr);
       for (Tensor* t : inputs) {
         if (t->defined() && t->is_quantized()) *t = dequantize(*t);
@@ -309,21 +496,17 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   }
   if (auto* s = dynamic_cast<AutoQuantizationState*>(ext)) {
     f.state = s;
-    f.recording = model_->phase() == Phase::kTracing && !s->recorded();
+    f.recording = !s->recorded();
+    // Inside the module, its inputs are "input k", wherever the caller got them from: a module's
+    // records do not depend on where it is called from.
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k]->defined()) inputs[k]->set_trace_id(module_input_tag(k));
+    }
   } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
     f.leaf = l;
   }
-  if (model_->phase() == Phase::kTracing) {
-    for (Tensor* t : inputs) {
-      if (!t->defined() || model_->tensor(t->trace_id()) != nullptr) continue;
-      const int64_t id = ModelQuantState::new_tensor_id();
-      t->set_trace_id(id);
-      model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
-    }
-  }
-  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   tls_stack.push_back(f);
-  if (outermost && model_->phase() == Phase::kCalibrating && model_->observers_enabled()) {
+  if (outermost && phase == Phase::kCalibrating && model_->observers_enabled()) {
     save_calibration(*model_);
     tls_stack.back().snapshot = true;
   }
@@ -332,42 +515,56 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
 void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) {
   DBRQ_CHECK(!tls_stack.empty() && tls_stack.back().module == &module, "module stack out of order");
   {
-    // Validate while this module's frame is still on the stack: if it throws, on_module_unwind pops
-    // exactly this frame (popping first made the unwind pop the callers' frames too).
+    // Checked while this module's frame is still on the stack: if it throws, on_module_unwind pops
+    // exactly this frame.
     const Frame& top = tls_stack.back();
-    if (!top.fp32_region && top.state != nullptr && !top.recording) {
-      self_located([&] { top.state->validate_op_count(top.cursor); });
+    if (!top.fp32_region && top.state != nullptr && model_->strict() && !top.recording) {
+      self_located([&] { top.state->check_sequence_end(top.cursor); });
     }
   }
   Frame f = tls_stack.back();
   tls_stack.pop_back();
-  if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
+  const Phase phase = model_->phase();
+  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   if (f.fp32_region) {
     detail::tls_interceptor = f.saved;
-    if (model_->phase() == Phase::kTracing) {
-      for (Tensor* t : outputs) {
-        if (!t->defined()) continue;
-        const int64_t id = ModelQuantState::new_tensor_id();
-        t->set_trace_id(id);
-        model_->tensors()[id] = {t->dtype(), DType::kF32, -1};
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      Tensor* t = outputs[j];
+      if (!t->defined()) continue;
+      t->set_trace_id(child_output_tag(&module, j));
+      t->set_trace_origin(fp32_origin_id(model_.get(), child_output_tag(&module, j)));
+      if (phase != Phase::kConverted) model_->tensors().emplace(t->trace_origin(), ModelQuantState::TensorRecord{});
+    }
+  } else if (f.leaf == nullptr) {
+    if (f.state != nullptr) {
+      if (f.recording) f.state->set_recorded();
+      f.state->note_path(f.path, nullptr);
+    }
+    // A non-leaf module's outputs escape it: no fusion may hide them. For the caller they are
+    // "output j of this module".
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      Tensor* t = outputs[j];
+      if (!t->defined()) continue;
+      if (phase != Phase::kConverted) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(t->trace_origin());
+        if (r != nullptr && r->record >= 0) {
+          SeenOpInfo& p = model_->record(r->record);
+          if (!p.escapes) {
+            p.escapes = true;
+            model_->set_dirty(true);
+          }
+        }
       }
+      t->set_trace_id(child_output_tag(&module, j));
     }
-    return;
   }
-  if (f.state != nullptr && f.recording) f.state->set_recorded();
-  // A layer's output is its op's output, not a use of it; only non-leaf module outputs escape.
-  if (model_->phase() == Phase::kTracing && f.leaf == nullptr) {
-    TraceEvent e;
-    e.kind = TraceEvent::Kind::kEscape;
-    for (Tensor* t : outputs) {
-      if (t->defined()) e.inputs.push_back(t->trace_id());
-    }
-    e.where = f.state != nullptr ? f.state->fqn() : module.type_name();
-    if (!e.inputs.empty()) model_->events().push_back(std::move(e));
-  }
+  if (!outermost) return;
+  if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
+  tls_created.resize(f.created_mark);        // and the records it added
+  // A path added while calibrating: placement, fusions and observers over every path so far.
+  if (phase == Phase::kCalibrating && model_->dirty()) analyze_program(*model_);
   // The model's outputs are fp32 unless configured otherwise.
-  const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
-  if (outermost && !int8_outputs_ && model_->phase() == Phase::kConverted) {
+  if (!int8_outputs_ && phase == Phase::kConverted) {
     InterceptorScope none(nullptr);
     for (Tensor* t : outputs) {
       if (t->defined() && t->is_quantized()) *t = dequantize(*t);
@@ -391,6 +588,29 @@ void QuantInterceptor::on_module_error(nn::Module& module, const Error& error) {
   }
 }
 
+void QuantInterceptor::rollback_records(size_t mark) noexcept {
+  // Newest first: each is the last record of its module and of the model.
+  while (tls_created.size() > mark) {
+    auto [state, index] = tls_created.back();
+    tls_created.pop_back();
+    SeenOpInfo& op = state->seen_ops()[static_cast<size_t>(index)];
+    const int g = op.global_index;
+    for (const QTensorInfo& in : op.inputs) {
+      for (int64_t id : origins_of(in)) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(id);
+        if (r == nullptr || r->record < 0 || r->record == g) continue;
+        auto& cs = model_->record(r->record).consumers;
+        cs.erase(std::remove_if(cs.begin(), cs.end(), [g](const Consumer& c) { return c.record == g; }), cs.end());
+      }
+    }
+    for (const QTensorInfo& o : op.outputs) model_->tensors().erase(o.id);
+    std::vector<int>& seq = state->first_sequence();
+    seq.erase(std::remove(seq.begin(), seq.end(), index), seq.end());
+    state->remove_last_record();
+    model_->records().pop_back();
+  }
+}
+
 void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
   // Pop this module's frame (and any frame left above it by a failure in a hook). When the frame
   // is not there (on_module_enter failed before pushing it, or on_module_exit after popping it),
@@ -402,6 +622,9 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
     tls_stack.pop_back();
     if (f.fp32_region) detail::tls_interceptor = f.saved;
     if (f.snapshot) restore_calibration();
+    const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
+    // A failed call leaves no trace: the records it added go too.
+    if (outermost && f.owner == this) rollback_records(f.created_mark);
   }
   // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned.
   if (tls_stack.empty()) drop_pending_on_this_thread();

@@ -22,7 +22,11 @@
 // so the model computes and calibrates exactly as if the failed call had not happened.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -50,12 +54,15 @@ struct Frame {
   nn::Module* module = nullptr;
   AutoQuantizationState* state = nullptr;   // non-leaf module with state
   const LeafQuantInfo* leaf = nullptr;      // layer
-  int cursor = 0;                           // next seen-op index in `state`
-  bool recording = false;                   // tracing this module's first call
+  int cursor = 0;                           // strict control flow: position in the first call's sequence
+  bool recording = false;                   // strict control flow: this is the module's first call
+  int last_record = -1;                     // the record the module ran last (a lookup hint)
+  std::array<uint64_t, 4> path{};           // the records this call ran (PathInfo::mask)
   bool fp32_region = false;                 // non-traceable: interception suspended inside
   Interceptor* saved = nullptr;             // the interceptor to restore after an fp32 region
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
+  size_t created_mark = 0;                  // outermost frame: records created before this call
 };
 
 // One per prepared model; the prepared modules own it (Module::attach_interceptor), and it owns
@@ -78,22 +85,52 @@ class QuantInterceptor : public Interceptor {
   // Converts the model (see convert_model) and switches it to the converted phase.
   void convert(bool int8_outputs);
 
+  // Converts the model with an uncalibrated path raising instead of running in fp32.
+  void set_strict_paths(bool on) { strict_paths_ = on; }
+  // Ops converted calls ran in fp32 because their path was never calibrated.
+  int64_t uncalibrated_ops() const { return uncalibrated_.load(std::memory_order_relaxed); }
+
   // Sees every seen op's result after convert (numeric comparison). Not for concurrent calls.
   using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo&, const Tensor&)>;
   void set_probe(Probe probe) { probe_ = std::move(probe); }
 
  private:
-  Tensor trace_op(const OpCall& call, Frame* owner, Frame* top);
-  Tensor observe_op(const OpCall& call, Frame* owner, Frame* top);
-  Tensor convert_op(const OpCall& call, Frame* owner, Frame* top);
-  void assign_ids(const OpCall& call);
+  // The record of a seen op in `owner`'s module (creating it while tracing or calibrating), or
+  // -1 after convert for an op on a path never calibrated.
+  int find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers);
+  SeenOpInfo& record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers,
+                        const QConfigPtr& qconfig);
+  // What an op is, apart from its inputs: kind, layer, parameters, scalar, functional weights.
+  int64_t op_tag(const OpCall& call, const nn::Module* leaf, const OpDef& def, size_t n_act, bool seen) const;
+  // Data flow of a seen op's inputs into its record and their producers' (tracing, calibrating).
+  void note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op);
+  // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
+  Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why);
+  Tensor seen_op(const OpCall& call, Frame* owner, Frame* top);
+  Tensor other_op(const OpCall& call, Frame* owner, Frame* top);
+  // The origin id of an input as this model knows it (0: none).
+  int64_t origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k);
+  void rollback_records(size_t mark) noexcept;
   std::string weight_fqn(const Tensor& t) const;
 
   std::shared_ptr<ModelQuantState> model_;
   std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
+  bool strict_paths_ = false;  // an uncalibrated path after convert raises
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
+  std::atomic<int64_t> uncalibrated_{0};
+  std::mutex warned_mu_;
+  std::set<std::pair<const void*, int>> warned_;  // (module state, op kind) said once
   Probe probe_;
 };
+
+// The tag a tensor carries (Tensor::trace_id) for the enclosing module: where it was produced,
+// seen from inside the module (records' producer tags).
+int64_t site_tag(const void* site);
+// Of input k of a module call, and of output j of a child module call.
+int64_t module_input_tag(size_t k);
+int64_t child_output_tag(const nn::Module* child, size_t j);
+// The origin id of an fp32 source (a model input, an op that is not recorded), from its tag.
+int64_t fp32_origin_id(const void* model, int64_t tag);
 
 }  // namespace dbrq::tracer

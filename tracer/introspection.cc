@@ -39,4 +39,8 @@ int num_observers(const nn::Module& model) {
   return n;
 }
 
+int64_t uncalibrated_ops(const nn::Module& model) {
+  return tracer::QuantInterceptor::of(model, "uncalibrated_ops").uncalibrated_ops();
+}
+
 }  // namespace dbrq

@@ -40,5 +40,7 @@ struct QuantizedOpInfo {
 std::vector<QuantizedOpInfo> quantized_ops(const nn::Module& model);
 // Distinct observers of a prepared model (one shared by several tensors counts once).
 int num_observers(const nn::Module& model);
+// Ops that calls of a converted model ran in fp32 because their path was never calibrated.
+int64_t uncalibrated_ops(const nn::Module& model);
 
 }  // namespace dbrq

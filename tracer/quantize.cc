@@ -88,6 +88,7 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
     m->attach_interceptor(interceptor);
   }
   state->set_phase(Phase::kTracing);
+  state->set_strict(options.strict_control_flow);
   try {
     InterceptorScope scope(interceptor.get());
     run();
@@ -98,9 +99,7 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
     detach(model);
     throw;
   }
-  analyze_trace(*state);
-  state->events().clear();
-  state->events().shrink_to_fit();
+  analyze_program(*state);
   state->set_phase(Phase::kCalibrating);
   log_prepare_summary(*state);
 }
@@ -126,6 +125,7 @@ void convert(nn::Module& model, const ConvertOptions& options) {
   ModelQuantState& m = interceptor.model();
   DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError, "convert: ", model.type_name(),
               " is already converted; convert once per prepared model");
+  interceptor.set_strict_paths(options.strict_paths);
   interceptor.convert(options.int8_outputs);
 }
 

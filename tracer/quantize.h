@@ -28,11 +28,19 @@ struct PrepareOptions {
   // and is not traced.
   std::vector<std::string> non_traceable_module_classes;
   std::vector<std::string> non_traceable_module_names;
+  // One fixed op sequence per module: every call must run the quantizeable ops its first call ran,
+  // in that order, or ControlFlowError is thrown (naming the module, the op index, the recorded op
+  // and the op seen). Default: branches, loops and early exits each add their path
+  // (docs/control_flow.md).
+  bool strict_control_flow = false;
 };
 
 struct ConvertOptions {
   // Keep int8 tensors at the model's outputs instead of dequantizing them.
   bool int8_outputs = false;
+  // An op on a path calibration never ran raises ControlFlowError instead of running in fp32
+  // (which is logged once per module and op kind, and counted: uncalibrated_ops()).
+  bool strict_paths = false;
 };
 
 // Prepares `model` in place and runs it once on `example_inputs` (1 to 4 tensors passed to its

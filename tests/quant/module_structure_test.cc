@@ -194,9 +194,17 @@ TEST(ModuleStructure, ChildReturningANonTensorAlongsideATensor) {
   const auto refs = run_all(*model, inputs);
   prepare(*model, {inputs[0]});
   EXPECT_EQ(seen_kinds(state_of(*model->child)), std::vector<OpKind>{K::kConv2d});
-  EXPECT_EQ(seen_kinds(state_of(*model)), (std::vector<OpKind>{K::kMul, K::kMul, K::kMul, K::kConv2d}));
-  // The scalar muls keep u8 with derived parameters: fc's input needs no observer.
-  EXPECT_EQ(state_of(*model).seen_ops()[3].input_observers, std::vector<int>{-1});
+  // The loop folds: the first mul reads the child's output, every later one the mul's own.
+  EXPECT_EQ(seen_kinds(state_of(*model)), (std::vector<OpKind>{K::kMul, K::kMul, K::kConv2d}));
+  // The first mul keeps u8 with parameters derived from the conv's. The folded mul reads both the
+  // first mul's output and its own (parameters derived from its own would change every
+  // iteration), so it runs fp32 and fc observes its input.
+  const auto& ops = state_of(*model).seen_ops();
+  EXPECT_EQ(ops[0].role, QuantRole::kBinary);
+  EXPECT_EQ(ops[0].output_observer, -1);
+  EXPECT_EQ(ops[1].inputs[0].num_origins(), 2u);
+  EXPECT_EQ(ops[1].role, QuantRole::kNone);
+  EXPECT_GE(ops[2].input_observers[0], 0);
   calibrate_convert_compare(*model, inputs, refs);
 }
 
@@ -387,14 +395,33 @@ TEST(ModuleStructure, ChildCalledTwiceDuringTraceKeepsOneRecord) {
   calibrate_convert_compare(*model, inputs, refs);
 }
 
-TEST(ModuleStructure, ChildCalledTwiceDifferentlyDuringTraceFailsPrepare) {
+// A child running different ops on its two calls: the second call's ops are a second path of the
+// child (with strict_control_flow, prepare fails instead).
+TEST(ModuleStructure, ChildCalledTwiceDifferentlyDuringTraceRecordsBothPaths) {
   manual_seed(8);
   auto model = std::make_shared<SharedTwice>();
   model->unit->alternate = true;
   const Tensor x = randn({1, 3, 8, 8}, 80);
   const Tensor ref = (*model)(x);
+  model->unit->calls = 0;
+  prepare(*model, {x});
+  AutoQuantizationState& unit = state_of(*model->unit);
+  EXPECT_EQ(unit.paths().size(), 2u);
+  expect_equal((*model)(x), ref);
+}
+
+TEST(ModuleStructure, ChildCalledTwiceDifferentlyDuringStrictTraceFailsPrepare) {
+  manual_seed(8);
+  auto model = std::make_shared<SharedTwice>();
+  model->unit->alternate = true;
+  const Tensor x = randn({1, 3, 8, 8}, 80);
+  const Tensor ref = (*model)(x);
+  model->unit->calls = 0;
+  PrepareOptions strict;
+  strict.strict_control_flow = true;
   // Second call of "unit" during the trace runs 1 of the 2 ops its first call recorded.
-  EXPECT_THROW_MSG(prepare(*model, {x}), ControlFlowError, "control flow changed in module \"unit\" (Unit)");
+  EXPECT_THROW_MSG(prepare(*model, {x}, default_qconfig_mapping(), BackendConfig::onednn(), strict), ControlFlowError,
+                   "control flow changed in module \"unit\" (Unit)");
   EXPECT_FALSE(is_prepared(*model));
   EXPECT_EQ(quant_state_of(*model->unit), nullptr);
   // The model still works, in fp32.

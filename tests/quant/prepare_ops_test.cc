@@ -248,10 +248,11 @@ TEST(PrepareOps, CatOfAProducerWithDerivedParameters) {
   const SeenOpInfo& cat_op = ops[4];
   EXPECT_EQ(cat_op.role, QuantRole::kCat);
   ASSERT_EQ(cat_op.inputs.size(), 3u);
-  // The input x is observed once, at its first consumer.
+  // The input x has one observer, fed by each of its quantizing consumers (a consumer may run on
+  // a path the others do not; the observer takes the tensor once per call).
   EXPECT_GE(ops[0].input_observers[0], 0);
-  EXPECT_EQ(ops[1].input_observers[0], -1);
-  EXPECT_EQ(ops[3].input_observers[0], -1);
+  EXPECT_EQ(ops[1].input_observers[0], ops[0].input_observers[0]);
+  EXPECT_EQ(ops[3].input_observers[0], ops[0].input_observers[0]);
   // x * 3.0 reuses c2's parameters: no observer of its own.
   EXPECT_EQ(ops[2].output_observer, -1);
   EXPECT_EQ(ops[2].input_observers, std::vector<int>{-1});

@@ -1,6 +1,7 @@
-// Control-flow divergence after prepare: a forward whose branch flag (a member) selects which
-// quantizeable op runs. Flipping the flag so a different op runs raises ControlFlowError naming the
-// module fqn, the op index, the recorded op and the op seen; running fewer quantizeable ops than
+// PrepareOptions::strict_control_flow: one fixed op sequence per module, as dbrq required before
+// paths. A forward whose branch flag (a member) selects which quantizeable op runs: flipping the
+// flag so a different op runs raises ControlFlowError naming the module fqn, the op index, the
+// recorded op and the op seen; running fewer quantizeable ops than
 // recorded is caught at the module's exit; data-dependent branches over non-quantizeable ops are
 // fine. After the error the model is still usable (restore the flag and call again), both while
 // calibrating and after convert, and a parent that catches its child's error keeps its own state.
@@ -20,6 +21,12 @@ using nn::Conv2d;
 using testing::expect_equal;
 using testing::sqnr_of;
 using testing::state_of;
+
+PrepareOptions strict() {
+  PrepareOptions o;
+  o.strict_control_flow = true;
+  return o;
+}
 
 struct Branchy : nn::CallableModule<Branchy> {
   enum Mode { kConv1, kConv2, kSkipSecond, kSigmoidInsteadOfRelu };
@@ -62,7 +69,7 @@ class ControlFlowTest : public ::testing::Test {
     model = std::make_shared<Net>();
     for (int i = 0; i < 3; ++i) inputs.push_back(randn({2, 3, 6, 6}, 40 + i));
     for (const Tensor& x : inputs) refs.push_back((*model)(x));
-    prepare(*model, {inputs[0]});
+    prepare(*model, {inputs[0]}, default_qconfig_mapping(), BackendConfig::onednn(), strict());
   }
   void expect_still_usable(bool converted) {
     model->branchy->mode = Branchy::kConv1;
@@ -149,7 +156,7 @@ TEST(ControlFlowRoot, MoreOpsThanRecorded) {
   auto model = std::make_shared<RootBranch>();
   const Tensor x = randn({1, 3, 4, 4}, 5);
   const Tensor ref = (*model)(x);
-  prepare(*model, {x});
+  prepare(*model, {x}, default_qconfig_mapping(), BackendConfig::onednn(), strict());
   model->extra = true;
   EXPECT_THROW_MSG((*model)(x), ControlFlowError,
                    "control flow changed in module \"\" (RootBranch): op 1 is conv2d (conv) but the first run "
@@ -191,7 +198,7 @@ TEST(ControlFlowCaught, ParentCatchingAChildErrorKeepsItsOwnState) {
   manual_seed(6);
   auto model = std::make_shared<Catcher>();
   const Tensor x = randn({1, 3, 6, 6}, 7);
-  prepare(*model, {x});
+  prepare(*model, {x}, default_qconfig_mapping(), BackendConfig::onednn(), strict());
   AutoQuantizationState& root = state_of(*model);
   ASSERT_EQ(root.seen_ops().size(), 2u);  // stem, tail
   ModelQuantState& m = model_quant_state(*model);

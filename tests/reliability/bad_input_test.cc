@@ -151,10 +151,14 @@ Tensor run_subject(Subject s, nn::Module& m, const Tensor& x) {
   return Tensor();
 }
 
-// Brings a fresh model to `stage`: prepared on a batch of 2, calibrated on three batches.
+// Brings a fresh model to `stage`: prepared on a batch of 2, calibrated on three batches. Branchy
+// (whose quantizeable ops depend on the batch size) is prepared with strict control flow: a new
+// path is its bad input.
 void bring_to(Subject s, nn::Module& m, Stage stage) {
   if (stage == Stage::kFp32) return;
-  prepare(m, {input_for(s, 2, 1)});
+  PrepareOptions options;
+  options.strict_control_flow = s == Subject::kBranchy;
+  prepare(m, {input_for(s, 2, 1)}, default_qconfig_mapping(), BackendConfig::onednn(), options);
   if (stage == Stage::kPrepared) return;
   for (uint64_t seed : {101, 102, 103}) run_subject(s, m, input_for(s, 2, seed));
   if (stage == Stage::kCalibrating) return;
@@ -362,7 +366,7 @@ std::vector<Row> rows() {
                },
                ERROR_OF(NotCalibratedError), {"its Histogram observer saw nothing"}});
 
-  // ---- control flow ----
+  // ---- control flow (strict_control_flow; without it each is a new path) ----
   r.push_back({"control_flow_extra_op_calibrating", Subject::kBranchy, Stage::kCalibrating,
                [](Case& c) { c.run(c.input(5, 1)); }, ERROR_OF(ControlFlowError),
                {"control flow changed in module \"\" (Branchy): op 2 is linear (fc1) but the first run recorded only 2 "
