@@ -1,7 +1,9 @@
 #include "core/op_params.h"
 
+#include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/tensor.h"  // QuantParams
 
 namespace dbrq {
@@ -13,48 +15,63 @@ uint64_t bits(double d) {
   return b;
 }
 
-template <typename C>
-uint64_t mix_all(uint64_t h, const C& values) {
-  h = fingerprint_mix(h, static_cast<uint64_t>(values.size()));
-  for (int64_t v : values) h = fingerprint_mix(h, static_cast<uint64_t>(v));
+// Feeds a field's values to `f` as doubles (no allocation: fingerprints run on every converted
+// call).
+template <typename F>
+void each_value(int64_t v, F&& f) { f(static_cast<double>(v)); }
+template <typename F>
+void each_value(bool v, F&& f) { f(v ? 1.0 : 0.0); }
+template <typename F>
+void each_value(double v, F&& f) { f(v); }
+template <size_t N, typename F>
+void each_value(const std::array<int64_t, N>& v, F&& f) {
+  for (int64_t x : v) f(static_cast<double>(x));
+}
+template <typename F>
+void each_value(const DimVector& v, F&& f) {
+  for (int64_t x : v) f(static_cast<double>(x));
+}
+template <typename T>
+size_t count_of(const T&) { return 1; }
+template <size_t N>
+size_t count_of(const std::array<int64_t, N>&) { return N; }
+size_t count_of(const DimVector& v) { return v.size(); }
+
+// Over every field, in order: its value count, then its values, doubles by their bits (what
+// to_fields would give, without building it).
+template <typename P>
+uint64_t fingerprint_fields(const P& p) {
+  uint64_t h = kFingerprintSeed;
+  P::fields(p, [&](const char*, const auto& v) {
+    h = fingerprint_mix(h, count_of(v));
+    each_value(v, [&](double x) { h = fingerprint_mix(h, bits(x)); });
+  });
   return h;
+}
+
+template <typename P>
+bool fields_equal(const P& a, const P& b) {
+  bool equal = true;
+  P::fields(a, [&](const char* name, const auto& va) {
+    P::fields(b, [&](const char* n, const auto& vb) {
+      if constexpr (std::is_same_v<decltype(va), decltype(vb)>) {
+        if (std::strcmp(n, name) == 0 && !(va == vb)) equal = false;
+      }
+    });
+  });
+  return equal;
 }
 
 }  // namespace
 
-uint64_t fingerprint(const Conv2dParams& p) {
-  uint64_t h = mix_all(kFingerprintSeed, p.stride);
-  h = mix_all(h, p.padding);
-  h = mix_all(h, p.dilation);
-  return fingerprint_mix(h, static_cast<uint64_t>(p.groups));
-}
-uint64_t fingerprint(const Pool2dParams& p) {
-  uint64_t h = mix_all(kFingerprintSeed, p.kernel_size);
-  h = mix_all(h, p.stride);
-  h = mix_all(h, p.padding);
-  h = mix_all(h, p.dilation);
-  return fingerprint_mix(h, (p.ceil_mode ? 1u : 0u) | (p.count_include_pad ? 2u : 0u));
-}
-uint64_t fingerprint(const AdaptivePool2dParams& p) { return mix_all(kFingerprintSeed, p.output_size); }
-uint64_t fingerprint(const NormParams& p) {
-  return mix_all(fingerprint_mix(kFingerprintSeed, bits(p.eps)), p.normalized_shape);
-}
-uint64_t fingerprint(const DimParams& p) {
-  return fingerprint_mix(mix_all(kFingerprintSeed, p.dims), (p.keepdim ? 1u : 0u) | (p.unbiased ? 2u : 0u));
-}
-uint64_t fingerprint(const ShapeParams& p) {
-  uint64_t h = mix_all(kFingerprintSeed, p.sizes);
-  h = fingerprint_mix(h, static_cast<uint64_t>(p.start));
-  return fingerprint_mix(h, static_cast<uint64_t>(p.length));
-}
-uint64_t fingerprint(const ActivationParams& p) {
-  uint64_t h = fingerprint_mix(kFingerprintSeed, bits(p.alpha));
-  h = fingerprint_mix(h, bits(p.beta));
-  return fingerprint_mix(h, p.approximate_tanh ? 1u : 0u);
-}
-uint64_t fingerprint(const DropoutParams& p) {
-  return fingerprint_mix(fingerprint_mix(kFingerprintSeed, bits(p.p)), p.training ? 1u : 0u);
-}
+uint64_t fingerprint(const Conv2dParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const Pool2dParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const AdaptivePool2dParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const NormParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const DimParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const ShapeParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const ActivationParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const DropoutParams& p) { return fingerprint_fields(p); }
 uint64_t fingerprint(const ConvertParams& p) {
   uint64_t h = fingerprint_mix(kFingerprintSeed, static_cast<uint64_t>(p.dtype));
   h = fingerprint_mix(h, static_cast<uint64_t>(p.memory_format));
@@ -67,31 +84,72 @@ uint64_t fingerprint(const ConvertParams& p) {
   return h;
 }
 
-bool operator==(const Conv2dParams& a, const Conv2dParams& b) {
-  return a.stride == b.stride && a.padding == b.padding && a.dilation == b.dilation && a.groups == b.groups;
-}
-bool operator==(const Pool2dParams& a, const Pool2dParams& b) {
-  return a.kernel_size == b.kernel_size && a.stride == b.stride && a.padding == b.padding &&
-         a.dilation == b.dilation && a.ceil_mode == b.ceil_mode && a.count_include_pad == b.count_include_pad;
-}
-bool operator==(const AdaptivePool2dParams& a, const AdaptivePool2dParams& b) {
-  return a.output_size == b.output_size;
-}
-bool operator==(const NormParams& a, const NormParams& b) {
-  return a.eps == b.eps && a.normalized_shape == b.normalized_shape;
-}
-bool operator==(const DimParams& a, const DimParams& b) {
-  return a.dims == b.dims && a.keepdim == b.keepdim && a.unbiased == b.unbiased;
-}
-bool operator==(const ShapeParams& a, const ShapeParams& b) {
-  return a.sizes == b.sizes && a.start == b.start && a.length == b.length;
-}
-bool operator==(const ActivationParams& a, const ActivationParams& b) {
-  return a.alpha == b.alpha && a.beta == b.beta && a.approximate_tanh == b.approximate_tanh;
-}
-bool operator==(const DropoutParams& a, const DropoutParams& b) { return a.p == b.p && a.training == b.training; }
+bool operator==(const Conv2dParams& a, const Conv2dParams& b) { return fields_equal(a, b); }
+bool operator==(const Pool2dParams& a, const Pool2dParams& b) { return fields_equal(a, b); }
+bool operator==(const AdaptivePool2dParams& a, const AdaptivePool2dParams& b) { return fields_equal(a, b); }
+bool operator==(const NormParams& a, const NormParams& b) { return fields_equal(a, b); }
+bool operator==(const DimParams& a, const DimParams& b) { return fields_equal(a, b); }
+bool operator==(const ShapeParams& a, const ShapeParams& b) { return fields_equal(a, b); }
+bool operator==(const ActivationParams& a, const ActivationParams& b) { return fields_equal(a, b); }
+bool operator==(const DropoutParams& a, const DropoutParams& b) { return fields_equal(a, b); }
 bool operator==(const ConvertParams& a, const ConvertParams& b) {
   return a.dtype == b.dtype && a.memory_format == b.memory_format && a.qparams == b.qparams && a.value == b.value;
 }
+
+uint64_t name_fingerprint(const std::string& name) {
+  uint64_t h = kFingerprintSeed;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+namespace params_detail {
+
+void throw_field_error(const std::string& message) { DBRQ_THROW(ValueError, message); }
+
+namespace {
+
+int64_t integer(double v, const std::string& what) {
+  // Integers a double holds exactly: sizes, dims, strides.
+  DBRQ_ENSURE(std::isfinite(v) && v == std::floor(v) && std::abs(v) <= 9007199254740992.0, ValueError,
+              "parameter field \"", what, "\" has ", v, ", not an integer");
+  return static_cast<int64_t>(v);
+}
+
+void expect_count(const std::vector<double>& in, const std::string& what, size_t n) {
+  DBRQ_ENSURE(in.size() == n, ValueError, "parameter field \"", what, "\" has ", in.size(), " values, expected ", n);
+}
+
+}  // namespace
+
+void read(const std::vector<double>& in, const std::string& what, int64_t* v) {
+  expect_count(in, what, 1);
+  *v = integer(in[0], what);
+}
+void read(const std::vector<double>& in, const std::string& what, bool* v) {
+  expect_count(in, what, 1);
+  DBRQ_ENSURE(in[0] == 0.0 || in[0] == 1.0, ValueError, "parameter field \"", what, "\" has ", in[0],
+              ", expected 0 or 1");
+  *v = in[0] != 0.0;
+}
+void read(const std::vector<double>& in, const std::string& what, double* v) {
+  expect_count(in, what, 1);
+  DBRQ_ENSURE(std::isfinite(in[0]), ValueError, "parameter field \"", what, "\" has ", in[0], ", not finite");
+  *v = in[0];
+}
+void read(const std::vector<double>& in, const std::string& what, DimVector* v) {
+  DBRQ_ENSURE(in.size() <= static_cast<size_t>(kMaxDims), ValueError, "parameter field \"", what, "\" has ",
+              in.size(), " values, more than ", kMaxDims);
+  v->clear();
+  for (double x : in) v->push_back(integer(x, what));
+}
+void read_array(const std::vector<double>& in, const std::string& what, int64_t* v, size_t n) {
+  expect_count(in, what, n);
+  for (size_t i = 0; i < n; ++i) v[i] = integer(in[i], what);
+}
+
+}  // namespace params_detail
 
 }  // namespace dbrq

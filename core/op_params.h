@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/dim_vector.h"
@@ -22,6 +24,13 @@ struct Conv2dParams {
   std::array<int64_t, 2> padding = {0, 0};
   std::array<int64_t, 2> dilation = {1, 1};
   int64_t groups = 1;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("dilation", p.dilation);
+    f("groups", p.groups);
+  }
 };
 
 struct Pool2dParams {
@@ -31,38 +40,79 @@ struct Pool2dParams {
   std::array<int64_t, 2> dilation = {1, 1};  // max pooling only
   bool ceil_mode = false;
   bool count_include_pad = true;  // average pooling only
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("kernel_size", p.kernel_size);
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("dilation", p.dilation);
+    f("ceil_mode", p.ceil_mode);
+    f("count_include_pad", p.count_include_pad);
+  }
 };
 
 struct AdaptivePool2dParams {
   std::array<int64_t, 2> output_size = {1, 1};
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("output_size", p.output_size);
+  }
 };
 
 struct NormParams {
   double eps = 1e-5;
   DimVector normalized_shape;  // layer_norm only
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("eps", p.eps);
+    f("normalized_shape", p.normalized_shape);
+  }
 };
 
 struct DimParams {
   DimVector dims;  // softmax/cat/flatten/...: the dims the op works on
   bool keepdim = false;       // reductions
   bool unbiased = true;       // std
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("dims", p.dims);
+    f("keepdim", p.keepdim);
+    f("unbiased", p.unbiased);
+  }
 };
 
 struct ShapeParams {
   DimVector sizes;  // reshape target (may contain one -1), permute order, ...
   int64_t start = 0;           // narrow / select / flatten start
   int64_t length = 0;          // narrow length / flatten end
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("sizes", p.sizes);
+    f("start", p.start);
+    f("length", p.length);
+  }
 };
 
 struct ActivationParams {
   double alpha = 0.0;  // negative slope, or the lower bound of a clamp
   double beta = 0.0;   // the upper bound of a clamp
   bool approximate_tanh = false;  // gelu
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("alpha", p.alpha);
+    f("beta", p.beta);
+    f("approximate_tanh", p.approximate_tanh);
+  }
 };
 
 struct DropoutParams {
   double p = 0.5;
   bool training = false;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("p", p.p);
+    f("training", p.training);
+  }
 };
 
 struct QuantParams;
@@ -74,6 +124,10 @@ struct ConvertParams {
   double value = 0.0;     // kFill
 };
 
+// Every parameter struct above (not ConvertParams) lists its fields once, in fields(p, f): f is
+// called with each field's name and value (an int64_t, bool or double, a std::array<int64_t, N>
+// or a DimVector). Equality, fingerprints and the portable form below all walk them.
+//
 // A stable 64-bit fingerprint of parameters (the same in every process): part of how the
 // quantization tracer identifies an op and how its files name it.
 uint64_t fingerprint(const Conv2dParams& p);
@@ -85,6 +139,19 @@ uint64_t fingerprint(const ShapeParams& p);
 uint64_t fingerprint(const ActivationParams& p);
 uint64_t fingerprint(const DropoutParams& p);
 uint64_t fingerprint(const ConvertParams& p);
+
+// Parameters in a portable form, field by field, every value a double (integers up to 2^53
+// exactly): what quant-state files store. from_fields checks names, counts and values and throws
+// ValueError naming the field.
+using ParamFields = std::vector<std::pair<std::string, std::vector<double>>>;
+template <typename P>
+ParamFields to_fields(const P& p);
+template <typename P>
+P from_fields(const ParamFields& fields);
+// Whether P lists its fields (ConvertParams does not: its ops are never recorded).
+template <typename P, typename = void>
+struct has_param_fields : std::false_type {};
+
 // One more 64-bit value into a fingerprint: a multiply-xorshift mix (two multiplies; the tracer
 // runs it for every op call after convert, so no byte-at-a-time FNV).
 inline uint64_t fingerprint_mix(uint64_t h, uint64_t v) {
@@ -95,6 +162,8 @@ inline uint64_t fingerprint_mix(uint64_t h, uint64_t v) {
   return h;
 }
 inline constexpr uint64_t kFingerprintSeed = 0xcbf29ce484222325ull;
+// A stable fingerprint of a name (a module's or parameter's fqn, an op's name): FNV-1a.
+uint64_t name_fingerprint(const std::string& name);
 
 // Equality of parameters (a converted op checks that later calls pass what the first run passed).
 bool operator==(const Conv2dParams& a, const Conv2dParams& b);
@@ -106,5 +175,76 @@ bool operator==(const ShapeParams& a, const ShapeParams& b);
 bool operator==(const ActivationParams& a, const ActivationParams& b);
 bool operator==(const DropoutParams& a, const DropoutParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
+
+// ---- implementation of the field walk ------------------------------------------------------
+
+namespace params_detail {
+struct Ignore {
+  template <typename T>
+  void operator()(const char*, const T&) const {}
+};
+}  // namespace params_detail
+
+template <typename P>
+struct has_param_fields<P, std::void_t<decltype(P::fields(std::declval<const P&>(), params_detail::Ignore{}))>>
+    : std::true_type {};
+
+namespace params_detail {
+
+inline void append(std::vector<double>* out, int64_t v) { out->push_back(static_cast<double>(v)); }
+inline void append(std::vector<double>* out, bool v) { out->push_back(v ? 1.0 : 0.0); }
+inline void append(std::vector<double>* out, double v) { out->push_back(v); }
+template <size_t N>
+void append(std::vector<double>* out, const std::array<int64_t, N>& v) {
+  for (int64_t x : v) out->push_back(static_cast<double>(x));
+}
+inline void append(std::vector<double>* out, const DimVector& v) {
+  for (int64_t x : v) out->push_back(static_cast<double>(x));
+}
+
+// Reading back; `what` names the field in errors (thrown by the .cc, which knows ValueError).
+void read(const std::vector<double>& in, const std::string& what, int64_t* v);
+void read(const std::vector<double>& in, const std::string& what, bool* v);
+void read(const std::vector<double>& in, const std::string& what, double* v);
+void read(const std::vector<double>& in, const std::string& what, DimVector* v);
+void read_array(const std::vector<double>& in, const std::string& what, int64_t* v, size_t n);
+template <size_t N>
+void read(const std::vector<double>& in, const std::string& what, std::array<int64_t, N>* v) {
+  read_array(in, what, v->data(), N);
+}
+[[noreturn]] void throw_field_error(const std::string& message);
+
+}  // namespace params_detail
+
+template <typename P>
+ParamFields to_fields(const P& p) {
+  ParamFields out;
+  P::fields(p, [&](const char* name, const auto& v) {
+    out.emplace_back(name, std::vector<double>{});
+    params_detail::append(&out.back().second, v);
+  });
+  return out;
+}
+
+template <typename P>
+P from_fields(const ParamFields& fields) {
+  P p;
+  size_t used = 0;
+  P::fields(p, [&](const char* name, auto& v) {
+    for (const auto& [n, values] : fields) {
+      if (n == name) {
+        params_detail::read(values, n, &v);
+        ++used;
+        return;
+      }
+    }
+    params_detail::throw_field_error(std::string("parameter field \"") + name + "\" is missing");
+  });
+  if (used != fields.size()) {
+    params_detail::throw_field_error("parameters have " + std::to_string(fields.size()) + " fields, expected " +
+                                     std::to_string(used));
+  }
+  return p;
+}
 
 }  // namespace dbrq

@@ -49,12 +49,11 @@ const ModelQuantState::TensorRecord* ModelQuantState::tensor(int64_t id) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-int64_t ModelQuantState::fp32_origin(int64_t tag) {
-  auto it = fp32_origins_.find(tag);
-  if (it != fp32_origins_.end()) return it->second;
-  const int64_t id = new_tensor_id();
-  fp32_origins_.emplace(tag, id);
-  tensors_[id] = TensorRecord{};
+int64_t ModelQuantState::add_fp32_source(uint64_t source) {
+  const int64_t id = fp32_source_id(source);
+  TensorRecord r;
+  r.source = source;
+  tensors_.emplace(id, r);
   return id;
 }
 
@@ -116,7 +115,10 @@ int ModelQuantState::unite(int a, int b) {
 
 AutoQuantizationState::AutoQuantizationState(std::string fqn, std::string type_name,
                                              std::shared_ptr<ModelQuantState> model)
-    : fqn_(std::move(fqn)), type_name_(std::move(type_name)), model_(std::move(model)) {
+    : fqn_(std::move(fqn)),
+      fqn_fingerprint_(name_fingerprint(fqn_)),
+      type_name_(std::move(type_name)),
+      model_(std::move(model)) {
   for (size_t k = 0; k < functional_qconfig_.size(); ++k) {
     const auto kind = static_cast<OpKind>(k);
     functional_qconfig_[k] = model_->mapping().for_op(kind, type_name_, fqn_);

@@ -191,11 +191,24 @@ class ModelQuantState {
     DType inf_dtype = DType::kF32;
     int slot = -1;    // observer slot giving its qparams when int8
     int record = -1;  // the producing record (global index); -1: an fp32 source
+    uint64_t source = 0;  // an fp32 source's portable name (see fp32_source_id)
   };
   std::unordered_map<int64_t, TensorRecord>& tensors() { return tensors_; }
   const TensorRecord* tensor(int64_t id) const;
-  // The origin id of an fp32 source known by `tag` (a site, a model input), made on first use.
-  int64_t fp32_origin(int64_t tag);
+  // An fp32 source (a model input, the output of an op that is not recorded, a constant) is named
+  // by a portable 64-bit `source` (built from fqn and op fingerprints, the same in every process);
+  // its origin id in this model is a function of it, so converted calls compute it without a
+  // table, and a quant-state file names it by `source`. Bit 62 is set (record outputs are
+  // counted from 1), bit 61 clear (see the tracer's kInnerFusedBit).
+  int64_t fp32_source_id(uint64_t source) const {
+    uint64_t h = (source ^ reinterpret_cast<uintptr_t>(this)) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return static_cast<int64_t>((h & ((uint64_t{1} << 61) - 1)) | (uint64_t{1} << 62));
+  }
+  // The same, registering the source (while tracing or calibrating).
+  int64_t add_fp32_source(uint64_t source);
 
   // Every record of every module, in creation order: (state, index in it).
   std::vector<std::pair<AutoQuantizationState*, int>>& records() { return records_; }
@@ -234,7 +247,6 @@ class ModelQuantState {
   bool dirty_ = false;
   uint64_t calls_ = 0;
   std::unordered_map<int64_t, TensorRecord> tensors_;
-  std::unordered_map<int64_t, int64_t> fp32_origins_;  // tag -> origin id
   std::vector<ObserverSlot> slots_;
   std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
   std::vector<std::pair<AutoQuantizationState*, int>> records_;
@@ -244,12 +256,16 @@ class ModelQuantState {
 // Quantization facts about a leaf module (a layer), attached by prepare.
 class LeafQuantInfo : public nn::ModuleExtension {
  public:
-  LeafQuantInfo(std::string fqn, QConfigPtr qconfig) : fqn_(std::move(fqn)), qconfig_(std::move(qconfig)) {}
+  LeafQuantInfo(std::string fqn, QConfigPtr qconfig)
+      : fqn_(std::move(fqn)), fqn_fingerprint_(name_fingerprint(fqn_)), qconfig_(std::move(qconfig)) {}
   const std::string& fqn() const { return fqn_; }
+  // name_fingerprint(fqn()): the layer in a record's identity, the same in every process.
+  uint64_t fqn_fingerprint() const { return fqn_fingerprint_; }
   const QConfigPtr& qconfig() const { return qconfig_; }
 
  private:
   std::string fqn_;
+  uint64_t fqn_fingerprint_;
   QConfigPtr qconfig_;
 };
 
@@ -258,6 +274,7 @@ class AutoQuantizationState : public nn::ModuleExtension {
   AutoQuantizationState(std::string fqn, std::string type_name, std::shared_ptr<ModelQuantState> model);
 
   const std::string& fqn() const { return fqn_; }
+  uint64_t fqn_fingerprint() const { return fqn_fingerprint_; }  // name_fingerprint(fqn())
   const std::string& type_name() const { return type_name_; }
   ModelQuantState& model() const { return *model_; }
   const std::shared_ptr<ModelQuantState>& model_ptr() const { return model_; }
@@ -312,6 +329,7 @@ class AutoQuantizationState : public nn::ModuleExtension {
   };
 
   std::string fqn_;
+  uint64_t fqn_fingerprint_;
   std::string type_name_;
   std::shared_ptr<ModelQuantState> model_;
   bool recorded_ = false;

@@ -102,6 +102,9 @@ struct OpDef {
   OpParams (*copy_params)(const void* params) = nullptr;
   bool (*params_equal)(const void* a, const void* b) = nullptr;
   uint64_t (*params_fingerprint)(const void* params) = nullptr;  // stable across processes
+  // The portable form (quant-state files); null for parameters that have none (ConvertParams).
+  ParamFields (*params_to_fields)(const void* params) = nullptr;
+  OpParams (*params_from_fields)(const ParamFields& fields) = nullptr;  // throws ValueError
   // Whether the parameters are part of what the op is for the tracer (its record): yes when its int8
   // form is built from them (a conv's stride, a clamp's bounds); no for ops that only view their
   // input (narrow's start: a loop over t must fold into one record).
@@ -139,7 +142,8 @@ struct OpDef {
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged
 
-  // Sets copy_params / params_equal for the parameter struct P.
+  // Sets copy_params, params_equal, params_fingerprint and the portable form for the parameter
+  // struct P.
   template <typename P>
   OpDef& with_params() {
     copy_params = [](const void* p) { return OpParams::of(*static_cast<const P*>(p)); };
@@ -147,6 +151,10 @@ struct OpDef {
       return *static_cast<const P*>(a) == *static_cast<const P*>(b);
     };
     params_fingerprint = [](const void* p) { return fingerprint(*static_cast<const P*>(p)); };
+    if constexpr (has_param_fields<P>::value) {
+      params_to_fields = [](const void* p) { return to_fields(*static_cast<const P*>(p)); };
+      params_from_fields = [](const ParamFields& f) { return OpParams::of(from_fields<P>(f)); };
+    }
     return *this;
   }
   size_t activation_inputs(size_t num_inputs) const {

@@ -118,12 +118,24 @@ decltype(auto) self_located(F&& f) {
 
 }  // namespace
 
-int64_t site_tag(const void* site) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(site)); }
+namespace {
 
-int64_t QuantInterceptor::op_tag(const OpCall& call, const nn::Module* leaf, const OpDef& def, size_t n_act,
+// name_fingerprint of each op's name: the kind in a tag, stable when kinds are added.
+uint64_t kind_fingerprint(OpKind kind) {
+  static const auto table = [] {
+    std::array<uint64_t, static_cast<size_t>(OpKind::kNumOpKinds)> t{};
+    for (size_t k = 0; k < t.size(); ++k) t[k] = name_fingerprint(op_name(static_cast<OpKind>(k)));
+    return t;
+  }();
+  return table[static_cast<size_t>(kind)];
+}
+
+}  // namespace
+
+int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act,
                                  bool seen) const {
-  uint64_t h = fingerprint_mix(kFingerprintSeed, static_cast<uint64_t>(call.kind));
-  h = fingerprint_mix(h, reinterpret_cast<uintptr_t>(leaf));
+  uint64_t h = fingerprint_mix(kFingerprintSeed, kind_fingerprint(call.kind));
+  h = fingerprint_mix(h, leaf != nullptr ? leaf->fqn_fingerprint() : 0);
   // Parameters and scalars identify a recorded op whose int8 form is built from them; an op that
   // is not recorded is only ever a producer, and its parameters may vary with a loop's index.
   if (seen && def.params_in_identity && call.params != nullptr && def.params_fingerprint != nullptr) {
@@ -138,27 +150,25 @@ int64_t QuantInterceptor::op_tag(const OpCall& call, const nn::Module* leaf, con
     // A functional op with weights: which parameters (a computed weight is "computed").
     for (size_t i = n_act; i < call.inputs.size(); ++i) {
       const Tensor& w = *call.inputs[i];
-      const bool param = w.defined() && param_names_.count(w.storage().get()) != 0;
-      h = fingerprint_mix(h, param ? reinterpret_cast<uintptr_t>(w.storage().get()) : 1u);
+      auto it = w.defined() ? param_fingerprints_.find(w.storage().get()) : param_fingerprints_.end();
+      h = fingerprint_mix(h, it != param_fingerprints_.end() ? it->second : 1u);
     }
   }
-  // Never a module-input tag (small) or a child-output tag (an address inside a module).
   return static_cast<int64_t>(h | (uint64_t{1} << 63));
 }
 
 int64_t module_input_tag(size_t k) { return static_cast<int64_t>(k) + 1; }
-int64_t child_output_tag(const nn::Module* child, size_t j) {
-  // An address inside the child object: never another object's start or a code address.
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(child)) + 1 + static_cast<int64_t>(j % 7);
+int64_t child_output_tag(uint64_t child_fqn_fingerprint, size_t j) {
+  const uint64_t h = fingerprint_mix(child_fqn_fingerprint, j);
+  return static_cast<int64_t>((h & ((uint64_t{1} << 62) - 1)) | (uint64_t{1} << 62));
 }
 
-int64_t fp32_origin_id(const void* model, int64_t tag) {
-  // Deterministic (no table to look up after convert), apart from record ids (bit 62 set).
-  uint64_t h = static_cast<uint64_t>(tag) * 0x9E3779B97F4A7C15ull ^ reinterpret_cast<uintptr_t>(model);
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  return static_cast<int64_t>((h & ((uint64_t{1} << 61) - 1)) | (uint64_t{1} << 62));  // bit 61: kInnerFusedBit
+uint64_t module_fingerprint(const nn::Module& module) {
+  const nn::ModuleExtension* ext = module.extension();
+  if (auto* s = dynamic_cast<const AutoQuantizationState*>(ext)) return s->fqn_fingerprint();
+  if (auto* l = dynamic_cast<const LeafQuantInfo*>(ext)) return l->fqn_fingerprint();
+  if (auto* n = dynamic_cast<const NonTraceableInfo*>(ext)) return n->fqn_fingerprint();
+  return reinterpret_cast<uintptr_t>(&module);
 }
 
 namespace {
@@ -178,6 +188,9 @@ std::vector<int64_t> origins_of(const QTensorInfo& t) {
 // reads one is caught without a table lookup.
 constexpr int64_t kInnerFusedBit = int64_t{1} << 61;
 
+// Mixed into the model's input tags: the model's inputs as fp32 sources.
+constexpr uint64_t kModelInputSalt = 0x6d6f64656c20696eull;
+
 [[noreturn]] void throw_reads_inner(const std::string& who, const SeenOpInfo& p) {
   DBRQ_THROW(ControlFlowError, "an uncalibrated path (", who, ") reads the output of ", op_name(p.kind), " (", p.fqn,
              "), which after convert runs fused as ", p.fusion.name(), " and has no output of its own; calibrate this "
@@ -193,7 +206,10 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
-  for (auto& [name, t] : root.named_parameters()) param_names_[t.storage().get()] = name;
+  for (auto& [name, t] : root.named_parameters()) {
+    param_names_[t.storage().get()] = name;
+    param_fingerprints_[t.storage().get()] = name_fingerprint(name);
+  }
 }
 
 QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what) {
@@ -220,9 +236,7 @@ int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* stat
   if (o != 0 && model_->tensor(o) != nullptr) return o;
   // Made outside any op of this model (a constant, a parameter used as an activation, another
   // model's tensor): an fp32 source of its own at this input.
-  const int64_t id = fp32_origin_id(model_.get(), tag * 31 + static_cast<int64_t>(k) + site_tag(state) * 7);
-  model_->tensors().emplace(id, ModelQuantState::TensorRecord{});
-  return id;
+  return model_->add_fp32_source(fingerprint_mix(fingerprint_mix(static_cast<uint64_t>(tag), k), state->fqn_fingerprint()));
 }
 
 Tensor QuantInterceptor::on_op(const OpCall& call) {
@@ -239,8 +253,7 @@ Tensor QuantInterceptor::on_op(const OpCall& call) {
 Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) {
   const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
-  const int64_t tag =
-      op_tag(call, leaf != nullptr ? top->module : nullptr, def, def.activation_inputs(call.inputs.size()), false);
+  const int64_t tag = op_tag(call, leaf, def, def.activation_inputs(call.inputs.size()), false);
   const Phase phase = model_->phase();
   if (phase != Phase::kConverted) {
     // What it reads is read by something other than a record: no fusion may hide it.
@@ -271,8 +284,8 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
   }
   Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   out.set_trace_id(tag);
-  out.set_trace_origin(fp32_origin_id(model_.get(), tag ^ site_tag(owner->state)));
-  if (phase != Phase::kConverted) model_->tensors().emplace(out.trace_origin(), ModelQuantState::TensorRecord{});
+  const uint64_t source = fingerprint_mix(static_cast<uint64_t>(tag), owner->state->fqn_fingerprint());
+  out.set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));
   return out;
 }
 
@@ -384,8 +397,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   }
   Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   const OpDef& def = op_def(call.kind);
-  out.set_trace_id(
-      op_tag(call, top->leaf != nullptr ? top->module : nullptr, def, def.activation_inputs(call.inputs.size()), true));
+  out.set_trace_id(op_tag(call, top->leaf, def, def.activation_inputs(call.inputs.size()), true));
   out.set_trace_origin(0);
   return out;
 }
@@ -395,7 +407,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
   const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
   const size_t n_act = def.activation_inputs(call.inputs.size());
-  const int64_t tag = op_tag(call, leaf != nullptr ? top->module : nullptr, def, n_act, true);
+  const int64_t tag = op_tag(call, leaf, def, n_act, true);
   ProducerTags producers;
   for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
     if (call.inputs[i]->defined()) producers.push_back(call.inputs[i]->trace_id());
@@ -474,8 +486,8 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
     for (size_t k = 0; k < inputs.size(); ++k) {
       Tensor* t = inputs[k];
       if (!t->defined()) continue;
-      t->set_trace_origin(fp32_origin_id(model_.get(), module_input_tag(k) ^ site_tag(&module)));
-      if (phase != Phase::kConverted) model_->tensors().emplace(t->trace_origin(), ModelQuantState::TensorRecord{});
+      const uint64_t source = fingerprint_mix(static_cast<uint64_t>(module_input_tag(k)), kModelInputSalt);
+      t->set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));
     }
     f.created_mark = tls_created.size();
     if (phase == Phase::kCalibrating) model_->count_call();
@@ -531,9 +543,10 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     for (size_t j = 0; j < outputs.size(); ++j) {
       Tensor* t = outputs[j];
       if (!t->defined()) continue;
-      t->set_trace_id(child_output_tag(&module, j));
-      t->set_trace_origin(fp32_origin_id(model_.get(), child_output_tag(&module, j)));
-      if (phase != Phase::kConverted) model_->tensors().emplace(t->trace_origin(), ModelQuantState::TensorRecord{});
+      const int64_t tag = child_output_tag(module_fingerprint(module), j);
+      t->set_trace_id(tag);
+      const uint64_t source = static_cast<uint64_t>(tag);
+      t->set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));
     }
   } else if (f.leaf == nullptr) {
     if (f.state != nullptr) {
@@ -555,7 +568,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
           }
         }
       }
-      t->set_trace_id(child_output_tag(&module, j));
+      t->set_trace_id(child_output_tag(f.state != nullptr ? f.state->fqn_fingerprint() : module_fingerprint(module), j));
     }
   }
   if (!outermost) return;

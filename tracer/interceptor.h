@@ -42,11 +42,13 @@ namespace dbrq::tracer {
 // Marks a module whose subtree stays fp32 and is not traced.
 class NonTraceableInfo : public nn::ModuleExtension {
  public:
-  explicit NonTraceableInfo(std::string fqn) : fqn_(std::move(fqn)) {}
+  explicit NonTraceableInfo(std::string fqn) : fqn_(std::move(fqn)), fqn_fingerprint_(name_fingerprint(fqn_)) {}
   const std::string& fqn() const { return fqn_; }
+  uint64_t fqn_fingerprint() const { return fqn_fingerprint_; }
 
  private:
   std::string fqn_;
+  uint64_t fqn_fingerprint_;
 };
 
 // One module call on the thread's stack.
@@ -101,7 +103,7 @@ class QuantInterceptor : public Interceptor {
   SeenOpInfo& record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers,
                         const QConfigPtr& qconfig);
   // What an op is, apart from its inputs: kind, layer, parameters, scalar, functional weights.
-  int64_t op_tag(const OpCall& call, const nn::Module* leaf, const OpDef& def, size_t n_act, bool seen) const;
+  int64_t op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act, bool seen) const;
   // Data flow of a seen op's inputs into its record and their producers' (tracing, calibrating).
   void note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op);
   // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
@@ -115,6 +117,7 @@ class QuantInterceptor : public Interceptor {
 
   std::shared_ptr<ModelQuantState> model_;
   std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
+  std::unordered_map<const void*, uint64_t> param_fingerprints_;  // storage -> name_fingerprint(fqn)
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
   bool strict_paths_ = false;  // an uncalibrated path after convert raises
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
@@ -124,13 +127,15 @@ class QuantInterceptor : public Interceptor {
   Probe probe_;
 };
 
+// Tags are portable: built from op names, fqns and parameter fingerprints (never addresses), so
+// a record's identity is the same in every process and quant-state files store it as it is.
+//
 // The tag a tensor carries (Tensor::trace_id) for the enclosing module: where it was produced,
-// seen from inside the module (records' producer tags).
-int64_t site_tag(const void* site);
-// Of input k of a module call, and of output j of a child module call.
+// seen from inside the module (records' producer tags). Op tags have bit 63 set, child-output
+// tags bit 62 (and not 63), module-input tags are small.
 int64_t module_input_tag(size_t k);
-int64_t child_output_tag(const nn::Module* child, size_t j);
-// The origin id of an fp32 source (a model input, an op that is not recorded), from its tag.
-int64_t fp32_origin_id(const void* model, int64_t tag);
+int64_t child_output_tag(uint64_t child_fqn_fingerprint, size_t j);
+// name_fingerprint of the fqn of a prepared module (a module outside the prepared tree: its address).
+uint64_t module_fingerprint(const nn::Module& module);
 
 }  // namespace dbrq::tracer
