@@ -73,6 +73,13 @@ int ModelQuantState::ensure_slot(int record, int input, const ObserverSpec& spec
   return s;
 }
 
+std::vector<ObserverSlot> ModelQuantState::take_slots() {
+  std::vector<ObserverSlot> old = std::move(slots_);
+  slots_.clear();
+  slot_index_.clear();
+  return old;
+}
+
 int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const std::string& owner) {
   ObserverSlot s;
   s.observer = make_observer(spec);

@@ -225,7 +225,13 @@ class ModelQuantState {
   int unite(int a, int b);
   Observer& observer(int slot) { return *slots_[find(slot)].observer; }
   ObserverSlot& slot(int s) { return slots_[find(s)]; }
+  // Slot s itself (its key: record, input), not its root.
+  const ObserverSlot& slot_entry(int s) const { return slots_[static_cast<size_t>(s)]; }
   size_t num_slots() const { return slots_.size(); }
+  // Empties the slot table and returns it: analysis builds the table afresh (so the same records
+  // always give the same slots, whatever order their paths were found in) and carries the old
+  // observers over by key (see analyze_program).
+  std::vector<ObserverSlot> take_slots();
 
   std::vector<AutoQuantizationState*>& states() { return states_; }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "core/logging.h"
 #include "quant_state/auto_quant_state.h"
@@ -19,11 +21,13 @@ class Analyzer {
   explicit Analyzer(ModelQuantState& m) : m_(m) {}
 
   void run() {
+    std::vector<ObserverSlot> old = m_.take_slots();
     reset();
     for (AutoQuantizationState* s : m_.states()) discover_fusions(*s);
     infer_dtypes();
     for (size_t g = 0; g < m_.records().size(); ++g) place(static_cast<int>(g));
     for (size_t g = 0; g < m_.records().size(); ++g) unite_arrivals(static_cast<int>(g));
+    carry_over(old);
   }
 
  private:
@@ -354,6 +358,54 @@ class Analyzer {
     const int slot = m_.ensure_slot(last.global_index, -1, op.qconfig->activation, last.outputs[0].id, s.fqn());
     set_output(op, DType::kU8, slot);
     if (!op.fusion.fused()) op.output_observer = slot;  // else the chain's last op observes
+  }
+
+  // What the previous analysis's observers saw goes to the new slots with the same keys (record,
+  // input). A new shared observer whose members had several observers before (a path added a
+  // cat or a loop that unites them) gets them merged; an old observer whose members are now
+  // apart goes to each. Parameters frozen by a parameters-only quant-state file stay frozen.
+  void carry_over(std::vector<ObserverSlot>& old) {
+    if (old.empty()) return;
+    auto old_root = [&](int i) {
+      while (old[static_cast<size_t>(i)].parent >= 0) i = old[static_cast<size_t>(i)].parent;
+      return i;
+    };
+    std::map<std::pair<int, int>, int> old_by_key;
+    for (size_t i = 0; i < old.size(); ++i) old_by_key[{old[i].record, old[i].input}] = old_root(static_cast<int>(i));
+    // New root -> the old roots of its members, in slot order.
+    std::map<int, std::vector<int>> sources;
+    for (size_t i = 0; i < m_.num_slots(); ++i) {
+      const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
+      auto it = old_by_key.find({n.record, n.input});
+      if (it == old_by_key.end()) continue;
+      std::vector<int>& v = sources[m_.find(static_cast<int>(i))];
+      if (std::find(v.begin(), v.end(), it->second) == v.end()) v.push_back(it->second);
+    }
+    std::map<int, int> moved_to;
+    for (auto& [root, from] : sources) {
+      ObserverSlot& n = m_.slot(root);
+      bool first = true;
+      for (int o : from) {
+        ObserverSlot& os = old[static_cast<size_t>(o)];
+        const Observer* src = os.observer != nullptr ? os.observer.get() : nullptr;
+        if (src == nullptr && moved_to.count(o) != 0) src = m_.slot(moved_to[o]).observer.get();
+        if (src == nullptr || !(src->spec() == n.observer->spec())) continue;
+        if (first) {
+          if (os.observer != nullptr) {
+            n.observer = std::move(os.observer);
+            moved_to[o] = root;
+          } else if (src->has_data()) {
+            n.observer->load_stats(src->stats());
+          }
+          n.qparams = os.qparams;
+          n.last = os.last;
+          first = false;
+        } else if (src->has_data()) {
+          n.observer->merge(*src);
+          n.qparams = nullptr;  // several frozen parameter sets cannot be one
+        }
+      }
+    }
   }
 
   ModelQuantState& m_;

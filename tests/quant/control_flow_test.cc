@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -264,6 +265,40 @@ TEST(ControlFlow, BranchFirstSeenWhileCalibrating) {
     enable_observers(m);
   }
   calibrate_convert_check(m, inputs, refs);
+}
+
+// A call that adds a path makes analysis run again over every record: the observers keep what
+// they saw (carried over by the record and input they belong to), and the slot table is the one
+// a fresh analysis of the same records gives.
+TEST(ControlFlow, ObserversKeepTheirDataWhenAPathIsAdded) {
+  manual_seed(7);
+  IfElse m;
+  prepare(m, {signed_input({2, 3, 6, 6}, 1, 1.0)});
+  for (uint64_t i = 0; i < 3; ++i) m(signed_input({2, 3, 6, 6}, 2 + i, 1.0));
+  ModelQuantState& q = model_quant_state(m);
+  // The observer of a conv's input (x for a and b) or output (head's).
+  auto observer_of = [&](const std::string& fqn, bool output) -> Observer& {
+    for (const SeenOpInfo& op : state_of(m).seen_ops()) {
+      if (op.kind == OpKind::kConv2d && op.fqn == fqn) return q.observer(output ? op.output_observer : op.input_observers[0]);
+    }
+    throw std::runtime_error("no conv " + fqn);
+  };
+  EXPECT_EQ(observer_of("a", false).num_batches(), 3);
+  const float x_lo = observer_of("a", false).min_val(), head_lo = observer_of("head", true).min_val();
+  m(signed_input({2, 3, 6, 6}, 9, -1.0));  // records branch b: analysis again
+  EXPECT_EQ(observer_of("a", false).num_batches(), 3);
+  EXPECT_EQ(observer_of("a", false).min_val(), x_lo);
+  EXPECT_EQ(&observer_of("b", false), &observer_of("a", false));  // x has one observer
+  EXPECT_EQ(observer_of("head", true).min_val(), head_lo);  // the first head record's (after a)
+  m(signed_input({2, 3, 6, 6}, 10, -1.0));
+  EXPECT_EQ(observer_of("a", false).num_batches(), 4);  // x, observed at b this time
+  // Every slot belongs to a record's input or output, once.
+  std::set<std::pair<int, int>> keys;
+  for (size_t i = 0; i < q.num_slots(); ++i) {
+    const ObserverSlot& e = q.slot_entry(static_cast<int>(i));
+    EXPECT_GE(e.record, 0);
+    EXPECT_TRUE(keys.insert({e.record, e.input}).second) << e.record << "," << e.input;
+  }
 }
 
 TEST(ControlFlow, APathOnlySeenOnTheLastCalibrationCallHasNoData) {
