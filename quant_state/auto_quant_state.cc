@@ -39,6 +39,15 @@ ModelQuantState::ModelQuantState(QConfigMapping mapping, BackendConfig backend)
   for (size_t k = 0; k < seen_kind_.size(); ++k) seen_kind_[k] = is_seen_kind(backend_, static_cast<OpKind>(k));
 }
 
+uint64_t kind_fingerprint(OpKind kind) {
+  static const auto table = [] {
+    std::array<uint64_t, static_cast<size_t>(OpKind::kNumOpKinds)> t{};
+    for (size_t k = 0; k < t.size(); ++k) t[k] = name_fingerprint(op_name(static_cast<OpKind>(k)));
+    return t;
+  }();
+  return table[static_cast<size_t>(kind)];
+}
+
 int64_t ModelQuantState::new_tensor_id() {
   static std::atomic<int64_t> next{1};
   return next.fetch_add(1);
@@ -71,6 +80,27 @@ int ModelQuantState::ensure_slot(int record, int input, const ObserverSpec& spec
   slots_[s].input = input;
   slot_index_.emplace(std::make_pair(record, input), s);
   return s;
+}
+
+void ModelQuantState::clear_program() {
+  for (AutoQuantizationState* s : states_) s->clear_program();
+  tensors_.clear();
+  records_.clear();
+  slots_.clear();
+  slot_index_.clear();
+  calls_ = 0;
+  dirty_ = false;
+}
+
+void AutoQuantizationState::clear_program() {
+  recorded_ = false;
+  seen_ops_.clear();
+  index_.clear();
+  next_hint_.clear();
+  non_quant_ops_.clear();
+  first_sequence_.clear();
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  paths_.clear();
 }
 
 std::vector<ObserverSlot> ModelQuantState::take_slots() {

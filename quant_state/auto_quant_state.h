@@ -25,6 +25,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -88,6 +89,23 @@ struct Consumer {
 
 // Producer tags of a record's activation inputs, as its module sees them (see SeenOpInfo::key).
 using ProducerTags = absl::InlinedVector<int64_t, 4>;
+
+// A record's tag: what an op is apart from its inputs, built from portable parts only (so it is the
+// same in every process and quant-state files are checked against it). The tracer computes it for
+// every op call: start from the kind and the layer running it (0 for a module's own functional
+// op), then mix in the parameters' fingerprint (when OpDef::params_in_identity), the scalar, and
+// for a functional op each weight's fqn fingerprint (1 for a computed or missing one).
+uint64_t kind_fingerprint(OpKind kind);  // name_fingerprint(op_name(kind)), from a table
+inline uint64_t tag_start(OpKind kind, uint64_t leaf_fqn_fingerprint) {
+  return fingerprint_mix(fingerprint_mix(kFingerprintSeed, kind_fingerprint(kind)), leaf_fqn_fingerprint);
+}
+inline uint64_t tag_scalar(uint64_t h, double scalar, bool scalar_first) {
+  uint64_t b;
+  std::memcpy(&b, &scalar, sizeof(b));
+  return fingerprint_mix(fingerprint_mix(h, b), scalar_first ? 1u : 0u);
+}
+// Op tags have bit 63 set (never a module-input or child-output tag).
+inline int64_t tag_finish(uint64_t h) { return static_cast<int64_t>(h | (uint64_t{1} << 63)); }
 
 struct SeenOpInfo {
   int index = 0;                  // position in the module's records (creation order)
@@ -235,9 +253,18 @@ class ModelQuantState {
 
   std::vector<AutoQuantizationState*>& states() { return states_; }
 
-  // Counts the model's outermost calls (an observer takes one tensor once per call).
+  // Counts the model's outermost calibrating calls (an observer takes one tensor once per call).
   uint64_t call_count() const { return calls_; }
   void count_call() { ++calls_; }
+  void set_call_count(uint64_t calls) { calls_ = calls; }
+
+  // The prepared model (set by prepare): quant-state files name layers and weights by fqn.
+  nn::Module* root() const { return root_; }
+  void set_root(nn::Module* root) { root_ = root; }
+
+  // Forgets every record, tensor, slot and path, in this model and its modules' states (a
+  // quant-state file's program replaces them).
+  void clear_program();
 
   // The recorded program changed (a record or an edge was added) since the last analysis.
   bool dirty() const { return dirty_; }
@@ -252,6 +279,7 @@ class ModelQuantState {
   bool strict_ = false;
   bool dirty_ = false;
   uint64_t calls_ = 0;
+  nn::Module* root_ = nullptr;
   std::unordered_map<int64_t, TensorRecord> tensors_;
   std::vector<ObserverSlot> slots_;
   std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
@@ -290,7 +318,7 @@ class AutoQuantizationState : public nn::ModuleExtension {
   QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const;
 
   bool recorded() const { return recorded_; }
-  void set_recorded() { recorded_ = true; }
+  void set_recorded(bool on = true) { recorded_ = on; }
   // Records, in creation order (a deque: references stay valid as records are added).
   std::deque<SeenOpInfo>& seen_ops() { return seen_ops_; }
   const std::deque<SeenOpInfo>& seen_ops() const { return seen_ops_; }
@@ -321,6 +349,9 @@ class AutoQuantizationState : public nn::ModuleExtension {
   void set_paths(std::vector<PathInfo> paths);
 
   std::string to_string(int indent = 0) const;
+
+  // Forgets every record, note and path (see ModelQuantState::clear_program).
+  void clear_program();
 
  private:
   struct Key {

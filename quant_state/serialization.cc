@@ -4,6 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -112,17 +117,6 @@ ObserverSpec spec_from_json(const json& j) {
   return s;
 }
 
-json tensors_to_json(const std::vector<QTensorInfo>& ts) {
-  json a = json::array();
-  for (const QTensorInfo& t : ts) a.push_back({{"id", t.id}, {"dtype", dtype_name(t.inf_dtype)}});
-  return a;
-}
-
-json qparams_to_json(const QuantParamsPtr& q) {
-  if (q == nullptr) return nullptr;
-  return json{{"scales", q->scales}, {"zero_points", q->zero_points}, {"axis", q->axis}};
-}
-
 // Parameters of observer `slot`, checked against the spec the model gave it (the file's spec equals
 // it): what convert and the int8 kernels rely on, and what every observer produces. `where`
 // ("quant state <file>") prefixes errors; at most `max_channels` per-channel values.
@@ -219,18 +213,170 @@ Observer::Stats stats_from_json(const json& j, const std::string& where, size_t 
   return st;
 }
 
+// ---- portable values ------------------------------------------------------------------------
+
+std::string hex64(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t get_hex64(const json& j, const char* what) {
+  if (!j.is_string()) throw WrongType(absl::StrCat(what, " must be a string \"0x\" + 16 hex digits, got ", excerpt(j)));
+  const std::string& s = j.get_ref<const std::string&>();
+  DBRQ_ENSURE(s.size() == 18 && s[0] == '0' && s[1] == 'x', ValueError, what, " ", excerpt(j),
+              " is not \"0x\" followed by 16 hex digits");
+  uint64_t v = 0;
+  for (size_t i = 2; i < s.size(); ++i) {
+    const char c = s[i];
+    int d = -1;
+    if (c >= '0' && c <= '9') d = c - '0';
+    if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    DBRQ_ENSURE(d >= 0, ValueError, what, " ", excerpt(j), " is not \"0x\" followed by 16 (lowercase) hex digits");
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  return v;
+}
+
+bool get_bool(const json& j, const char* what) {
+  if (!j.is_boolean()) throw WrongType(absl::StrCat(what, " must be true or false, got ", excerpt(j)));
+  return j.get<bool>();
+}
+
+const std::string& get_string(const json& j, const char* what) {
+  if (!j.is_string()) throw WrongType(absl::StrCat(what, " must be a string, got ", excerpt(j)));
+  return j.get_ref<const std::string&>();
+}
+
+OpKind op_kind_from_name(const std::string& name) {
+  for (size_t k = 0; k < static_cast<size_t>(OpKind::kNumOpKinds); ++k) {
+    if (name == op_name(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+  }
+  DBRQ_THROW(ValueError, "unknown op kind \"", name, "\"");
+}
+
 std::string qconfig_string(const QConfigPtr& q) { return q ? q->to_string() : "None"; }
 
-json op_to_json(const SeenOpInfo& op) {
-  json j{{"index", op.index},
-         {"kind", op_name(op.kind)},
-         {"fqn", op.fqn},
-         {"role", quant_role_name(op.role)},
-         {"qconfig", qconfig_string(op.qconfig)},
-         {"inputs", tensors_to_json(op.inputs)},
-         {"outputs", tensors_to_json(op.outputs)},
-         {"input_observers", op.input_observers},
-         {"output_observer", op.output_observer}};
+[[noreturn]] void mismatch(const std::string& source, const std::string& what) {
+  throw StateMismatchError(absl::StrCat("quant state ", source, " does not match this model: ", what));
+}
+
+// ---- the document, parsed -------------------------------------------------------------------
+
+// Where an input's value came from: record `record`'s output (global index), or an fp32 source.
+struct FileOrigin {
+  int record = -1;
+  uint64_t source = 0;
+  bool operator==(const FileOrigin& o) const { return record == o.record && source == o.source; }
+};
+
+struct FileInput {
+  DType trace_dtype = DType::kF32;
+  std::vector<FileOrigin> origins;
+};
+
+struct FileRecord {
+  int module = -1;  // index in Document::modules
+  int index = -1;   // in its module
+  OpKind kind = OpKind::kNumOpKinds;
+  std::string fqn;
+  bool leaf = false;
+  int64_t tag = 0;
+  ProducerTags producers;
+  OpParams params;
+  uint64_t params_fingerprint = 0;
+  bool has_scalar = false, scalar_first = false;
+  double scalar = 0.0;
+  std::vector<std::string> weights;
+  std::string qconfig;
+  std::vector<FileInput> inputs;
+  size_t num_outputs = 1;
+  bool read_by_fp32 = false, escapes = false, read_twice = false;
+  std::string unsupported;
+  // What the analysis decided, as the file says (checked against this dbrq's analysis).
+  std::string role, fusion;
+  int fusion_base = -1, fusion_position = -1, residual_input = -1;
+  std::vector<int> input_observers;
+  int output_observer = -1;
+};
+
+struct FileModule {
+  std::string fqn, type;
+  bool recorded = false;
+  std::vector<int> records;  // global indices, in the module's order
+  std::vector<NonQuantOpInfo> non_quant;
+  std::vector<PathInfo> paths;  // records as the module's indices
+  std::vector<int> first_sequence;
+};
+
+struct FileSlot {
+  int record = -1, input = -1, root = -1;
+  std::string owner;
+  std::optional<ObserverSpec> spec;  // roots
+  QuantParamsPtr qparams;
+  std::optional<Observer::Stats> stats;
+};
+
+struct Document {
+  std::vector<FileModule> modules;
+  std::vector<FileRecord> records;  // by global index
+  std::vector<FileSlot> slots;
+  uint64_t calls = 0;
+};
+
+using RecordKey = std::tuple<int, int64_t, OpKind, ProducerTags>;
+RecordKey key_of(const FileRecord& r) { return {r.module, r.tag, r.kind, r.producers}; }
+
+// ---- saving ---------------------------------------------------------------------------------
+
+json qparams_to_json(const QuantParamsPtr& q) {
+  if (q == nullptr) return nullptr;
+  return json{{"scales", q->scales}, {"zero_points", q->zero_points}, {"axis", q->axis}};
+}
+
+json origin_to_json(ModelQuantState& model, int64_t id) {
+  const ModelQuantState::TensorRecord* r = model.tensor(id);
+  DBRQ_CHECK(r != nullptr, "origin ", id, " is not a tensor of this model");
+  if (r->record >= 0) return json{{"op", r->record}};
+  return json{{"source", hex64(r->source)}};
+}
+
+json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
+  json j{{"index", op.index}, {"global", op.global_index}, {"kind", op_name(op.kind)}, {"fqn", op.fqn},
+         {"leaf", op.leaf != nullptr}, {"tag", hex64(static_cast<uint64_t>(op.tag))}};
+  json producers = json::array();
+  for (int64_t p : op.producers) producers.push_back(hex64(static_cast<uint64_t>(p)));
+  j["producers"] = producers;
+  if (!op.params.empty()) {
+    const OpDef& def = op_def(op.kind);
+    DBRQ_ENSURE(def.params_to_fields != nullptr, UsageError, "save_quant_state: ", op_name(op.kind),
+                " has parameters without a portable form");
+    json params = json::object();
+    for (const auto& [name, values] : def.params_to_fields(op.params.get())) params[name] = values;
+    j["params"] = params;
+  }
+  if (op.has_scalar) {
+    j["scalar"] = op.scalar;
+    j["scalar_first"] = op.scalar_first;
+  }
+  json weights = json::array();
+  for (const WeightInfo& w : op.weights) weights.push_back(w.fqn);
+  j["weights"] = weights;
+  j["qconfig"] = qconfig_string(op.qconfig);
+  json inputs = json::array();
+  for (const QTensorInfo& t : op.inputs) {
+    json origins = json::array({origin_to_json(model, t.id)});
+    for (int64_t id : t.more_ids) origins.push_back(origin_to_json(model, id));
+    inputs.push_back({{"dtype", dtype_name(t.inf_dtype)}, {"trace_dtype", dtype_name(t.trace_dtype)}, {"origins", origins}});
+  }
+  j["inputs"] = inputs;
+  json outputs = json::array();
+  for (const QTensorInfo& t : op.outputs) outputs.push_back({{"dtype", dtype_name(t.inf_dtype)}});
+  j["outputs"] = outputs;
+  j["read_by_fp32"] = op.read_by_fp32;
+  j["escapes"] = op.escapes;
+  j["read_twice"] = op.read_twice;
+  j["role"] = quant_role_name(op.role);
   if (op.fusion.fused()) {
     std::vector<std::string> pattern;
     for (OpKind k : op.fusion.pattern) pattern.push_back(op_name(k));
@@ -239,23 +385,10 @@ json op_to_json(const SeenOpInfo& op) {
                    {"position", op.fusion.position},
                    {"residual_input", op.fusion.residual_input}};
   }
-  json weights = json::array();
-  for (const WeightInfo& w : op.weights) weights.push_back(w.fqn);
-  j["weights"] = weights;
-  if (op.has_scalar) j["scalar"] = op.scalar;
+  j["input_observers"] = op.input_observers;
+  j["output_observer"] = op.output_observer;
   if (!op.unsupported.empty()) j["unsupported"] = op.unsupported;
   return j;
-}
-
-std::string fusion_name(const json& op) {
-  if (!op.contains("fusion")) return "";
-  std::string s;
-  for (const auto& k : op["fusion"].at("pattern")) s += (s.empty() ? "" : "+") + k.get<std::string>();
-  return s;
-}
-
-[[noreturn]] void mismatch(const std::string& source, const std::string& what) {
-  throw StateMismatchError(absl::StrCat("quant state ", source, " does not match this model: ", what));
 }
 
 }  // namespace
@@ -269,29 +402,33 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
            {"model_type", model_type},
            {"backend", model.backend().name()},
            {"phase", phase_name(model.phase())},
-           {"qconfig_mapping", model.mapping().to_string()}};
+           {"qconfig_mapping", model.mapping().to_string()},
+           {"calls", model.call_count()}};
   json modules = json::array();
   for (const AutoQuantizationState* s : model.states()) {
-    json m{{"fqn", s->fqn()}, {"type", s->type_name()}};
+    json m{{"fqn", s->fqn()}, {"type", s->type_name()}, {"recorded", s->recorded()}};
     json ops = json::array();
-    for (const SeenOpInfo& op : s->seen_ops()) ops.push_back(op_to_json(op));
+    for (const SeenOpInfo& op : s->seen_ops()) ops.push_back(op_to_json(model, op));
     m["seen_ops"] = ops;
     json other = json::array();
     for (const NonQuantOpInfo& o : s->non_quant_ops()) {
       other.push_back({{"kind", op_name(o.kind)}, {"fqn", o.fqn}, {"reason", o.reason}});
     }
     m["non_quant_ops"] = other;
+    json paths = json::array();
+    for (const PathInfo& p : s->paths()) paths.push_back({{"ops", p.records}, {"calls", p.calls}});
+    m["paths"] = paths;
+    if (model.strict()) m["first_sequence"] = const_cast<AutoQuantizationState*>(s)->first_sequence();
     modules.push_back(m);
   }
   doc["modules"] = modules;
   json slots = json::array();
   for (size_t i = 0; i < model.num_slots(); ++i) {
     const int root = model.find(static_cast<int>(i));
-    json j{{"slot", i}, {"root", root}};
+    const ObserverSlot& e = model.slot_entry(static_cast<int>(i));
+    json j{{"slot", i}, {"root", root}, {"record", e.record}, {"input", e.input}, {"owner", e.owner}};
     if (root == static_cast<int>(i)) {
       ObserverSlot& slot = model.slot(root);
-      j["tensor_id"] = slot.tensor_id;
-      j["owner"] = slot.owner;
       j["observer"] = spec_to_json(slot.observer->spec());
       QuantParamsPtr qp = slot.qparams;
       if (qp == nullptr && slot.observer->has_data()) qp = slot.observer->calculate_qparams();
@@ -317,16 +454,16 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
 
 namespace {
 
-struct Loaded {
-  QuantParamsPtr qparams;
-  std::optional<Observer::Stats> stats;
-};
-
 // Per-channel statistics and parameters are per channel of a tensor the trace does not record the
 // sizes of: this bounds them (no layer has more channels).
 constexpr size_t kMaxChannels = size_t{1} << 16;
 // A document nests 6 levels deep (observers / slot / stats / fields / histogram).
 constexpr int kMaxDepth = 16;
+// A file may hold records of paths the example run did not take: up to this many times what the
+// example run recorded plus the model's layers (a 3-way switch the example crosses once needs 3; a
+// mixture of experts is covered by its layers). The bound only keeps a hostile document from
+// building a DOM far larger than the model's state could need.
+constexpr size_t kMaxPathGrowth = 16;
 
 // How many values a slot's statistics field or parameter array may hold.
 size_t max_slot_values(const ObserverSpec& spec) {
@@ -334,31 +471,30 @@ size_t max_slot_values(const ObserverSpec& spec) {
   return static_cast<size_t>(std::max(spec.bins, 16));
 }
 
-// An upper bound (twice a generous count) of the JSON values, keys and containers in any document
-// for this model: a document is parsed against it, so a hostile one cannot make the parser build a
-// DOM (16 to 80 bytes per byte of JSON) much larger than the model's own state.
+// An upper bound of the JSON values, keys and containers in any document for this model: a
+// document is parsed against it, so a hostile one cannot make the parser build a DOM (16 to 80
+// bytes per byte of JSON) much larger than the model's own state could need.
 size_t max_document_values(ModelQuantState& model) {
-  size_t n = 1024;
+  size_t per_record = 256, records = 16, per_slot = 128;
   for (const AutoQuantizationState* s : model.states()) {
-    n += 64 + 16 * s->non_quant_ops().size();
     for (const SeenOpInfo& op : s->seen_ops()) {
-      n += 128 + 8 * (op.inputs.size() + op.outputs.size()) +
-           2 * (op.weights.size() + op.input_observers.size() + op.fusion.pattern.size());
+      per_record = std::max(per_record, 128 + 16 * (op.inputs.size() + op.weights.size() + op.producers.size()));
+      ++records;
     }
   }
+  if (model.root() != nullptr) records += model.root()->named_modules().size();
   for (size_t i = 0; i < model.num_slots(); ++i) {
-    n += 128;
     if (model.find(static_cast<int>(i)) == static_cast<int>(i)) {
-      n += 4 * max_slot_values(model.slot(static_cast<int>(i)).observer->spec());
+      per_slot = std::max(per_slot, 128 + 2 * max_slot_values(model.slot(static_cast<int>(i)).observer->spec()));
     }
   }
-  return 2 * n;
+  // A record is listed once, in each path that crosses it (64 values a path) and has at most one
+  // observer of its own (its output; an input observer is the output of another record or of an
+  // fp32 source).
+  return 1024 + kMaxPathGrowth * records * (per_record + 64 + per_slot);
 }
 
-// Parses a document and checks it against the model; returns what to apply, per slot.
-std::vector<Loaded> parse_and_check(ModelQuantState& model, const std::string& model_type, const std::string& text,
-                                    const std::string& source) {
-  json doc;
+json parse_limited(ModelQuantState& model, const std::string& text, const std::string& source) {
   const size_t max_values = max_document_values(model);
   size_t values = 0;
   const json::parser_callback_t limit = [&](int depth, json::parse_event_t event, json&) {
@@ -374,91 +510,438 @@ std::vector<Loaded> parse_and_check(ModelQuantState& model, const std::string& m
     return true;
   };
   try {
-    doc = json::parse(text, limit);
+    return json::parse(text, limit);
   } catch (const json::exception& e) {
     // nlohmann quotes the last token, which can be most of the document ("[[[[..."): keep it short.
     std::string what = e.what();
     if (what.size() > 300) what = what.substr(0, 300) + "...";
     DBRQ_THROW(FileFormatError, "quant state ", source, " is not valid JSON: ", what);
   }
-  std::vector<Loaded> loaded(model.num_slots());
+}
+
+// The layer module named `fqn` and its quantization info, or null.
+const nn::Module* leaf_module(ModelQuantState& model, const std::string& fqn) {
+  if (model.root() == nullptr) return nullptr;
+  const nn::Module* m = model.root()->find_module(fqn);
+  return m != nullptr && dynamic_cast<const LeafQuantInfo*>(m->extension()) != nullptr ? m : nullptr;
+}
+
+std::string op_where(const FileModule& m, const FileRecord& r) {
+  return absl::StrCat("module \"", m.fqn, "\" op ", r.index, " (", op_name(r.kind), " ", r.fqn, ")");
+}
+
+// Parses and checks everything that does not need the program rebuilt: the header, the modules
+// (the model's, in its order), each record against this model's layers, weights and qconfigs, the
+// observers' specs, parameters and statistics.
+Document parse_document(ModelQuantState& model, const std::string& model_type, const json& doc,
+                        const std::string& source) {
+  Document d;
   const std::string where = "quant state " + source;
-  try {
-    DBRQ_ENSURE(doc.is_object() && doc.value("format", "") == kFormat, FileFormatError, "quant state ", source,
-                " is not a dbrq quant-state document (format \"", kFormat, "\")");
-    const int version = get_integer<int>(doc.at("version"), "version");
-    if (version != kQuantStateVersion) {
-      mismatch(source, absl::StrCat("file version ", version, ", this dbrq reads version ", kQuantStateVersion));
+  DBRQ_ENSURE(doc.is_object() && doc.value("format", "") == kFormat, FileFormatError, "quant state ", source,
+              " is not a dbrq quant-state document (format \"", kFormat, "\")");
+  const int version = get_integer<int>(doc.at("version"), "version");
+  if (version != kQuantStateVersion) {
+    mismatch(source, absl::StrCat("file version ", version, ", this dbrq reads version ", kQuantStateVersion,
+                                  version < kQuantStateVersion ? " (calibrate again and save with this dbrq)" : ""));
+  }
+  const std::string file_type = get_string(doc.at("model_type"), "model_type");
+  if (file_type != model_type) mismatch(source, absl::StrCat("made for model ", file_type, ", this is ", model_type));
+  const std::string backend = get_string(doc.at("backend"), "backend");
+  if (backend != model.backend().name()) {
+    mismatch(source, absl::StrCat("made for backend ", backend, ", this model uses ", model.backend().name()));
+  }
+  d.calls = get_integer<uint64_t>(doc.at("calls"), "calls");
+  const json& modules = get_array(doc.at("modules"), "modules");
+  const auto& states = model.states();
+  for (size_t i = 0; i < states.size() || i < modules.size(); ++i) {
+    if (i >= modules.size()) mismatch(source, absl::StrCat("module \"", states[i]->fqn(), "\" is not in the file"));
+    const std::string fqn = get_string(modules[i].at("fqn"), "module fqn");
+    if (i >= states.size()) mismatch(source, absl::StrCat("the file has module \"", fqn, "\", the model does not"));
+    if (fqn != states[i]->fqn()) {
+      mismatch(source, absl::StrCat("module ", i, " is \"", fqn, "\" in the file but \"", states[i]->fqn(), "\" in the model"));
     }
-    const std::string file_type = doc.at("model_type").get<std::string>();
-    if (file_type != model_type) mismatch(source, absl::StrCat("made for model ", file_type, ", this is ", model_type));
-    const std::string backend = doc.at("backend").get<std::string>();
-    if (backend != model.backend().name()) {
-      mismatch(source, absl::StrCat("made for backend ", backend, ", this model uses ", model.backend().name()));
-    }
-    const json& modules = doc.at("modules");
-    DBRQ_ENSURE(modules.is_array(), FileFormatError, "quant state ", source, ": \"modules\" must be an array");
-    for (size_t i = 0; i < model.states().size() || i < modules.size(); ++i) {
-      if (i >= modules.size()) mismatch(source, absl::StrCat("module \"", model.states()[i]->fqn(), "\" is not in the file"));
-      const json& m = modules[i];
-      const std::string fqn = m.at("fqn").get<std::string>();
-      if (i >= model.states().size()) mismatch(source, absl::StrCat("the file has module \"", fqn, "\", the model does not"));
-      const AutoQuantizationState& s = *model.states()[i];
-      if (fqn != s.fqn()) {
-        mismatch(source, absl::StrCat("module ", i, " is \"", fqn, "\" in the file but \"", s.fqn(), "\" in the model"));
+  }
+  // Records first (their global indices must cover 0..n-1 once), then each module's notes.
+  size_t total = 0;
+  for (const json& m : modules) total += get_array(m.at("seen_ops"), "seen_ops").size();
+  d.records.resize(total);
+  std::vector<bool> seen(total, false);
+  d.modules.resize(modules.size());
+  for (size_t mi = 0; mi < modules.size(); ++mi) {
+    const json& mj = modules[mi];
+    FileModule& fm = d.modules[mi];
+    AutoQuantizationState& s = *states[mi];
+    fm.fqn = s.fqn();
+    fm.type = get_string(mj.at("type"), "module type");
+    fm.recorded = get_bool(mj.at("recorded"), "recorded");
+    const json& ops = mj.at("seen_ops");
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const json& o = ops[k];
+      const int g = get_integer<int>(o.at("global"), "global");
+      DBRQ_ENSURE(g >= 0 && static_cast<size_t>(g) < total && !seen[static_cast<size_t>(g)], FileFormatError, where,
+                  ": module \"", fm.fqn, "\" op ", k, " has global index ", g, ", not a free one in [0, ", total, ")");
+      DBRQ_ENSURE(get_integer<int>(o.at("index"), "index") == static_cast<int>(k), FileFormatError, where,
+                  ": module \"", fm.fqn, "\" op ", k, " says it is op ", o.at("index").dump());
+      // A module's records were created in its order: global indices increase along it.
+      DBRQ_ENSURE(fm.records.empty() || fm.records.back() < g, FileFormatError, where, ": module \"", fm.fqn,
+                  "\" op ", k, " has global index ", g, ", before its op ", k - 1, "'s");
+      seen[static_cast<size_t>(g)] = true;
+      fm.records.push_back(g);
+      FileRecord& r = d.records[static_cast<size_t>(g)];
+      r.module = static_cast<int>(mi);
+      r.index = static_cast<int>(k);
+      r.kind = op_kind_from_name(get_string(o.at("kind"), "kind"));
+      r.fqn = get_string(o.at("fqn"), "op fqn");
+      r.leaf = get_bool(o.at("leaf"), "leaf");
+      r.tag = static_cast<int64_t>(get_hex64(o.at("tag"), "tag"));
+      for (const json& p : get_array(o.at("producers"), "producers")) {
+        r.producers.push_back(static_cast<int64_t>(get_hex64(p, "producer tag")));
       }
-      const json& ops = get_array(m.at("seen_ops"), "seen_ops");
-      for (size_t k = 0; k < s.seen_ops().size() || k < ops.size(); ++k) {
-        if (k >= ops.size() || k >= s.seen_ops().size()) {
-          mismatch(source, absl::StrCat("module \"", fqn, "\" has ", ops.size(), " quantizeable ops in the file and ",
-                                        s.seen_ops().size(), " in the model (first difference at op ", k, ")"));
+      const OpDef& def = op_def(r.kind);
+      if (o.contains("params")) {
+        DBRQ_ENSURE(def.params_from_fields != nullptr, FileFormatError, where, ": ", op_where(fm, r),
+                    " has parameters, which ", op_name(r.kind), " does not take");
+        const json& pj = o.at("params");
+        if (!pj.is_object()) throw WrongType(absl::StrCat("params must be an object, got ", excerpt(pj)));
+        ParamFields fields;
+        for (auto it = pj.begin(); it != pj.end(); ++it) {
+          std::vector<double> values;
+          for (const json& v : get_array(it.value(), "a parameter field")) values.push_back(get_double(v, "a parameter"));
+          fields.emplace_back(it.key(), std::move(values));
         }
-        const json& fo = ops[k];
-        const SeenOpInfo& op = s.seen_ops()[k];
-        const std::string kind = fo.at("kind").get<std::string>(), ofqn = fo.at("fqn").get<std::string>();
-        const std::string fusion = fusion_name(fo);
-        const std::string model_fusion = op.fusion.fused() ? op.fusion.name() : "";
-        if (kind != op_name(op.kind) || ofqn != op.fqn || fusion != model_fusion) {
-          mismatch(source, absl::StrCat("module \"", fqn, "\" op ", k, ": the file has ", kind, " (", ofqn, ")",
-                                        fusion.empty() ? "" : " fused as " + fusion, ", the model has ", op_name(op.kind),
-                                        " (", op.fqn, ")", model_fusion.empty() ? "" : " fused as " + model_fusion));
+        r.params = def.params_from_fields(fields);
+        r.params_fingerprint = def.params_fingerprint(r.params.get());
+      }
+      if (o.contains("scalar")) {
+        r.has_scalar = true;
+        r.scalar = get_double(o.at("scalar"), "scalar");
+        r.scalar_first = get_bool(o.at("scalar_first"), "scalar_first");
+      }
+      for (const json& w : get_array(o.at("weights"), "weights")) r.weights.push_back(get_string(w, "weight"));
+      r.qconfig = get_string(o.at("qconfig"), "qconfig");
+      for (const json& in : get_array(o.at("inputs"), "inputs")) {
+        FileInput fi;
+        fi.trace_dtype = dtype_from_name(get_string(in.at("trace_dtype"), "trace_dtype"));
+        for (const json& org : get_array(in.at("origins"), "origins")) {
+          FileOrigin fo;
+          if (org.contains("op")) {
+            fo.record = get_integer<int>(org.at("op"), "origin op");
+            DBRQ_ENSURE(fo.record >= 0 && static_cast<size_t>(fo.record) < total, FileFormatError, where, ": ",
+                        op_where(fm, r), " reads the output of op ", fo.record, ", which the file does not have");
+          } else {
+            fo.source = get_hex64(org.at("source"), "origin source");
+          }
+          fi.origins.push_back(fo);
         }
-        const std::string q = fo.at("qconfig").get<std::string>();
-        if (q != qconfig_string(op.qconfig)) {
-          mismatch(source, absl::StrCat("module \"", fqn, "\" op ", k, " (", op_name(op.kind), " ", op.fqn,
-                                        "): the file's qconfig is ", q, ", the model's is ", qconfig_string(op.qconfig)));
+        DBRQ_ENSURE(!fi.origins.empty(), FileFormatError, where, ": ", op_where(fm, r), " has an input with no origin");
+        r.inputs.push_back(std::move(fi));
+      }
+      DBRQ_ENSURE(r.producers.size() == r.inputs.size(), FileFormatError, where, ": ", op_where(fm, r), " has ",
+                  r.producers.size(), " producer tags for ", r.inputs.size(), " inputs");
+      r.num_outputs = get_array(o.at("outputs"), "outputs").size();
+      DBRQ_ENSURE(r.num_outputs == 1, FileFormatError, where, ": ", op_where(fm, r), " has ", r.num_outputs,
+                  " outputs; recorded ops have one");
+      r.read_by_fp32 = get_bool(o.at("read_by_fp32"), "read_by_fp32");
+      r.escapes = get_bool(o.at("escapes"), "escapes");
+      r.read_twice = get_bool(o.at("read_twice"), "read_twice");
+      if (o.contains("unsupported")) r.unsupported = get_string(o.at("unsupported"), "unsupported");
+      r.role = get_string(o.at("role"), "role");
+      if (o.contains("fusion")) {
+        const json& f = o.at("fusion");
+        for (const json& k2 : get_array(f.at("pattern"), "fusion pattern")) {
+          r.fusion += (r.fusion.empty() ? "" : "+") + get_string(k2, "fusion pattern op");
         }
-        if (get_integers<int>(fo.at("input_observers"), "input_observers") != op.input_observers ||
-            get_integer<int>(fo.at("output_observer"), "output_observer") != op.output_observer) {
-          mismatch(source, absl::StrCat("module \"", fqn, "\" op ", k, " (", op_name(op.kind), " ", op.fqn,
-                                        "): observer placement differs"));
+        r.fusion_base = get_integer<int>(f.at("base"), "fusion base");
+        r.fusion_position = get_integer<int>(f.at("position"), "fusion position");
+        r.residual_input = get_integer<int>(f.at("residual_input"), "residual_input");
+      }
+      r.input_observers = get_integers<int>(o.at("input_observers"), "input_observers");
+      r.output_observer = get_integer<int>(o.at("output_observer"), "output_observer");
+
+      // The tag is a function of what the record says it is: an edited kind, layer, parameter,
+      // scalar or weight shows.
+      uint64_t h = tag_start(r.kind, r.leaf ? name_fingerprint(r.fqn) : 0);
+      if (def.params_in_identity && !r.params.empty()) h = fingerprint_mix(h, r.params_fingerprint);
+      if (r.has_scalar) h = tag_scalar(h, r.scalar, r.scalar_first);
+      if (!r.leaf) {
+        for (const std::string& w : r.weights) h = fingerprint_mix(h, w.empty() ? 1u : name_fingerprint(w));
+      }
+      DBRQ_ENSURE(tag_finish(h) == r.tag, FileFormatError, where, ": ", op_where(fm, r), " has tag ", hex64(r.tag),
+                  ", but its kind, layer, parameters, scalar and weights give ",
+                  hex64(static_cast<uint64_t>(tag_finish(h))), ": the record was edited or is corrupt");
+
+      // Against this model: the layer, the weights, the qconfig.
+      const nn::Module* leaf = nullptr;
+      if (r.leaf) {
+        leaf = leaf_module(model, r.fqn);
+        if (leaf == nullptr) mismatch(source, absl::StrCat(op_where(fm, r), ": the model has no layer \"", r.fqn, "\""));
+      } else if (r.fqn != fm.fqn) {
+        mismatch(source, absl::StrCat(op_where(fm, r), ": a functional op of module \"", fm.fqn, "\" named \"", r.fqn, "\""));
+      }
+      const auto* info = leaf != nullptr ? dynamic_cast<const LeafQuantInfo*>(leaf->extension()) : nullptr;
+      const QConfigPtr q = s.seen_qconfig(r.kind, info);
+      if (r.qconfig != qconfig_string(q)) {
+        mismatch(source, absl::StrCat(op_where(fm, r), ": the file's qconfig is ", r.qconfig, ", the model's is ",
+                                      qconfig_string(q)));
+      }
+      for (const std::string& w : r.weights) {
+        if (w.empty()) continue;  // computed: taken from the model's record (see rebuild)
+        bool found = false;
+        if (model.root() != nullptr) {
+          for (const auto& [name, t] : model.root()->state_dict()) found = found || name == w;
         }
+        if (!found) mismatch(source, absl::StrCat(op_where(fm, r), ": the model has no parameter or buffer \"", w, "\""));
       }
     }
-    const json& slots = get_array(doc.at("observers"), "observers");
-    if (slots.size() != model.num_slots()) {
-      mismatch(source, absl::StrCat("the file has ", slots.size(), " observers, the model ", model.num_slots()));
+  }
+  for (size_t mi = 0; mi < modules.size(); ++mi) {
+    const json& mj = modules[mi];
+    FileModule& fm = d.modules[mi];
+    const int n = static_cast<int>(fm.records.size());
+    for (const json& o : get_array(mj.at("non_quant_ops"), "non_quant_ops")) {
+      fm.non_quant.push_back({op_kind_from_name(get_string(o.at("kind"), "kind")), get_string(o.at("fqn"), "fqn"),
+                              get_string(o.at("reason"), "reason")});
     }
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const json& j = slots[i];
-      const int root = model.find(static_cast<int>(i));
-      if (get_integer<int>(j.at("root"), "root") != root) mismatch(source, absl::StrCat("observer ", i, " is shared differently"));
-      if (root != static_cast<int>(i)) continue;
+    for (const json& p : get_array(mj.at("paths"), "paths")) {
+      PathInfo path;
+      path.records = get_integers<int>(p.at("ops"), "path ops");
+      path.calls = get_integer<int64_t>(p.at("calls"), "path calls");
+      for (int i : path.records) {
+        DBRQ_ENSURE(i >= 0 && i < n, FileFormatError, where, ": a path of module \"", fm.fqn, "\" runs op ", i,
+                    ", which the module does not have (", n, " ops)");
+        path.mask[static_cast<size_t>(i / 64) % 4] |= uint64_t{1} << (i % 64);
+      }
+      DBRQ_ENSURE(path.calls >= 0, FileFormatError, where, ": a path of module \"", fm.fqn, "\" has ", path.calls,
+                  " calls");
+      fm.paths.push_back(std::move(path));
+    }
+    if (mj.contains("first_sequence")) {
+      fm.first_sequence = get_integers<int>(mj.at("first_sequence"), "first_sequence");
+      for (int i : fm.first_sequence) {
+        DBRQ_ENSURE(i >= 0 && i < n, FileFormatError, where, ": the first call of module \"", fm.fqn, "\" runs op ", i,
+                    ", which the module does not have");
+      }
+    }
+  }
+  // Observers: specs, parameters and statistics, checked for what convert and the observers
+  // rely on. (Which records they belong to is checked against the analysis, see check_analysis.)
+  const json& slots = get_array(doc.at("observers"), "observers");
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const json& j = slots[i];
+    FileSlot fs;
+    fs.root = get_integer<int>(j.at("root"), "root");
+    fs.record = get_integer<int>(j.at("record"), "record");
+    fs.input = get_integer<int>(j.at("input"), "input");
+    fs.owner = get_string(j.at("owner"), "owner");
+    if (fs.root == static_cast<int>(i)) {
       const ObserverSpec spec = spec_from_json(j.at("observer"));
-      ObserverSlot& slot = model.slot(root);
-      if (spec != slot.observer->spec()) {
-        mismatch(source, absl::StrCat("observer ", i, " (tensor of ", slot.owner, ") is ", spec.to_string(),
-                                      " in the file but ", slot.observer->spec().to_string(), " in the model"));
-      }
-      loaded[i].qparams = qparams_from_json(j.at("qparams"), spec, where, i, max_slot_values(spec));
+      fs.spec = spec;
+      fs.qparams = qparams_from_json(j.at("qparams"), spec, where, i, max_slot_values(spec));
       if (j.contains("stats")) {
         Observer::Stats st = stats_from_json(j.at("stats"), where, i, max_slot_values(spec));
-        // Validate by loading into a scratch observer first: the model is only touched once
-        // everything has been checked.
+        // Validate by loading into a scratch observer: the model is only touched once everything
+        // has been checked.
         make_observer(spec)->load_stats(st);
-        loaded[i].stats = std::move(st);
+        fs.stats = std::move(st);
       }
     }
+    d.slots.push_back(std::move(fs));
+  }
+  return d;
+}
+
+// The model's current records (from its example run, or calibration so far), by key.
+std::map<RecordKey, const SeenOpInfo*> live_records(ModelQuantState& model) {
+  std::map<RecordKey, const SeenOpInfo*> out;
+  for (size_t mi = 0; mi < model.states().size(); ++mi) {
+    for (const SeenOpInfo& op : model.states()[mi]->seen_ops()) {
+      out[{static_cast<int>(mi), op.tag, op.kind, op.producers}] = &op;
+    }
+  }
+  return out;
+}
+
+// Every record the model has made must be in the file: the model ran it, so the file (made by a
+// calibration of the same model) must cover it.
+void check_covers(ModelQuantState& model, const Document& d, const std::string& source) {
+  std::map<RecordKey, int> in_file;
+  for (size_t g = 0; g < d.records.size(); ++g) in_file[key_of(d.records[g])] = static_cast<int>(g);
+  for (size_t mi = 0; mi < model.states().size(); ++mi) {
+    const AutoQuantizationState& s = *model.states()[mi];
+    for (const SeenOpInfo& op : s.seen_ops()) {
+      if (in_file.count({static_cast<int>(mi), op.tag, op.kind, op.producers}) != 0) continue;
+      const FileModule& fm = d.modules[mi];
+      if (static_cast<size_t>(op.index) < fm.records.size()) {
+        const FileRecord& r = d.records[static_cast<size_t>(fm.records[static_cast<size_t>(op.index)])];
+        if (r.kind != op.kind || r.fqn != op.fqn) {
+          mismatch(source, absl::StrCat("module \"", s.fqn(), "\" op ", op.index, ": the file has ", op_name(r.kind),
+                                        " (", r.fqn, "), the model has ", op_name(op.kind), " (", op.fqn, ")"));
+        }
+      }
+      mismatch(source, absl::StrCat("module \"", s.fqn(), "\" ran ", op_name(op.kind), " (", op.fqn,
+                                    ") where the file has no record of it: the file is missing a path this model "
+                                    "takes (calibrate with inputs that take it), or the model's code changed"));
+    }
+  }
+}
+
+// Rebuilds `model`'s recorded program from a document and analyzes it. `live` supplies computed
+// weights (by key) that a file cannot hold. Checked documents only: nothing here throws for the
+// document's content.
+void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey, const SeenOpInfo*>& live) {
+  // Keep what the model's records captured before they go.
+  std::map<RecordKey, std::vector<WeightInfo>> live_weights;
+  for (const auto& [key, op] : live) live_weights[key] = op->weights;
+  std::map<std::string, Tensor> named;
+  if (model.root() != nullptr) {
+    for (auto& [name, t] : model.root()->state_dict()) named.emplace(name, t);
+  }
+  model.clear_program();
+  std::vector<int64_t> out_id(d.records.size());
+  for (int64_t& id : out_id) id = ModelQuantState::new_tensor_id();
+  for (size_t g = 0; g < d.records.size(); ++g) {
+    const FileRecord& r = d.records[g];
+    AutoQuantizationState& s = *model.states()[static_cast<size_t>(r.module)];
+    SeenOpInfo& op = s.add_record(r.tag, r.kind, r.producers);
+    op.global_index = static_cast<int>(g);
+    op.program_index = op.global_index;
+    model.records().emplace_back(&s, op.index);
+    op.fqn = r.fqn;
+    op.leaf = r.leaf ? leaf_module(model, r.fqn) : nullptr;
+    const auto* info = op.leaf != nullptr ? dynamic_cast<const LeafQuantInfo*>(op.leaf->extension()) : nullptr;
+    op.qconfig = s.seen_qconfig(r.kind, info);
+    for (const FileInput& fi : r.inputs) {
+      QTensorInfo t;
+      t.trace_dtype = fi.trace_dtype;
+      for (size_t k = 0; k < fi.origins.size(); ++k) {
+        const FileOrigin& o = fi.origins[k];
+        const int64_t id = o.record >= 0 ? out_id[static_cast<size_t>(o.record)] : model.add_fp32_source(o.source);
+        if (k == 0) {
+          t.id = id;
+        } else {
+          t.more_ids.push_back(id);
+        }
+      }
+      op.inputs.push_back(std::move(t));
+    }
+    QTensorInfo out;
+    out.id = out_id[g];
+    op.outputs.push_back(out);
+    ModelQuantState::TensorRecord tr;
+    tr.record = static_cast<int>(g);
+    model.tensors()[out.id] = tr;
+    const auto lw = live_weights.find(key_of(r));
+    for (size_t i = 0; i < r.weights.size(); ++i) {
+      WeightInfo w;
+      w.fqn = r.weights[i];
+      if (!w.fqn.empty()) {
+        w.tensor = named.at(w.fqn);
+      } else if (lw != live_weights.end() && i < lw->second.size()) {
+        w.tensor = lw->second[i].tensor;
+      }
+      op.weights.push_back(std::move(w));
+    }
+    op.has_scalar = r.has_scalar;
+    op.scalar = r.scalar;
+    op.scalar_first = r.scalar_first;
+    op.params = r.params;
+    op.params_fingerprint = r.params_fingerprint;
+    op.read_by_fp32 = r.read_by_fp32;
+    op.escapes = r.escapes;
+    op.read_twice = r.read_twice;
+    op.unsupported = r.unsupported;
+  }
+  // Who reads each record's output.
+  for (size_t g = 0; g < d.records.size(); ++g) {
+    const FileRecord& r = d.records[g];
+    for (size_t a = 0; a < r.inputs.size(); ++a) {
+      for (const FileOrigin& o : r.inputs[a].origins) {
+        if (o.record < 0) continue;
+        std::vector<Consumer>& cs = model.record(o.record).consumers;
+        const Consumer c{static_cast<int>(g), static_cast<int>(a)};
+        if (std::find(cs.begin(), cs.end(), c) == cs.end()) cs.push_back(c);
+      }
+    }
+  }
+  for (size_t mi = 0; mi < d.modules.size(); ++mi) {
+    const FileModule& fm = d.modules[mi];
+    AutoQuantizationState& s = *model.states()[mi];
+    s.set_recorded(fm.recorded);
+    s.non_quant_ops() = fm.non_quant;
+    s.first_sequence() = fm.first_sequence;
+    s.set_paths(fm.paths);
+    for (const PathInfo& p : fm.paths) {
+      for (size_t i = 1; i < p.records.size(); ++i) s.set_next_hint(p.records[i - 1], p.records[i]);
+    }
+  }
+  model.set_call_count(d.calls);
+  analyze_program(model);
+}
+
+// This dbrq's analysis of the file's records must be what the file says (else the file was made
+// by another version or backend configuration, or edited).
+void check_analysis(ModelQuantState& model, const Document& d, const std::string& source) {
+  for (size_t g = 0; g < d.records.size(); ++g) {
+    const FileRecord& r = d.records[g];
+    const SeenOpInfo& op = model.record(static_cast<int>(g));
+    const FileModule& fm = d.modules[static_cast<size_t>(r.module)];
+    const std::string fusion = op.fusion.fused() ? op.fusion.name() : "";
+    if (r.fusion != fusion || (op.fusion.fused() && (r.fusion_base != op.fusion.base ||
+                                                     r.fusion_position != op.fusion.position ||
+                                                     r.residual_input != op.fusion.residual_input))) {
+      mismatch(source, absl::StrCat(op_where(fm, r), ": the file has it ",
+                                    r.fusion.empty() ? "unfused" : "fused as " + r.fusion, ", this model ",
+                                    fusion.empty() ? "unfused" : "fused as " + fusion));
+    }
+    if (r.role != quant_role_name(op.role)) {
+      mismatch(source, absl::StrCat(op_where(fm, r), ": the file runs it as ", r.role, ", this model as ",
+                                    quant_role_name(op.role)));
+    }
+    if (r.input_observers != op.input_observers || r.output_observer != op.output_observer) {
+      mismatch(source, absl::StrCat(op_where(fm, r), ": observer placement differs"));
+    }
+  }
+  if (d.slots.size() != model.num_slots()) {
+    mismatch(source, absl::StrCat("the file has ", d.slots.size(), " observers, the model ", model.num_slots()));
+  }
+  for (size_t i = 0; i < d.slots.size(); ++i) {
+    const FileSlot& fs = d.slots[i];
+    const ObserverSlot& e = model.slot_entry(static_cast<int>(i));
+    if (fs.root != model.find(static_cast<int>(i)) || fs.record != e.record || fs.input != e.input) {
+      mismatch(source, absl::StrCat("observer ", i, " is shared differently"));
+    }
+    if (fs.spec && !(*fs.spec == model.slot(static_cast<int>(i)).observer->spec())) {
+      mismatch(source, absl::StrCat("observer ", i, " (tensor of ", e.owner, ") is ", fs.spec->to_string(),
+                                    " in the file but ", model.slot(static_cast<int>(i)).observer->spec().to_string(),
+                                    " in the model"));
+    }
+  }
+}
+
+// A scratch copy of `model`'s modules (no records): where a document is rebuilt and analyzed
+// before the model itself is touched.
+struct Scratch {
+  std::shared_ptr<ModelQuantState> model;
+  std::vector<std::shared_ptr<AutoQuantizationState>> states;
+};
+
+Scratch scratch_of(ModelQuantState& model) {
+  Scratch s;
+  s.model = std::make_shared<ModelQuantState>(model.mapping(), model.backend());
+  s.model->set_root(model.root());
+  s.model->set_strict(model.strict());
+  s.model->set_phase(model.phase());
+  for (AutoQuantizationState* st : model.states()) {
+    s.states.push_back(std::make_shared<AutoQuantizationState>(st->fqn(), st->type_name(), s.model));
+    s.model->states().push_back(s.states.back().get());
+  }
+  return s;
+}
+
+template <typename F>
+auto translate_errors(const std::string& source, F&& f) -> decltype(f()) {
+  try {
+    return f();
   } catch (const json::exception& e) {
     DBRQ_THROW(FileFormatError, "quant state ", source, " is malformed: ", e.what());
   } catch (const WrongType& e) {
@@ -468,29 +951,172 @@ std::vector<Loaded> parse_and_check(ModelQuantState& model, const std::string& m
   } catch (const DTypeError& e) {
     DBRQ_THROW(FileFormatError, "quant state ", source, " has an invalid value: ", e.what());
   }
-  return loaded;
+}
+
+// Parses and checks a document completely (including this dbrq's analysis of its records, on a
+// scratch copy); the model is not changed.
+Document checked_document(ModelQuantState& model, const std::string& model_type, const std::string& text,
+                          const std::string& source) {
+  const json doc = parse_limited(model, text, source);
+  Document d = translate_errors(source, [&] { return parse_document(model, model_type, doc, source); });
+  check_covers(model, d, source);
+  Scratch scratch = scratch_of(model);
+  rebuild(*scratch.model, d, live_records(model));
+  check_analysis(*scratch.model, d, source);
+  return d;
+}
+
+// Restores observers: each root gets the statistics (or frozen parameters) of the file's
+// observers whose slots its members had. With one document and the same analysis that is one
+// file observer per root, restored exactly; a merge may bring several, which are merged.
+struct StatsSource {
+  const Document* doc;
+  std::vector<int> record_of;  // model's global index -> the document's (-1: not there)
+};
+
+void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& sources) {
+  std::vector<std::map<std::pair<int, int>, int>> by_key(sources.size());
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const std::vector<FileSlot>& slots = sources[k].doc->slots;
+    for (size_t i = 0; i < slots.size(); ++i) by_key[k][{slots[i].record, slots[i].input}] = slots[i].root;
+  }
+  std::map<int, std::vector<std::pair<size_t, int>>> from;  // model root -> (source, file root)
+  for (size_t i = 0; i < model.num_slots(); ++i) {
+    const ObserverSlot& e = model.slot_entry(static_cast<int>(i));
+    auto& v = from[model.find(static_cast<int>(i))];
+    for (size_t k = 0; k < sources.size(); ++k) {
+      const int rec = sources[k].record_of[static_cast<size_t>(e.record)];
+      if (rec < 0) continue;
+      auto it = by_key[k].find({rec, e.input});
+      if (it == by_key[k].end()) continue;
+      const std::pair<size_t, int> src{k, it->second};
+      if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(src);
+    }
+  }
+  for (auto& [root, list] : from) {
+    ObserverSlot& slot = model.slot(root);
+    bool first = true;
+    for (auto [k, fr] : list) {
+      const FileSlot& fs = sources[k].doc->slots[static_cast<size_t>(fr)];
+      if (!fs.spec || !(*fs.spec == slot.observer->spec())) continue;
+      if (fs.stats) {
+        if (first) {
+          slot.observer->load_stats(*fs.stats);
+        } else {
+          auto other = make_observer(*fs.spec);
+          other->load_stats(*fs.stats);
+          slot.observer->merge(*other);
+        }
+        slot.qparams = nullptr;  // recomputed from the statistics at convert
+      } else if (first) {
+        slot.qparams = fs.qparams;  // frozen parameters
+      }
+      first = false;
+    }
+  }
 }
 
 }  // namespace
 
-void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json,
+void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json_text,
                        const std::string& source) {
-  parse_and_check(model, model_type, json, source);
+  checked_document(model, model_type, json_text, source);
 }
 
 void quant_state_from_json(ModelQuantState& model, const std::string& model_type, const std::string& text,
                            const std::string& source) {
-  const std::vector<Loaded> loaded = parse_and_check(model, model_type, text, source);
-  for (size_t i = 0; i < loaded.size(); ++i) {
-    if (model.find(static_cast<int>(i)) != static_cast<int>(i)) continue;
-    ObserverSlot& slot = model.slot(static_cast<int>(i));
-    if (loaded[i].stats) {
-      slot.observer->load_stats(*loaded[i].stats);
-      slot.qparams = nullptr;  // recomputed from the restored statistics at convert
-    } else {
-      slot.qparams = loaded[i].qparams;
+  const Document d = checked_document(model, model_type, text, source);
+  rebuild(model, d, live_records(model));
+  std::vector<int> identity(d.records.size());
+  for (size_t g = 0; g < identity.size(); ++g) identity[g] = static_cast<int>(g);
+  restore_observers(model, {StatsSource{&d, identity}});
+}
+
+void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_text,
+                       const std::string& source) {
+  SaveQuantStateOptions with_stats;
+  with_stats.include_observer_stats = true;
+  const Document own = checked_document(into, model_type, quant_state_to_json(into, model_type, with_stats), "(model)");
+  // The replica's records need not include ours (it may have taken other paths): no coverage check.
+  const json doc = parse_limited(into, replica_text, source);
+  const Document rep = translate_errors(source, [&] { return parse_document(into, model_type, doc, source); });
+  // The union: ours in our order, then the replica's others in its order.
+  Document merged;
+  merged.modules = own.modules;
+  merged.records = own.records;
+  merged.calls = own.calls + rep.calls;
+  std::map<RecordKey, int> index;
+  for (size_t g = 0; g < merged.records.size(); ++g) index[key_of(merged.records[g])] = static_cast<int>(g);
+  std::vector<int> rep_to_merged(rep.records.size());
+  for (size_t g = 0; g < rep.records.size(); ++g) {
+    const FileRecord& r = rep.records[g];
+    auto it = index.find(key_of(r));
+    if (it != index.end()) {
+      rep_to_merged[g] = it->second;
+      continue;
+    }
+    FileRecord copy = r;
+    FileModule& fm = merged.modules[static_cast<size_t>(r.module)];
+    copy.index = static_cast<int>(fm.records.size());
+    const int mg = static_cast<int>(merged.records.size());
+    fm.records.push_back(mg);
+    merged.records.push_back(std::move(copy));
+    index[key_of(r)] = mg;
+    rep_to_merged[g] = mg;
+  }
+  auto remap = [&](FileOrigin o) {
+    if (o.record >= 0) o.record = rep_to_merged[static_cast<size_t>(o.record)];
+    return o;
+  };
+  std::vector<bool> added(merged.records.size(), false);
+  for (size_t g = own.records.size(); g < merged.records.size(); ++g) added[g] = true;
+  for (size_t g = 0; g < rep.records.size(); ++g) {
+    const FileRecord& r = rep.records[g];
+    FileRecord& m = merged.records[static_cast<size_t>(rep_to_merged[g])];
+    for (size_t a = 0; a < r.inputs.size() && a < m.inputs.size(); ++a) {
+      if (added[static_cast<size_t>(rep_to_merged[g])]) m.inputs[a].origins.clear();
+      for (const FileOrigin& o : r.inputs[a].origins) {
+        const FileOrigin n = remap(o);
+        auto& os = m.inputs[a].origins;
+        if (std::find(os.begin(), os.end(), n) == os.end()) os.push_back(n);
+      }
+    }
+    m.read_by_fp32 = m.read_by_fp32 || r.read_by_fp32;
+    m.escapes = m.escapes || r.escapes;
+    m.read_twice = m.read_twice || r.read_twice;
+  }
+  for (size_t mi = 0; mi < merged.modules.size(); ++mi) {
+    FileModule& fm = merged.modules[mi];
+    const FileModule& rm = rep.modules[mi];
+    fm.recorded = fm.recorded || rm.recorded;
+    for (const NonQuantOpInfo& o : rm.non_quant) {
+      bool have = false;
+      for (const NonQuantOpInfo& x : fm.non_quant) have = have || (x.kind == o.kind && x.fqn == o.fqn && x.reason == o.reason);
+      if (!have) fm.non_quant.push_back(o);
+    }
+    for (const PathInfo& p : rm.paths) {
+      PathInfo q;
+      q.calls = p.calls;
+      for (int i : p.records) {
+        const int local = merged.records[static_cast<size_t>(rep_to_merged[static_cast<size_t>(rep.modules[mi].records[static_cast<size_t>(i)])])].index;
+        q.records.push_back(local);
+        q.mask[static_cast<size_t>(local / 64) % 4] |= uint64_t{1} << (local % 64);
+      }
+      bool found = false;
+      for (PathInfo& x : fm.paths) {
+        if (x.mask == q.mask) {
+          x.calls += q.calls;
+          found = true;
+        }
+      }
+      if (!found) fm.paths.push_back(std::move(q));
     }
   }
+  rebuild(into, merged, live_records(into));
+  std::vector<int> own_of(merged.records.size(), -1), rep_of(merged.records.size(), -1);
+  for (size_t g = 0; g < own.records.size(); ++g) own_of[g] = static_cast<int>(g);
+  for (size_t g = 0; g < rep.records.size(); ++g) rep_of[static_cast<size_t>(rep_to_merged[g])] = static_cast<int>(g);
+  restore_observers(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
 }
 
 }  // namespace dbrq

@@ -8,13 +8,20 @@
 //   dbrq::load_quant_state(*model, "resnet18.qstate.json");
 //   dbrq::convert(*model);          // no calibration data needed; bit-identical to the original
 //
-// The document (format "dbrq.quant_state", version 1) holds, per module with state (by fqn), every
-// seen op (index, op kind, fqn, role, fusion, input/output tensor ids and inference dtypes, the
-// observer slots it feeds, its qconfig) and the non-quantizeable ops; then every observer slot
-// (spec, owner, tensor id, scale and zero point, and optionally the raw statistics so calibration
-// can resume). Loading checks the structure against the freshly traced model and fails with a
-// StateMismatchError naming the first mismatching module and op; malformed JSON raises
-// FileFormatError and never leaves the model half-loaded.
+// The document (format "dbrq.quant_state", version 2) holds the recorded program: per module with
+// state (by fqn), every record (op kind, layer or module fqn, its portable identity: tag, producer
+// tags, parameters, scalar, weights by fqn; where each input came from: another record or a named
+// fp32 source; what the analysis made of it: role, fusion, observers), the ops left in fp32, and
+// the paths the module's calls took (which records, how many calls). Then every observer slot:
+// the record and input it belongs to, its root (sharing), spec, scale and zero point, and
+// optionally the raw statistics so calibration can resume.
+//
+// Loading rebuilds the program from the file (so paths the example run did not take are there),
+// after checking it completely: against the model's modules, layers, weights and qconfigs, that it
+// covers every op the freshly prepared model ran (else "the file is missing a path"), and that this
+// dbrq's analysis of its records gives the file's fusions and observers (on a scratch copy). Any
+// difference is a StateMismatchError naming the module and op; malformed JSON is a FileFormatError;
+// nothing is changed unless everything checks out.
 #pragma once
 
 #include <string>
@@ -30,6 +37,11 @@ std::string quant_state_to_json(const ModelQuantState& model, const std::string&
 // Restores a document into a freshly prepared model's state. `source` names it in errors.
 void quant_state_from_json(ModelQuantState& model, const std::string& model_type, const std::string& json,
                            const std::string& source = "<string>");
+
+// Merges another replica's document (with statistics) into a calibrating model: records of paths
+// only the replica took are added, observers of the same tensors merged (merge_calibration).
+void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_json,
+                       const std::string& source);
 
 // Checks a document against a model's state without changing anything (same errors as loading).
 void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json,

@@ -118,34 +118,15 @@ decltype(auto) self_located(F&& f) {
 
 }  // namespace
 
-namespace {
-
-// name_fingerprint of each op's name: the kind in a tag, stable when kinds are added.
-uint64_t kind_fingerprint(OpKind kind) {
-  static const auto table = [] {
-    std::array<uint64_t, static_cast<size_t>(OpKind::kNumOpKinds)> t{};
-    for (size_t k = 0; k < t.size(); ++k) t[k] = name_fingerprint(op_name(static_cast<OpKind>(k)));
-    return t;
-  }();
-  return table[static_cast<size_t>(kind)];
-}
-
-}  // namespace
-
 int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act,
                                  bool seen) const {
-  uint64_t h = fingerprint_mix(kFingerprintSeed, kind_fingerprint(call.kind));
-  h = fingerprint_mix(h, leaf != nullptr ? leaf->fqn_fingerprint() : 0);
+  uint64_t h = tag_start(call.kind, leaf != nullptr ? leaf->fqn_fingerprint() : 0);
   // Parameters and scalars identify a recorded op whose int8 form is built from them; an op that
   // is not recorded is only ever a producer, and its parameters may vary with a loop's index.
   if (seen && def.params_in_identity && call.params != nullptr && def.params_fingerprint != nullptr) {
     h = fingerprint_mix(h, def.params_fingerprint(call.params));
   }
-  if (seen && call.has_scalar) {
-    uint64_t b;
-    std::memcpy(&b, &call.scalar, sizeof(b));
-    h = fingerprint_mix(fingerprint_mix(h, b), call.scalar_first ? 1u : 0u);
-  }
+  if (seen && call.has_scalar) h = tag_scalar(h, call.scalar, call.scalar_first);
   if (leaf == nullptr) {
     // A functional op with weights: which parameters (a computed weight is "computed").
     for (size_t i = n_act; i < call.inputs.size(); ++i) {
@@ -154,7 +135,7 @@ int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, 
       h = fingerprint_mix(h, it != param_fingerprints_.end() ? it->second : 1u);
     }
   }
-  return static_cast<int64_t>(h | (uint64_t{1} << 63));
+  return tag_finish(h);
 }
 
 int64_t module_input_tag(size_t k) { return static_cast<int64_t>(k) + 1; }
@@ -206,7 +187,7 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
-  for (auto& [name, t] : root.named_parameters()) {
+  for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
     param_names_[t.storage().get()] = name;
     param_fingerprints_[t.storage().get()] = name_fingerprint(name);
   }

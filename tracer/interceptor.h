@@ -116,7 +116,7 @@ class QuantInterceptor : public Interceptor {
   std::string weight_fqn(const Tensor& t) const;
 
   std::shared_ptr<ModelQuantState> model_;
-  std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter fqn
+  std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter or buffer fqn
   std::unordered_map<const void*, uint64_t> param_fingerprints_;  // storage -> name_fingerprint(fqn)
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
   bool strict_paths_ = false;  // an uncalibrated path after convert raises

@@ -89,6 +89,7 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
   }
   state->set_phase(Phase::kTracing);
   state->set_strict(options.strict_control_flow);
+  state->set_root(&model);
   try {
     InterceptorScope scope(interceptor.get());
     run();
@@ -159,14 +160,12 @@ void merge_calibration(nn::Module& model, const nn::Module& replica) {
   DBRQ_ENSURE(&into != &from, UsageError, "merge_calibration: the replica is the model itself");
   DBRQ_ENSURE(into.phase() == Phase::kCalibrating && from.phase() == Phase::kCalibrating, UsageError,
               "merge_calibration: both models must be prepared and not yet converted");
-  // Same structure: same modules, ops and observer placement, checked like a quant-state file.
-  const std::string replica_doc = quant_state_to_json(from, replica.type_name());
-  check_quant_state(into, model.type_name(), replica_doc, "(replica " + replica.type_name() + ")");
-  for (size_t i = 0; i < into.num_slots(); ++i) {
-    const int s = static_cast<int>(i);
-    if (into.find(s) != s) continue;
-    into.observer(s).merge(from.observer(s));
-  }
+  // Through the replica's quant-state document: same modules, layers and qconfigs, checked like
+  // a file; paths only the replica took are added, observers of the same tensors merged.
+  SaveQuantStateOptions with_stats;
+  with_stats.include_observer_stats = true;
+  const std::string replica_doc = quant_state_to_json(from, replica.type_name(), with_stats);
+  merge_quant_state(into, model.type_name(), replica_doc, "(replica " + replica.type_name() + ")");
 }
 
 void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options) {

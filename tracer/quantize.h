@@ -64,10 +64,11 @@ void enable_observers(nn::Module& model);
 bool is_prepared(const nn::Module& model);
 bool is_converted(const nn::Module& model);
 
-// Folds the observer statistics of `replica` (a separately prepared copy of the same model, with
-// the same qconfig, calibrated on another shard of the data, e.g. on another thread) into
-// `model`'s observers. Min/max observers merge exactly; histograms by re-binning. Throws
-// StateMismatchError when the two were prepared differently, UsageError after convert.
+// Folds the calibration of `replica` (a separately prepared copy of the same model, with the same
+// qconfig, calibrated on another shard of the data, e.g. on another thread or process) into
+// `model`: paths only the replica took are added to `model`'s program, and observers of the same
+// tensors merged (min/max exactly, histograms by re-binning). Throws StateMismatchError when the
+// two were prepared differently, UsageError after convert.
 void merge_calibration(nn::Module& model, const nn::Module& replica);
 
 // Writes the calibration of a prepared (calibrated or converted) model as a versioned JSON file

@@ -176,7 +176,7 @@ class StateFile : public ::testing::Test {
 
 TEST_F(StateFile, DocumentHoldsWhatDeploymentNeeds) {
   const std::string text = read_text(saved("doc.qstate.json"));
-  for (const char* part : {"\"format\": \"dbrq.quant_state\"", "\"version\": 1", "\"model_type\": \"SmallCnn\"",
+  for (const char* part : {"\"format\": \"dbrq.quant_state\"", "\"version\": 2", "\"model_type\": \"SmallCnn\"",
                            "\"backend\": \"onednn\"", "\"seen_ops\"", "\"non_quant_ops\"", "\"observers\"",
                            "\"qparams\"", "\"scales\"", "\"zero_points\"", "\"fusion\"", "\"qconfig\"",
                            "\"conv1\"", "\"pattern\"", "\"observer\"", "\"kind\": \"Histogram\""}) {
@@ -259,11 +259,20 @@ TEST_F(StateFile, AnotherModelIsAMismatch) {
   }
 }
 
-TEST_F(StateFile, SameTypeWithAnotherStructureNamesTheModuleAndOp) {
-  // Same model type, but the file says op 1 of the root module is something else.
+TEST_F(StateFile, EditedRecordsAreCaughtByTheirTag) {
+  // A record's tag is a function of its kind, layer, parameters, scalar and weights: editing one
+  // of them without the tag is a corrupt file, named by module and op. (A model whose code
+  // changed is a StateMismatchError; see control_flow_test's deployment tests.)
   const std::string text = read_text(saved("cnn.qstate.json"));
-  const std::string changed = edited(text, "\"kind\": \"conv2d\"", "\"kind\": \"linear\"");
-  expect_load_error<StateMismatchError>(changed, {"module \"\" op 0", "the file has linear", "the model has conv2d"});
+  const std::string changed = edited(text, "\"kind\": \"relu\"", "\"kind\": \"hardswish\"");
+  expect_load_error<FileFormatError>(changed, {"module \"\" op 2 (hardswish relu1) has tag",
+                                               "the record was edited or is corrupt"});
+  // conv1's first stride value: 1 -> 2.
+  std::string strided = text;
+  const size_t stride = strided.find('1', strided.find("\"stride\""));
+  ASSERT_NE(stride, std::string::npos);
+  strided[stride] = '2';
+  expect_load_error<FileFormatError>(strided, {"module \"\" op 0 (conv2d conv1) has tag", "edited or is corrupt"});
 }
 
 TEST_F(StateFile, AnotherQConfigIsAMismatch) {
@@ -280,8 +289,10 @@ TEST_F(StateFile, AModuleKeptInFp32IsAMismatch) {
 }
 
 TEST_F(StateFile, AnotherFileVersionIsAMismatch) {
-  const std::string changed = edited(read_text(saved("cnn.qstate.json")), "\"version\": 1", "\"version\": 7");
-  expect_load_error<StateMismatchError>(changed, {"file version 7", "this dbrq reads version 1"});
+  const std::string changed = edited(read_text(saved("cnn.qstate.json")), "\"version\": 2", "\"version\": 7");
+  expect_load_error<StateMismatchError>(changed, {"file version 7", "this dbrq reads version 2"});
+  const std::string old = edited(read_text(saved("cnn.qstate.json")), "\"version\": 2", "\"version\": 1");
+  expect_load_error<StateMismatchError>(old, {"file version 1, this dbrq reads version 2 (calibrate again"});
 }
 
 TEST_F(StateFile, AnotherBackendIsAMismatch) {
@@ -301,7 +312,7 @@ TEST_F(StateFile, MalformedDocumentsAreFileFormatErrors) {
       {"truncated", text.substr(0, text.size() / 2), "is not valid JSON"},
       {"array", "[1, 2, 3]", "is not a dbrq quant-state document"},
       {"other format", edited(text, "dbrq.quant_state", "something.else"), "is not a dbrq quant-state document"},
-      {"version as string", edited(text, "\"version\": 1", "\"version\": \"1\""), "is malformed"},
+      {"version as string", edited(text, "\"version\": 2", "\"version\": \"1\""), "is malformed"},
       {"no modules", edited(text, "\"modules\"", "\"moduls\""), "is malformed"},
       {"modules not an array", edited(text, "\"modules\": [", "\"modules\": {\"x\": ["), "is not valid JSON"},
       {"scales as string", edited(text, "\"scales\": [", "\"scales\": \"x\", \"was\": ["), "is malformed"},

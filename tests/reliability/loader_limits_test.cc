@@ -270,7 +270,7 @@ TEST_F(QuantStateLimits, StatisticsMustBeOnesTheObserverCanProduce) {
 
 TEST_F(QuantStateLimits, DocumentsAreBoundedByWhatTheModelHas) {
   json doc = document(0, false);
-  doc["padding"] = std::vector<int>(1000000, 0);
+  doc["padding"] = std::vector<int>(8000000, 0);
   EXPECT_THROW_MSG(load(0, doc), FileFormatError, "JSON values, more than any document for this model");
   // 16 MB of '[': a DOM would be built 16 million levels deep (about 1.2 GB) before the document
   // turned out to be unterminated.

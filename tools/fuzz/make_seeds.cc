@@ -96,7 +96,12 @@ int main(int argc, char** argv) {
   // ---- quant state: malformed ----
   const std::string doc = dbrq::fuzz::tiny_quant_state(3, true);
   write(qs / "bad_truncated.json", doc.substr(0, doc.size() / 3));
-  write(qs / "bad_version.json", replace_first(doc, "\"version\": 1", "\"version\": 7"));
+  const std::string version = "\"version\": " + std::to_string(dbrq::kQuantStateVersion);
+  if (doc.find(version) == std::string::npos) {
+    std::fprintf(stderr, "the quant-state document has no %s\n", version.c_str());
+    std::exit(1);
+  }
+  write(qs / "bad_version.json", replace_first(doc, version, "\"version\": 7"));
   write(qs / "bad_model_type.json", replace_first(doc, "\"model_type\": \"TinyNet\"", "\"model_type\": \"ResNet18\""));
   write(qs / "bad_format.json", R"({"format": "something else", "version": 1})");
   write(qs / "bad_not_object.json", "[1, 2, 3]");
