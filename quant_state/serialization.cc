@@ -433,10 +433,12 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
       QuantParamsPtr qp = slot.qparams;
       if (qp == nullptr && slot.observer->has_data()) qp = slot.observer->calculate_qparams();
       j["qparams"] = qparams_to_json(qp);
-      j["range"] = {slot.observer->min_val(), slot.observer->max_val()};
       // An observer that saw nothing has no statistics to restore (its range would be written as
-      // null, which no loader could read back): its slot keeps its fresh observer.
+      // null, which no loader could read back): its slot keeps its fresh observer. The range is
+      // for readers of the file; only files with statistics have it (loading restores it, so a
+      // file saved again is the same text).
       if (options.include_observer_stats && slot.observer->has_data()) {
+        j["range"] = {slot.observer->min_val(), slot.observer->max_val()};
         const Observer::Stats st = slot.observer->stats();
         json fields = json::object();
         for (auto& [name, values] : st.fields) fields[name] = values;
@@ -770,17 +772,18 @@ void check_covers(ModelQuantState& model, const Document& d, const std::string& 
     const AutoQuantizationState& s = *model.states()[mi];
     for (const SeenOpInfo& op : s.seen_ops()) {
       if (in_file.count({static_cast<int>(mi), op.tag, op.kind, op.producers}) != 0) continue;
+      // Where the model's op sits in its module's records, the file's op at the same place (a
+      // changed model usually departs there; a missing path as well).
       const FileModule& fm = d.modules[mi];
+      std::string there;
       if (static_cast<size_t>(op.index) < fm.records.size()) {
         const FileRecord& r = d.records[static_cast<size_t>(fm.records[static_cast<size_t>(op.index)])];
-        if (r.kind != op.kind || r.fqn != op.fqn) {
-          mismatch(source, absl::StrCat("module \"", s.fqn(), "\" op ", op.index, ": the file has ", op_name(r.kind),
-                                        " (", r.fqn, "), the model has ", op_name(op.kind), " (", op.fqn, ")"));
-        }
+        there = absl::StrCat(" (the file's op ", op.index, " there is ", op_name(r.kind), " (", r.fqn, "))");
       }
       mismatch(source, absl::StrCat("module \"", s.fqn(), "\" ran ", op_name(op.kind), " (", op.fqn,
-                                    ") where the file has no record of it: the file is missing a path this model "
-                                    "takes (calibrate with inputs that take it), or the model's code changed"));
+                                    ") where the file has no record of it", there,
+                                    ": the file is missing a path this model takes (calibrate with inputs that "
+                                    "take it), or the model's code changed"));
     }
   }
 }

@@ -1,0 +1,310 @@
+// Control flow and saved calibration (issue 11): a quant-state file holds every path calibration
+// took, so a deployment copy whose example run takes a single path still converts every path to
+// int8, bit-identically to the calibrated model. Files round-trip text-identically, list their
+// paths with call counts, and are refused when they lack a path the model takes or were written
+// for other model code. merge_calibration unites replicas that saw different paths.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dbrq.h"
+#include "tests/quant/control_flow_models.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+using json = nlohmann::json;
+using namespace control_flow_models;  // NOLINT: the models under test
+using testing::state_of;
+
+std::string temp_file(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Min/max activations: merged replicas give exactly the observers of one process.
+QConfigMapping min_max_mapping() {
+  return QConfigMapping().set_global(QConfig::make(ObserverSpec::min_max(), ObserverSpec::per_channel_min_max()));
+}
+
+// A model type with its inputs: `all` takes every path, `one` takes a single path (the
+// deployment copy's example).
+template <typename M>
+struct Scenario {
+  std::function<std::shared_ptr<M>()> make;  // the same fp32 weights every time
+  std::vector<Tensor> all;
+  Tensor one;
+  bool one_takes_fewer = true;  // `one` records fewer ops than `all`
+};
+
+template <typename M>
+void expect_bit_identical(M& a, M& b, const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) testing::expect_equal(b(inputs[i]), a(inputs[i]));
+}
+
+// Calibrates a copy on every path and saves it; a fresh copy prepared on one path loads the file
+// and converts; both run every input bit-identically and int8 throughout. Saving the loaded copy
+// gives the same text.
+template <typename M>
+void round_trip(const Scenario<M>& sc, const std::string& name, const QConfigMapping& mapping, bool with_stats) {
+  SCOPED_TRACE(name);
+  auto a = sc.make();
+  prepare(*a, {sc.all[0]}, mapping);
+  for (const Tensor& x : sc.all) (*a)(x);
+  SaveQuantStateOptions opts;
+  opts.include_observer_stats = with_stats;
+  const std::string path = temp_file(name + ".qstate.json");
+  save_quant_state(*a, path, opts);
+  const std::string text = read_text(path);
+
+  auto b = sc.make();
+  prepare(*b, {sc.one}, mapping);
+  const size_t traced = model_quant_state(*b).records().size();
+  load_quant_state(*b, path);
+  if (sc.one_takes_fewer) EXPECT_GT(model_quant_state(*b).records().size(), traced) << "the file's paths were not loaded";
+  EXPECT_EQ(quant_state_to_json(model_quant_state(*b), b->type_name(), opts), text);
+
+  convert(*a);
+  convert(*b);
+  expect_bit_identical(*a, *b, sc.all);
+  EXPECT_EQ(uncalibrated_ops(*b), 0);
+  EXPECT_EQ(uncalibrated_ops(*a), 0);
+}
+
+Scenario<IfElse> if_else() {
+  Scenario<IfElse> sc;
+  sc.make = [] {
+    manual_seed(11);
+    return std::make_shared<IfElse>();
+  };
+  for (int i = 0; i < 6; ++i) sc.all.push_back(signed_input({2, 3, 6, 6}, 10 + i, i % 2 == 0 ? 1.0 : -1.0));
+  sc.one = signed_input({2, 3, 6, 6}, 99, -1.0);  // branch b, where calibration traced a first
+  return sc;
+}
+
+Scenario<Parent> switch3() {
+  Scenario<Parent> sc;
+  sc.make = [] {
+    manual_seed(12);
+    return std::make_shared<Parent>();
+  };
+  for (int i = 0; i < 9; ++i) sc.all.push_back(randn({1, 4, 5, 5}, 100 + i) * 0.3 + (i % 3 - 1) * 0.8);
+  sc.one = randn({1, 4, 5, 5}, 98) * 0.3 + 0.8;
+  return sc;
+}
+
+Scenario<Rnn> rnn() {
+  Scenario<Rnn> sc;
+  sc.make = [] {
+    manual_seed(13);
+    return std::make_shared<Rnn>();
+  };
+  for (int64_t t : {3, 1, 5, 8, 2}) sc.all.push_back(randn({t, 8}, 200 + t));
+  sc.one = randn({1, 8}, 97);  // T = 1: the loop body's later iterations never ran
+  return sc;
+}
+
+Scenario<Loops> loops() {
+  Scenario<Loops> sc;
+  sc.make = [] {
+    manual_seed(14);
+    return std::make_shared<Loops>();
+  };
+  for (int i = 0; i < 8; ++i) sc.all.push_back(randn({1, 4, 5, 5}, 400 + i) * (0.5 + 0.3 * i));
+  sc.one = randn({1, 4, 5, 5}, 396) * 0.2;
+  sc.one_takes_fewer = false;  // every input runs each loop's body twice or more
+  return sc;
+}
+
+TEST(ControlFlowState, EveryPathRoundTripsBitIdentically) {
+  for (bool stats : {false, true}) {
+    round_trip(if_else(), "if_else", default_qconfig_mapping("onednn"), stats);
+    round_trip(switch3(), "switch3", default_qconfig_mapping("onednn"), stats);
+    round_trip(rnn(), "rnn", default_qconfig_mapping("onednn"), stats);
+    round_trip(loops(), "loops", min_max_mapping(), stats);
+  }
+}
+
+TEST(ControlFlowState, TheDocumentListsEachModulesPathsWithTheirCalls) {
+  const Scenario<Parent> sc = switch3();
+  auto m = sc.make();
+  prepare(*m, {sc.all[0]});
+  for (const Tensor& x : sc.all) (*m)(x);
+  const json doc = json::parse(quant_state_to_json(model_quant_state(*m), m->type_name()));
+  EXPECT_EQ(doc["calls"], 9);
+  for (const json& mod : doc["modules"]) {
+    const std::string fqn = mod["fqn"];
+    int64_t calls = 0;
+    for (const json& p : mod["paths"]) {
+      calls += p["calls"].get<int64_t>();
+      EXPECT_FALSE(p["ops"].empty()) << fqn;
+    }
+    EXPECT_EQ(calls, 1 + 9) << fqn;  // the trace and the calibration calls
+    EXPECT_EQ(mod["paths"].size(), fqn == "sw" ? 3u : 1u) << fqn;
+  }
+  // The switch's three cases, in the order first taken (all[0] has mean < -0.4).
+  const AutoQuantizationState& sw = state_of(*m->sw);
+  ASSERT_EQ(sw.paths().size(), 3u);
+  std::vector<std::string> first_ops;
+  for (const PathInfo& p : sw.paths()) {
+    std::string kinds;
+    for (int r : p.records) kinds += sw.seen_ops()[static_cast<size_t>(r)].display_kind() + " ";
+    first_ops.push_back(kinds);
+  }
+  // Mean is the op that decides (fp32: it reads fp32 x). c1's record is shared by the relu case
+  // and the add case, so it does not fuse with the relu.
+  EXPECT_EQ(first_ops, (std::vector<std::string>{"mean conv2d sigmoid ", "mean conv2d conv2d add ",
+                                                 "mean conv2d relu "}));
+}
+
+// A file calibrated on branch a only, loaded into a copy whose example takes branch b: the file
+// cannot convert what the copy runs.
+TEST(ControlFlowState, AFileMissingAPathTheModelTakesIsAMismatch) {
+  const Scenario<IfElse> sc = if_else();
+  auto a = sc.make();
+  const Tensor pos = signed_input({2, 3, 6, 6}, 1, 1.0);
+  prepare(*a, {pos});
+  (*a)(signed_input({2, 3, 6, 6}, 2, 1.0));
+  const std::string path = temp_file("branch_a_only.qstate.json");
+  save_quant_state(*a, path);
+
+  auto b = sc.make();
+  prepare(*b, {signed_input({2, 3, 6, 6}, 3, -1.0)});
+  const std::string before = quant_state_to_json(model_quant_state(*b), b->type_name());
+  EXPECT_THROW_MSG(load_quant_state(*b, path), StateMismatchError,
+                   "module \"\" ran conv2d (b) where the file has no record of it (the file's op 1 there is conv2d (a)): "
+                   "the file is missing a path this model takes");
+  EXPECT_EQ(quant_state_to_json(model_quant_state(*b), b->type_name()), before);  // unchanged
+
+  // A copy whose example takes branch a loads it; branch b then runs fp32 (an uncalibrated path).
+  auto c = sc.make();
+  prepare(*c, {pos});
+  load_quant_state(*c, path);
+  convert(*c);
+  (*c)(signed_input({2, 3, 6, 6}, 4, -1.0));
+  EXPECT_GT(uncalibrated_ops(*c), 0);
+}
+
+// The same model type whose forward changed between calibration and deployment.
+struct Edited : nn::CallableModule<Edited> {
+  explicit Edited(bool scale_a) : scale_a(scale_a) {
+    a = register_module("a", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    b = register_module("b", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    head = register_module("head", std::make_shared<Conv2d>(8, 4, 1));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = mean(x).item<float>() > 0 ? (*a)(x) : relu((*b)(x));
+    if (scale_a) y = y * 2.0;
+    return (*head)(y);
+  }
+  bool scale_a;
+  std::shared_ptr<Conv2d> a, b, head;
+};
+
+TEST(ControlFlowState, AFileForOtherModelCodeIsAMismatch) {
+  Edited old_code(false), new_code(true);
+  prepare(old_code, {signed_input({2, 3, 6, 6}, 1, 1.0)});
+  old_code(signed_input({2, 3, 6, 6}, 2, -1.0));
+  old_code(signed_input({2, 3, 6, 6}, 3, 1.0));
+  const std::string path = temp_file("old_code.qstate.json");
+  save_quant_state(old_code, path);
+  prepare(new_code, {signed_input({2, 3, 6, 6}, 4, 1.0)});
+  EXPECT_THROW_MSG(load_quant_state(new_code, path), StateMismatchError,
+                   "ran mul () where the file has no record of it (the file's op 2 there is conv2d (head))");
+}
+
+// A file saved after a call that recorded a new path but before any call observed it: the path's
+// observers are in the file without data, and convert says which op lacks it.
+TEST(ControlFlowState, APathWhoseObserversSawNoDataCannotConvertAfterLoading) {
+  const Scenario<IfElse> sc = if_else();
+  auto a = sc.make();
+  prepare(*a, {signed_input({2, 3, 6, 6}, 1, 1.0)});
+  (*a)(signed_input({2, 3, 6, 6}, 2, 1.0));
+  (*a)(signed_input({2, 3, 6, 6}, 3, -1.0));  // records branch b; observed from the next call
+  const std::string path = temp_file("unobserved_path.qstate.json");
+  save_quant_state(*a, path);
+  auto b = sc.make();
+  prepare(*b, {signed_input({2, 3, 6, 6}, 4, 1.0)});
+  load_quant_state(*b, path);
+  EXPECT_THROW_MSG(convert(*b), NotCalibratedError, "used by conv2d (b) in module \"\"");
+}
+
+// Two replicas, each calibrated on its own shard, and each shard takes paths the other does not:
+// merged, the model has every path, and converts them all to int8.
+TEST(ControlFlowState, MergingReplicasThatSawDifferentPathsUnitesThem) {
+  const Scenario<Parent> sc = switch3();
+  std::vector<Tensor> shard1, shard2;  // the switch's cases: shard 1 takes -1 and +1, shard 2 all three
+  for (size_t i = 0; i < sc.all.size(); ++i) (i % 3 != 1 ? shard1 : shard2).push_back(sc.all[i]);
+  shard2.push_back(sc.all[0]);
+  shard2.push_back(sc.all[2]);
+  auto r1 = sc.make(), r2 = sc.make(), fp32 = sc.make();
+  prepare(*r1, {sc.all[0]});
+  prepare(*r2, {sc.all[0]});
+  for (int k = 0; k < 2; ++k) {  // twice: a call that first takes a path records it, the next observes it
+    for (const Tensor& x : shard1) (*r1)(x);
+    for (const Tensor& x : shard2) (*r2)(x);
+  }
+  EXPECT_EQ(state_of(*r1->sw).paths().size(), 2u);
+  merge_calibration(*r1, *r2);
+  EXPECT_EQ(state_of(*r1->sw).paths().size(), 3u);
+  EXPECT_EQ(model_quant_state(*r1).records().size(), model_quant_state(*r2).records().size());
+  convert(*r1);
+  for (const Tensor& x : sc.all) EXPECT_GT(testing::sqnr_of((*r1)(x), (*fp32)(x)), 25.0);
+  EXPECT_EQ(uncalibrated_ops(*r1), 0);
+}
+
+// Replicas whose first calls took every path (a call that records a path does not observe it,
+// and may move observers) and then calibrated on their own shards: merged min/max observers are
+// those of one process that calibrated on both shards, so the int8 models are bit-identical.
+TEST(ControlFlowState, MergedReplicasMatchOneProcess) {
+  const auto check = [](const auto& sc) {
+    using M = typename decltype(sc.make())::element_type;
+    std::vector<Tensor> shard1, shard2;
+    for (size_t i = 0; i < sc.all.size(); ++i) (i % 2 == 0 ? shard1 : shard2).push_back(sc.all[i] * 1.5);
+    std::shared_ptr<M> whole = sc.make(), r1 = sc.make(), r2 = sc.make();
+    for (const std::shared_ptr<M>& m : {whole, r1, r2}) {
+      prepare(*m, {sc.all[0]}, min_max_mapping());
+      for (int k = 0; k < 2; ++k) {
+        for (const Tensor& x : sc.all) (*m)(x);
+      }
+    }
+    for (const Tensor& x : shard1) (*whole)(x), (*r1)(x);
+    for (const Tensor& x : shard2) (*whole)(x), (*r2)(x);
+    merge_calibration(*r1, *r2);
+    convert(*whole);
+    convert(*r1);
+    expect_bit_identical(*whole, *r1, sc.all);
+    EXPECT_EQ(uncalibrated_ops(*r1), 0);
+  };
+  check(switch3());
+  check(loops());
+  check(rnn());
+}
+
+TEST(ControlFlowState, MergingAReplicaOfAnotherModelIsAMismatch) {
+  const Scenario<IfElse> sc = if_else();
+  auto a = sc.make();
+  Edited other(false);
+  prepare(*a, {sc.all[0]});
+  prepare(other, {sc.all[0]});
+  EXPECT_THROW_MSG(merge_calibration(*a, other), StateMismatchError, "Edited");
+}
+
+}  // namespace
+}  // namespace dbrq
