@@ -380,6 +380,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   const OpDef& def = op_def(call.kind);
   out.set_trace_id(op_tag(call, top->leaf, def, def.activation_inputs(call.inputs.size()), true));
   out.set_trace_origin(0);
+  if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, nullptr, call.kind, out);
   return out;
 }
 
@@ -426,7 +427,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
     }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
     out = located(call.kind, where, [&] { return exec->run(call); });
-    if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, op, out);
+    if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, &op, call.kind, out);
   } else {
     note_inputs(call, owner, op);
     const bool observe = phase == Phase::kCalibrating && model_->observers_enabled();
@@ -533,6 +534,9 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     if (f.state != nullptr) {
       if (f.recording) f.state->set_recorded();
       f.state->note_path(f.path, nullptr);
+      if (__builtin_expect(module_probe_ != nullptr, 0) && phase == Phase::kConverted) {
+        module_probe_(*f.state, f.path, outputs);
+      }
     }
     // A non-leaf module's outputs escape it: no fusion may hide them. For the caller they are
     // "output j of this module".

@@ -92,9 +92,17 @@ class QuantInterceptor : public Interceptor {
   // Ops converted calls ran in fp32 because their path was never calibrated.
   int64_t uncalibrated_ops() const { return uncalibrated_.load(std::memory_order_relaxed); }
 
-  // Sees every seen op's result after convert (numeric comparison). Not for concurrent calls.
-  using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo&, const Tensor&)>;
-  void set_probe(Probe probe) { probe_ = std::move(probe); }
+  // Numeric comparison (compare_numerics) after convert; not for concurrent calls. The op probe
+  // sees every seen op's result in the order the calls run, `op` null for an op of a path never
+  // calibrated (run in fp32); the module probe sees each call of a module with state: the path it
+  // took (records bit mask, as PathInfo::mask) and its outputs.
+  using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo* op, OpKind, const Tensor&)>;
+  using ModuleProbe = std::function<void(const AutoQuantizationState&, const std::array<uint64_t, 4>& path,
+                                         absl::Span<Tensor* const> outputs)>;
+  void set_probe(Probe probe, ModuleProbe module_probe = nullptr) {
+    probe_ = std::move(probe);
+    module_probe_ = std::move(module_probe);
+  }
 
  private:
   // The record of a seen op in `owner`'s module (creating it while tracing or calibrating), or
@@ -125,6 +133,7 @@ class QuantInterceptor : public Interceptor {
   std::mutex warned_mu_;
   std::set<std::pair<const void*, int>> warned_;  // (module state, op kind) said once
   Probe probe_;
+  ModuleProbe module_probe_;
 };
 
 // Tags are portable: built from op names, fqns and parameter fingerprints (never addresses), so

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -48,11 +49,17 @@ struct Accum {
   }
 };
 
-using Key = std::pair<std::string, int>;  // module fqn, op index
+using Key = std::pair<std::string, int>;  // module fqn, record index
 
-// Records the fp32 outputs of the ops the converted model treats as seen ops, keyed like them.
+// The fp32 model's quantizeable ops and module outputs, per module fqn in the order they ran (the
+// ops the converted model runs as seen ops: a module with state calls them with a qconfig).
 class FloatProbe : public Interceptor {
  public:
+  struct Event {
+    OpKind kind;
+    Tensor out;
+  };
+
   FloatProbe(nn::Module& float_model, nn::Module& quantized_model) : q_(quantized_model) {
     for (auto& [fqn, m] : float_model.named_modules()) fqn_of_[m] = fqn;
   }
@@ -72,8 +79,7 @@ class FloatProbe : public Interceptor {
     const LeafQuantInfo* leaf = (top != nullptr && top->leaf) ? top->leaf_info : nullptr;
     if (top != nullptr && top->leaf && leaf == nullptr) return out;
     if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return out;
-    Frame* f = const_cast<Frame*>(owner);
-    outputs[{f->state->fqn(), f->cursor++}].push_back(out);
+    ops[owner->state->fqn()].push_back({call.kind, out});
     return out;
   }
 
@@ -90,19 +96,26 @@ class FloatProbe : public Interceptor {
     }
     stack_.push_back(f);
   }
-  void on_module_exit(nn::Module&, absl::Span<Tensor* const>) override { stack_.pop_back(); }
+  void on_module_exit(nn::Module&, absl::Span<Tensor* const> outs) override {
+    const Frame f = stack_.back();
+    stack_.pop_back();
+    if (f.leaf || f.state == nullptr) return;
+    std::vector<Tensor> v;
+    for (Tensor* t : outs) v.push_back(*t);
+    module_outputs[f.state->fqn()].push_back(std::move(v));
+  }
   void on_module_unwind(nn::Module&) noexcept override {
     if (!stack_.empty()) stack_.pop_back();
   }
 
-  std::map<Key, std::vector<Tensor>> outputs;
+  std::map<std::string, std::vector<Event>> ops;
+  std::map<std::string, std::vector<std::vector<Tensor>>> module_outputs;
 
  private:
   struct Frame {
     bool leaf = false;
     const AutoQuantizationState* state = nullptr;
     const LeafQuantInfo* leaf_info = nullptr;
-    int cursor = 0;
   };
   nn::Module& q_;
   std::unordered_map<const nn::Module*, std::string> fqn_of_;
@@ -121,6 +134,8 @@ std::string fmt_db(double v) {
   if (v == -kInf) return "-inf";
   return absl::StrFormat("%.2f", v);
 }
+
+std::string quote_csv(const std::string& s) { return "\"" + absl::StrReplaceAll(s, {{"\"", "\"\""}}) + "\""; }
 
 std::string html_escape(const std::string& s) {
   return absl::StrReplaceAll(s, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
@@ -146,10 +161,21 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
   DBRQ_ENSURE(!inputs.empty(), ValueError, "compare_numerics: no inputs");
   tracer::QuantInterceptor* interceptor = &tracer::QuantInterceptor::of(quantized_model, "compare_numerics");
   ModelQuantState& state = interceptor->model();
-
+  // The paths each module had before the comparison (its calls add to them).
+  std::map<std::string, std::vector<PathInfo>> paths_before;
+  std::map<std::string, const AutoQuantizationState*> state_of;
+  for (const AutoQuantizationState* s : state.states()) {
+    paths_before[s->fqn()] = s->paths();
+    state_of[s->fqn()] = s;
+  }
+  using PathKey = std::pair<std::string, std::array<uint64_t, 4>>;
   std::map<Key, Accum> acc;
+  std::map<Key, int64_t> runs;
   std::map<Key, const SeenOpInfo*> info;
+  std::map<PathKey, Accum> path_acc;
+  std::map<PathKey, int64_t> path_calls;
   Accum output;
+  NumericReport r;
   for (const auto& in : inputs) {
     FloatProbe probe(float_model, quantized_model);
     std::vector<Tensor> ref;
@@ -157,16 +183,40 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
       InterceptorScope scope(&probe);
       ref = float_model.forward_tensors(in);
     }
-    std::map<Key, int> seen_count;
-    interceptor->set_probe([&](const AutoQuantizationState& s, const SeenOpInfo& op, const Tensor& out) {
-      if (!reports_output(op)) return;
-      const Key key{s.fqn(), op.index};
-      const int k = seen_count[key]++;
-      auto it = probe.outputs.find(key);
-      if (it == probe.outputs.end() || k >= static_cast<int>(it->second.size())) return;
-      acc[key].add(it->second[k], out);
-      info[key] = &op;
-    });
+    std::map<std::string, size_t> next_op, next_call;
+    std::set<std::string> diverged;
+    auto on_op = [&](const AutoQuantizationState& s, const SeenOpInfo* op, OpKind kind, const Tensor& out) {
+      const std::string& fqn = s.fqn();
+      const size_t k = next_op[fqn]++;
+      if (diverged.count(fqn) != 0) return;
+      const std::vector<FloatProbe::Event>& events = probe.ops[fqn];
+      if (k >= events.size() || events[k].kind != kind) {
+        diverged.insert(fqn);  // another branch than the fp32 model's: the ops no longer pair up
+        ++r.diverged_calls;
+        return;
+      }
+      if (op == nullptr) {
+        ++r.uncalibrated_ops;
+        return;
+      }
+      if (!reports_output(*op)) return;
+      const Key key{fqn, op->index};
+      acc[key].add(events[k].out, out);
+      ++runs[key];
+      info[key] = op;
+    };
+    auto on_module = [&](const AutoQuantizationState& s, const std::array<uint64_t, 4>& path,
+                         absl::Span<Tensor* const> outs) {
+      const std::string& fqn = s.fqn();
+      const size_t j = next_call[fqn]++;
+      const auto& calls = probe.module_outputs[fqn];
+      if (j >= calls.size()) return;
+      const PathKey key{fqn, path};
+      ++path_calls[key];
+      Accum& a = path_acc[key];
+      for (size_t i = 0; i < outs.size() && i < calls[j].size(); ++i) a.add(calls[j][i], *outs[i]);
+    };
+    interceptor->set_probe(on_op, on_module);
     std::vector<Tensor> q;
     try {
       q = quantized_model.forward_tensors(in);
@@ -178,16 +228,12 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
     for (size_t i = 0; i < ref.size() && i < q.size(); ++i) output.add(ref[i], q[i]);
   }
 
-  NumericReport r;
   r.batches = static_cast<int>(inputs.size());
   r.output_sqnr_db = output.sqnr();
   r.output_max_abs_error = output.max_abs;
   for (auto& [key, a] : acc) {
     const SeenOpInfo& op = *info[key];
-    const AutoQuantizationState* s = nullptr;
-    for (AutoQuantizationState* st : state.states()) {
-      if (st->fqn() == key.first) s = st;
-    }
+    const AutoQuantizationState* s = state_of.at(key.first);
     const SeenOpInfo& base = op.fusion.fused() ? s->seen_ops()[op.fusion.base] : op;
     OpNumerics o;
     o.module_fqn = key.first;
@@ -205,9 +251,54 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
     o.sqnr_db = a.sqnr();
     o.max_abs_error = a.max_abs;
     o.elements = a.n;
+    o.runs = runs[key];
     r.ops.push_back(o);
   }
   std::stable_sort(r.ops.begin(), r.ops.end(), [](const OpNumerics& a, const OpNumerics& b) { return a.sqnr_db < b.sqnr_db; });
+
+  for (auto& [key, a] : path_acc) {
+    const std::vector<PathInfo>& before = paths_before[key.first];
+    const AutoQuantizationState* s = state_of.at(key.first);
+    PathNumerics p;
+    p.module_fqn = key.first;
+    for (size_t i = 0; i < before.size(); ++i) {
+      if (before[i].mask == key.second) {
+        p.path = static_cast<int>(i);
+        p.calls_before = before[i].calls;
+      }
+    }
+    // Its records: in the order of the path's first call, or (a new path) by index.
+    std::vector<int> records;
+    if (p.path >= 0) {
+      records = before[static_cast<size_t>(p.path)].records;
+    } else {
+      for (size_t rec = 0; rec < s->seen_ops().size() && rec < 256; ++rec) {
+        if (key.second[rec / 64] >> (rec % 64) & 1) records.push_back(static_cast<int>(rec));
+      }
+    }
+    for (int rec : records) {
+      const SeenOpInfo& op = s->seen_ops()[static_cast<size_t>(rec)];
+      if (op.fusion.fused() && op.fusion.position > 0) continue;  // shown with its chain
+      if (!p.ops.empty()) p.ops += " ";
+      p.ops += op.display_kind();
+    }
+    p.calls = path_calls[key];
+    p.sqnr_db = a.sqnr();
+    p.max_abs_error = a.max_abs;
+    r.paths.push_back(std::move(p));
+  }
+  // Modules with one path: their calls are the model's (or their parent's) numbers.
+  std::map<std::string, int> per_module;
+  for (const PathNumerics& p : r.paths) ++per_module[p.module_fqn];
+  r.paths.erase(std::remove_if(r.paths.begin(), r.paths.end(),
+                               [&](const PathNumerics& p) {
+                                 return per_module[p.module_fqn] < 2 && paths_before[p.module_fqn].size() < 2;
+                               }),
+                r.paths.end());
+  std::stable_sort(r.paths.begin(), r.paths.end(), [](const PathNumerics& a, const PathNumerics& b) {
+    if (a.module_fqn != b.module_fqn) return a.module_fqn < b.module_fqn;
+    return static_cast<unsigned>(a.path) < static_cast<unsigned>(b.path);  // -1 (new) last
+  });
   return r;
 }
 
@@ -222,17 +313,39 @@ std::string NumericReport::to_table() const {
   }
   os << absl::StrFormat("model output: SQNR %s dB, max |err| %.5g over %d batch(es)\n", fmt_db(output_sqnr_db),
                         output_max_abs_error, batches);
+  if (!paths.empty()) {
+    os << absl::StrFormat("\n%-28s %4s %6s %8s %10s %12s  %s\n", "paths of module", "path", "calls", "before",
+                          "SQNR dB", "max |err|", "ops");
+    for (const PathNumerics& p : paths) {
+      os << absl::StrFormat("%-28s %4s %6d %8d %10s %12.5g  %s\n", p.module_fqn.empty() ? "<model>" : p.module_fqn,
+                            p.path >= 0 ? std::to_string(p.path) : "new", p.calls, p.calls_before, fmt_db(p.sqnr_db),
+                            p.max_abs_error, p.ops);
+    }
+  }
+  if (diverged_calls > 0) {
+    os << diverged_calls << " module call(s) took another branch than the fp32 model (their ops not compared)\n";
+  }
+  if (uncalibrated_ops > 0) os << uncalibrated_ops << " op run(s) on paths never calibrated (fp32)\n";
+  return os.str();
+}
+
+std::string NumericReport::paths_to_csv() const {
+  std::ostringstream os;
+  os << "module_fqn,path,calls,calls_before,sqnr_db,max_abs_error,ops\n";
+  for (const PathNumerics& p : paths) {
+    os << quote_csv(p.module_fqn) << "," << p.path << "," << p.calls << "," << p.calls_before << ","
+       << fmt_db(p.sqnr_db) << "," << absl::StrFormat("%.9g", p.max_abs_error) << "," << quote_csv(p.ops) << "\n";
+  }
   return os.str();
 }
 
 std::string NumericReport::to_csv() const {
   std::ostringstream os;
   os << "module_fqn,index,op,fqn,sqnr_db,max_abs_error,elements,qparams\n";
-  auto quote = [](const std::string& s) { return "\"" + absl::StrReplaceAll(s, {{"\"", "\"\""}}) + "\""; };
   for (const OpNumerics& o : ops) {
-    os << quote(o.module_fqn) << "," << o.index << "," << quote(o.op) << "," << quote(o.fqn) << ","
+    os << quote_csv(o.module_fqn) << "," << o.index << "," << quote_csv(o.op) << "," << quote_csv(o.fqn) << ","
        << fmt_db(o.sqnr_db) << "," << absl::StrFormat("%.9g", o.max_abs_error) << "," << o.elements << ","
-       << quote(o.qparams) << "\n";
+       << quote_csv(o.qparams) << "\n";
   }
   return os.str();
 }
@@ -278,7 +391,26 @@ std::string NumericReport::to_html(const std::string& title) const {
        << fmt_db(o.sqnr_db) << "</td><td>" << absl::StrFormat("%.5g", o.max_abs_error) << "</td><td>"
        << html_escape(o.qparams) << "</td></tr>\n";
   }
-  os << "</table>\n</body></html>\n";
+  os << "</table>\n";
+  if (!paths.empty()) {
+    os << "<h2>Control-flow paths</h2>\n<p>Modules with several paths: each path the compared calls took, "
+          "the SQNR of the module's outputs on those calls, and how often it was taken before.</p>\n"
+          "<table><tr><th>module</th><th>path</th><th>calls</th><th>calls before</th><th>SQNR dB</th>"
+          "<th>max |err|</th><th>ops</th></tr>\n";
+    for (const PathNumerics& p : paths) {
+      const char* cls = p.sqnr_db < 20 ? "bad" : (p.sqnr_db < 30 ? "warn" : "ok");
+      os << "<tr><td>" << html_escape(p.module_fqn.empty() ? "<model>" : p.module_fqn) << "</td><td>"
+         << (p.path >= 0 ? std::to_string(p.path) : "new") << "</td><td>" << p.calls << "</td><td>" << p.calls_before
+         << "</td><td class=\"" << cls << "\">" << fmt_db(p.sqnr_db) << "</td><td>"
+         << absl::StrFormat("%.5g", p.max_abs_error) << "</td><td>" << html_escape(p.ops) << "</td></tr>\n";
+    }
+    os << "</table>\n";
+  }
+  if (diverged_calls > 0 || uncalibrated_ops > 0) {
+    os << "<p>" << diverged_calls << " module call(s) took another branch than the fp32 model; " << uncalibrated_ops
+       << " op run(s) on paths never calibrated (fp32).</p>\n";
+  }
+  os << "</body></html>\n";
   return os.str();
 }
 

@@ -9,9 +9,14 @@
 //   dbrq::write_text_file("report.html", r.to_html("ResNet-18"));
 //
 // Each quantized op (or fused chain) of the converted model is matched with the same op of the
-// fp32 model by module fqn and op index; its output is compared with the fp32 output: SQNR in dB
+// fp32 model: the k-th quantizeable op a module ran in the int8 model's call with the k-th one it
+// ran in the fp32 model's call (same kind, else the two models took different branches there:
+// that module's ops are not compared for that input, and the call is counted in
+// `diverged_calls`). Its output is compared with the fp32 output: SQNR in dB
 // (10 log10(sum ref^2 / sum (ref - q)^2)), max absolute error, and the quantization parameters
-// used. The fp32 model must be the same architecture, unprepared.
+// used. An op run in a loop accumulates over its iterations. For each module with more than one
+// path, each path the compared calls took is reported with its calls and the SQNR of the
+// module's outputs on those calls. The fp32 model must be the same architecture, unprepared.
 #pragma once
 
 #include <string>
@@ -30,16 +35,32 @@ struct OpNumerics {
   double sqnr_db = 0.0;    // +inf when identical
   double max_abs_error = 0.0;
   int64_t elements = 0;    // compared, over all inputs
+  int64_t runs = 0;        // times it ran (a loop runs it once per iteration)
+};
+
+// One control-flow path of a module (see AutoQuantizationState::paths).
+struct PathNumerics {
+  std::string module_fqn;
+  int path = -1;             // index in the module's paths(); -1: a path no call took before the comparison
+  std::string ops;           // its ops, "mean conv2d+relu conv2d"
+  int64_t calls = 0;         // compared calls of the module that took it
+  int64_t calls_before = 0;  // calls that took it before the comparison (calibration and use)
+  double sqnr_db = 0.0;      // of the module's outputs on those calls
+  double max_abs_error = 0.0;
 };
 
 struct NumericReport {
-  std::vector<OpNumerics> ops;  // worst SQNR first
-  double output_sqnr_db = 0.0;  // the model's outputs
+  std::vector<OpNumerics> ops;      // worst SQNR first
+  std::vector<PathNumerics> paths;  // of modules with several paths, by module then path
+  double output_sqnr_db = 0.0;      // the model's outputs
   double output_max_abs_error = 0.0;
   int batches = 0;
+  int64_t diverged_calls = 0;       // module calls where the int8 model took another branch
+  int64_t uncalibrated_ops = 0;     // op runs on paths never calibrated (fp32)
 
   std::string to_table() const;
-  std::string to_csv() const;
+  std::string to_csv() const;        // the ops
+  std::string paths_to_csv() const;  // the paths
   // A self-contained HTML page (inline CSS and SVG bar chart of SQNR per op; no external assets).
   std::string to_html(const std::string& title) const;
 };

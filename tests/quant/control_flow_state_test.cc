@@ -3,6 +3,8 @@
 // int8, bit-identically to the calibrated model. Files round-trip text-identically, list their
 // paths with call counts, and are refused when they lack a path the model takes or were written
 // for other model code. merge_calibration unites replicas that saw different paths.
+// compare_numerics reports every path with its calls and SQNR, ops in loops over every iteration,
+// and calls where the int8 model took another branch than the fp32 one.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -304,6 +306,142 @@ TEST(ControlFlowState, MergingAReplicaOfAnotherModelIsAMismatch) {
   prepare(*a, {sc.all[0]});
   prepare(other, {sc.all[0]});
   EXPECT_THROW_MSG(merge_calibration(*a, other), StateMismatchError, "Edited");
+}
+
+// ---- compare_numerics per path ----------------------------------------------------------------
+
+const PathNumerics* find_path(const NumericReport& r, const std::string& module, const std::string& ops) {
+  for (const PathNumerics& p : r.paths) {
+    if (p.module_fqn == module && p.ops == ops) return &p;
+  }
+  return nullptr;
+}
+
+TEST(ControlFlowNumerics, EveryPathIsReportedWithItsCallsAndSqnr) {
+  const Scenario<IfElse> sc = if_else();
+  auto ref = sc.make(), q = sc.make();
+  prepare(*q, {sc.all[0]});
+  for (const Tensor& x : sc.all) (*q)(x);
+  convert(*q);
+  std::vector<std::vector<Tensor>> inputs;
+  for (int i = 0; i < 5; ++i) inputs.push_back({signed_input({2, 3, 6, 6}, 70 + i, i < 2 ? 1.0 : -1.0)});
+  const NumericReport r = compare_numerics(*ref, *q, inputs);
+  ASSERT_EQ(r.paths.size(), 2u) << r.to_table();
+  const PathNumerics* a = find_path(r, "", "mean conv2d conv2d");
+  const PathNumerics* b = find_path(r, "", "mean conv2d+relu conv2d");
+  ASSERT_NE(a, nullptr) << r.to_table();
+  ASSERT_NE(b, nullptr) << r.to_table();
+  EXPECT_EQ(a->path, 0);
+  EXPECT_EQ(b->path, 1);
+  EXPECT_EQ(a->calls, 2);
+  EXPECT_EQ(b->calls, 3);
+  EXPECT_EQ(a->calls_before, 1 + 3);  // the trace and the positive calibration inputs
+  EXPECT_EQ(b->calls_before, 3);
+  EXPECT_GT(a->sqnr_db, 25.0);
+  EXPECT_GT(b->sqnr_db, 25.0);
+  EXPECT_EQ(r.diverged_calls, 0);
+  EXPECT_EQ(r.uncalibrated_ops, 0);
+  // The head has one record per branch, each reported.
+  int heads = 0;
+  for (const OpNumerics& o : r.ops) heads += o.fqn == "head" ? 1 : 0;
+  EXPECT_EQ(heads, 2);
+  const std::string table = r.to_table();
+  EXPECT_NE(table.find("paths of module"), std::string::npos) << table;
+  EXPECT_NE(table.find("mean conv2d+relu conv2d"), std::string::npos) << table;
+  EXPECT_NE(r.paths_to_csv().find("\"\",1,3,3,"), std::string::npos) << r.paths_to_csv();
+  EXPECT_NE(r.to_html("if/else").find("Control-flow paths"), std::string::npos);
+  // Printing lists each path's records and calls: trace + 3 calibration + 2 compared calls took a.
+  const std::string printed = quant_state_to_string(*q);
+  EXPECT_NE(printed.find("paths: [0 1 2] x6; [0 3 4 5] x6;"), std::string::npos) << printed;
+}
+
+TEST(ControlFlowNumerics, LoopsReportEveryIteration) {
+  const Scenario<Rnn> sc = rnn();
+  auto ref = sc.make(), q = sc.make();
+  prepare(*q, {sc.all[0]});
+  for (const Tensor& x : sc.all) (*q)(x);
+  convert(*q);
+  const NumericReport r = compare_numerics(*ref, *q, {{randn({7, 8}, 5)}});
+  // The cell's first iteration (h from zeros) and its later ones are two records.
+  std::vector<int64_t> cell_runs;
+  for (const OpNumerics& o : r.ops) {
+    if (o.fqn == "cell") cell_runs.push_back(o.runs);
+  }
+  std::sort(cell_runs.begin(), cell_runs.end());
+  EXPECT_EQ(cell_runs, (std::vector<int64_t>{1, 6})) << r.to_table();
+  // Two paths: T = 1 (the first iteration only, seen in calibration) and T > 1, whatever T is.
+  ASSERT_EQ(r.paths.size(), 1u) << r.to_table();
+  EXPECT_GE(r.paths[0].path, 0);
+  EXPECT_EQ(r.paths[0].calls, 1);
+  EXPECT_EQ(r.paths[0].calls_before, 5);  // the trace (T = 3), then T = 3, 5, 8, 2
+  EXPECT_GT(r.output_sqnr_db, 25.0);
+}
+
+TEST(ControlFlowNumerics, APathNeverCalibratedIsReportedAsNew) {
+  const Scenario<IfElse> sc = if_else();
+  auto ref = sc.make(), q = sc.make();
+  prepare(*q, {sc.all[0]});
+  for (size_t i = 0; i < sc.all.size(); i += 2) (*q)(sc.all[i]);  // branch a only
+  convert(*q);
+  const NumericReport r = compare_numerics(*ref, *q, {{sc.all[1]}, {sc.all[0]}});
+  ASSERT_EQ(r.paths.size(), 2u) << r.to_table();
+  const PathNumerics& known = r.paths[0];
+  const PathNumerics& fresh = r.paths[1];  // new paths sort last
+  EXPECT_EQ(known.path, 0);
+  EXPECT_EQ(fresh.path, -1);
+  EXPECT_EQ(fresh.calls, 1);
+  EXPECT_EQ(fresh.calls_before, 0);
+  EXPECT_EQ(fresh.ops, "mean") << "only the calibrated records of the path are int8 records";
+  EXPECT_GT(fresh.sqnr_db, 25.0);  // b and the head ran in fp32 from the dequantized input
+  EXPECT_EQ(r.uncalibrated_ops, 3);  // b, relu, head
+  const std::string table = r.to_table();
+  EXPECT_NE(table.find("3 op run(s) on paths never calibrated (fp32)"), std::string::npos) << table;
+  EXPECT_NE(table.find(" new "), std::string::npos) << table;
+}
+
+// A branch on an intermediate value whose int8 value falls on the other side of the threshold:
+// the two models' ops no longer pair up there, and the report says so instead of comparing them.
+struct Threshold : nn::CallableModule<Threshold> {
+  Threshold() {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+    up = register_module("up", std::make_shared<Conv2d>(4, 4, 1));
+    down = register_module("down", std::make_shared<Conv2d>(4, 4, 1));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*conv)(x);
+    last_mean = mean(y).item<float>();
+    return last_mean > threshold ? (*up)(y) : relu((*down)(y));
+  }
+  float threshold = 0.0f;
+  float last_mean = 0.0f;
+  std::shared_ptr<Conv2d> conv, up, down;
+};
+
+TEST(ControlFlowNumerics, CallsWhereInt8TookAnotherBranchAreCounted) {
+  manual_seed(21);
+  Threshold ref;
+  manual_seed(21);
+  Threshold q;
+  prepare(q, {randn({1, 3, 6, 6}, 1)});
+  for (uint64_t i = 0; i < 8; ++i) {
+    q.threshold = i % 2 == 0 ? -100.0f : 100.0f;  // both branches
+    q(randn({1, 3, 6, 6}, 10 + i));
+  }
+  convert(q);
+  const Tensor x = randn({1, 3, 6, 6}, 99);
+  ref(x);
+  q(x);
+  const float fp32_mean = ref.last_mean, int8_mean = q.last_mean;
+  ASSERT_NE(fp32_mean, int8_mean);
+  ref.threshold = q.threshold = -100.0f;  // both take "up"
+  const NumericReport agree = compare_numerics(ref, q, {{x}});
+  EXPECT_EQ(agree.diverged_calls, 0);
+  EXPECT_GT(agree.output_sqnr_db, 25.0);
+  ref.threshold = q.threshold = (fp32_mean + int8_mean) / 2;  // fp32 and int8 take different ones
+  const NumericReport split = compare_numerics(ref, q, {{x}});
+  EXPECT_EQ(split.diverged_calls, 1) << split.to_table();
+  for (const OpNumerics& o : split.ops) EXPECT_TRUE(o.fqn == "conv" || o.fqn.empty()) << o.fqn << "\n" << split.to_table();
+  EXPECT_NE(split.to_table().find("1 module call(s) took another branch than the fp32 model"), std::string::npos);
 }
 
 }  // namespace
