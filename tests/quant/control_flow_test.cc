@@ -111,6 +111,35 @@ TEST(ControlFlow, LoopTracedAtThreeRunsAtAnyLength) {
   EXPECT_EQ(uncalibrated_ops(m), 0);
 }
 
+// The same loop inside a child module, called from a parent that runs it on a prefix of the
+// sequence whose length depends on the data.
+struct RnnParent : nn::CallableModule<RnnParent> {
+  RnnParent() {
+    rnn = register_module("rnn", std::make_shared<Rnn>());
+    head = register_module("head", std::make_shared<Linear>(8, 3));
+  }
+  Tensor forward(const Tensor& x) {
+    const int64_t t = 1 + static_cast<int64_t>(std::abs(x.at<float>({0, 0})) * 7) % x.size(0);
+    return (*head)((*rnn)(x.narrow(0, 0, t)));
+  }
+  std::shared_ptr<Rnn> rnn;
+  std::shared_ptr<Linear> head;
+};
+
+TEST(ControlFlow, LoopInAChildRunsAtAnyLength) {
+  manual_seed(31);
+  RnnParent m;
+  std::vector<Tensor> calib, tests, refs;
+  for (int i = 0; i < 8; ++i) calib.push_back(randn({6, 8}, 700 + i));
+  for (int64_t t : {1, 2, 9, 13}) tests.push_back(randn({t, 8}, 800 + t));
+  for (const Tensor& x : tests) refs.push_back(m(x));
+  prepare(m, {calib[0]});
+  calibrate_convert_check(m, calib, run_all(m, calib));
+  for (size_t i = 0; i < tests.size(); ++i) EXPECT_GT(sqnr_of(m(tests[i]), refs[i]), 25.0) << "T=" << tests[i].size(0);
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+  EXPECT_EQ(state_of(m).paths().size(), 1u);  // the parent's ops do not depend on T
+}
+
 // A tensor carried around a loop by one op (z = z + y, n times): the folded record reads the
 // first iteration's output and its own. Its own output shares the input's parameters (one range
 // for the carried tensor, no requantization per iteration); the first iteration's keeps its own.
