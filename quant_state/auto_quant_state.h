@@ -55,7 +55,8 @@ struct QTensorInfo {
 
 struct WeightInfo {
   std::string fqn;    // registered parameter name ("layer1.0.conv1.weight"); "" for a computed tensor
-  Tensor tensor;      // captured when recorded; shares storage with the parameter
+  Tensor tensor;      // captured when recorded; shares storage with the parameter (undefined: absent)
+  bool missing = false;  // a computed tensor of a record loaded from a file: taken from its next call
 };
 
 // Membership in a fused chain (e.g. conv2d -> batch_norm -> relu).
@@ -170,7 +171,8 @@ struct ObserverSlot {
   std::string owner;      // fqn of the module whose op observes it (for printing)
   int record = -1;        // the record (global index) it belongs to
   int input = -1;         // that record's input it observes; -1: its output
-  QuantParamsPtr qparams;  // computed by convert
+  QuantParamsPtr qparams;  // computed by convert, or fixed by a loaded file
+  bool frozen = false;     // qparams came from a file: convert keeps them, whatever the observer saw
   // The tensor it observed last (storage id, version, offset): several consumers of one fp32
   // tensor feed its observer, which takes each tensor once.
   struct Last {

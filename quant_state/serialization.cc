@@ -287,7 +287,8 @@ struct FileRecord {
   uint64_t params_fingerprint = 0;
   bool has_scalar = false, scalar_first = false;
   double scalar = 0.0;
-  std::vector<std::string> weights;
+  std::vector<std::string> weights;  // "" for a computed tensor
+  std::vector<bool> weight_absent;   // an optional input left out (no bias)
   std::string qconfig;
   std::vector<FileInput> inputs;
   size_t num_outputs = 1;
@@ -314,6 +315,7 @@ struct FileSlot {
   std::string owner;
   std::optional<ObserverSpec> spec;  // roots
   QuantParamsPtr qparams;
+  bool frozen = false;  // qparams fixed by an earlier load: convert uses them, not the statistics
   std::optional<Observer::Stats> stats;
 };
 
@@ -326,6 +328,16 @@ struct Document {
 
 using RecordKey = std::tuple<int, int64_t, OpKind, ProducerTags>;
 RecordKey key_of(const FileRecord& r) { return {r.module, r.tag, r.kind, r.producers}; }
+
+// A record's check: a fingerprint of everything else it holds (its JSON text, keys sorted), so an
+// edit of any part a tag does not cover (a layer's weights, where inputs come from, the analysis)
+// shows on load.
+std::string record_check(const json& record) {
+  if (!record.contains("check")) return hex64(name_fingerprint(record.dump()));
+  json rest = record;
+  rest.erase("check");
+  return hex64(name_fingerprint(rest.dump()));
+}
 
 // ---- saving ---------------------------------------------------------------------------------
 
@@ -359,8 +371,8 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
     j["scalar"] = op.scalar;
     j["scalar_first"] = op.scalar_first;
   }
-  json weights = json::array();
-  for (const WeightInfo& w : op.weights) weights.push_back(w.fqn);
+  json weights = json::array();  // a parameter's or buffer's name, "" for a computed tensor, null if absent
+  for (const WeightInfo& w : op.weights) weights.push_back(w.tensor.defined() || w.missing ? json(w.fqn) : json(nullptr));
   j["weights"] = weights;
   j["qconfig"] = qconfig_string(op.qconfig);
   json inputs = json::array();
@@ -388,6 +400,7 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
   j["input_observers"] = op.input_observers;
   j["output_observer"] = op.output_observer;
   if (!op.unsupported.empty()) j["unsupported"] = op.unsupported;
+  j["check"] = record_check(j);
   return j;
 }
 
@@ -404,6 +417,7 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
            {"phase", phase_name(model.phase())},
            {"qconfig_mapping", model.mapping().to_string()},
            {"calls", model.call_count()}};
+  if (model.strict()) doc["strict"] = true;  // one op sequence per module (PrepareOptions::strict_control_flow)
   json modules = json::array();
   for (const AutoQuantizationState* s : model.states()) {
     json m{{"fqn", s->fqn()}, {"type", s->type_name()}, {"recorded", s->recorded()}};
@@ -433,6 +447,9 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
       QuantParamsPtr qp = slot.qparams;
       if (qp == nullptr && slot.observer->has_data()) qp = slot.observer->calculate_qparams();
       j["qparams"] = qparams_to_json(qp);
+      // Parameters fixed by a loaded file stay fixed (convert uses them, not the statistics);
+      // without statistics every file's parameters are.
+      if (options.include_observer_stats && slot.frozen) j["frozen"] = true;
       // An observer that saw nothing has no statistics to restore (its range would be written as
       // null, which no loader could read back): its slot keeps its fresh observer. The range is
       // for readers of the file; only files with statistics have it (loading restores it, so a
@@ -563,6 +580,10 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       mismatch(source, absl::StrCat("module ", i, " is \"", fqn, "\" in the file but \"", states[i]->fqn(), "\" in the model"));
     }
   }
+  std::set<std::string> tensor_names;  // the model's parameters and buffers
+  if (model.root() != nullptr) {
+    for (const auto& [name, t] : model.root()->state_dict()) tensor_names.insert(name);
+  }
   // Records first (their global indices must cover 0..n-1 once), then each module's notes.
   size_t total = 0;
   for (const json& m : modules) total += get_array(m.at("seen_ops"), "seen_ops").size();
@@ -579,6 +600,11 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
     const json& ops = mj.at("seen_ops");
     for (size_t k = 0; k < ops.size(); ++k) {
       const json& o = ops[k];
+      DBRQ_ENSURE(o.is_object(), FileFormatError, where, ": module \"", fm.fqn, "\" op ", k, " is not an object");
+      const std::string check = get_string(o.at("check"), "check");
+      DBRQ_ENSURE(check == record_check(o), FileFormatError, where, ": module \"", fm.fqn, "\" op ", k,
+                  " fails its check (", check, ", its content gives ", record_check(o),
+                  "): the record was edited or is corrupt");
       const int g = get_integer<int>(o.at("global"), "global");
       DBRQ_ENSURE(g >= 0 && static_cast<size_t>(g) < total && !seen[static_cast<size_t>(g)], FileFormatError, where,
                   ": module \"", fm.fqn, "\" op ", k, " has global index ", g, ", not a free one in [0, ", total, ")");
@@ -619,7 +645,10 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
         r.scalar = get_double(o.at("scalar"), "scalar");
         r.scalar_first = get_bool(o.at("scalar_first"), "scalar_first");
       }
-      for (const json& w : get_array(o.at("weights"), "weights")) r.weights.push_back(get_string(w, "weight"));
+      for (const json& w : get_array(o.at("weights"), "weights")) {
+        r.weight_absent.push_back(w.is_null());
+        r.weights.push_back(w.is_null() ? std::string() : get_string(w, "weight"));
+      }
       r.qconfig = get_string(o.at("qconfig"), "qconfig");
       for (const json& in : get_array(o.at("inputs"), "inputs")) {
         FileInput fi;
@@ -687,12 +716,10 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
                                       qconfig_string(q)));
       }
       for (const std::string& w : r.weights) {
-        if (w.empty()) continue;  // computed: taken from the model's record (see rebuild)
-        bool found = false;
-        if (model.root() != nullptr) {
-          for (const auto& [name, t] : model.root()->state_dict()) found = found || name == w;
+        if (w.empty()) continue;  // computed or absent (see rebuild)
+        if (tensor_names.count(w) == 0) {
+          mismatch(source, absl::StrCat(op_where(fm, r), ": the model has no parameter or buffer \"", w, "\""));
         }
-        if (!found) mismatch(source, absl::StrCat(op_where(fm, r), ": the model has no parameter or buffer \"", w, "\""));
       }
     }
   }
@@ -739,6 +766,9 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       const ObserverSpec spec = spec_from_json(j.at("observer"));
       fs.spec = spec;
       fs.qparams = qparams_from_json(j.at("qparams"), spec, where, i, max_slot_values(spec));
+      if (j.contains("frozen")) fs.frozen = get_bool(j.at("frozen"), "frozen");
+      DBRQ_ENSURE(!fs.frozen || fs.qparams != nullptr, FileFormatError, where, ": observer ", i,
+                  " is frozen but has no parameters");
       if (j.contains("stats")) {
         Observer::Stats st = stats_from_json(j.at("stats"), where, i, max_slot_values(spec));
         // Validate by loading into a scratch observer: the model is only touched once everything
@@ -748,6 +778,33 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       }
     }
     d.slots.push_back(std::move(fs));
+  }
+  const int n_slots = static_cast<int>(d.slots.size());
+  for (size_t i = 0; i < d.slots.size(); ++i) {
+    const int root = d.slots[i].root;
+    DBRQ_ENSURE(root >= 0 && root < n_slots && d.slots[static_cast<size_t>(root)].root == root, FileFormatError,
+                where, ": observer ", i, " shares observer ", root, ", which is not an observer of its own");
+  }
+  for (const FileRecord& r : d.records) {
+    for (int o : r.input_observers) {
+      DBRQ_ENSURE(o >= -1 && o < n_slots, FileFormatError, where, ": ", op_where(d.modules[static_cast<size_t>(r.module)], r),
+                  " has input observer ", o, "; the file has ", n_slots);
+    }
+    DBRQ_ENSURE(r.output_observer >= -1 && r.output_observer < n_slots, FileFormatError, where, ": ",
+                op_where(d.modules[static_cast<size_t>(r.module)], r), " has output observer ", r.output_observer,
+                "; the file has ", n_slots);
+  }
+  // Two records with one identity could never both be found.
+  std::set<RecordKey> keys;
+  for (const FileRecord& r : d.records) {
+    DBRQ_ENSURE(keys.insert(key_of(r)).second, FileFormatError, where, ": ",
+                op_where(d.modules[static_cast<size_t>(r.module)], r), " has the identity of an earlier record");
+  }
+  // A model prepared with strict_control_flow keeps one sequence per module, which only a file
+  // saved in that mode has.
+  if (model.strict() != (doc.contains("strict") && get_bool(doc.at("strict"), "strict"))) {
+    mismatch(source, model.strict() ? "the model was prepared with strict_control_flow, the file was not"
+                                    : "the file was saved with strict_control_flow, the model was not prepared with it");
   }
   return d;
 }
@@ -837,10 +894,14 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
     for (size_t i = 0; i < r.weights.size(); ++i) {
       WeightInfo w;
       w.fqn = r.weights[i];
-      if (!w.fqn.empty()) {
+      if (r.weight_absent[i]) {
+        // no tensor
+      } else if (!w.fqn.empty()) {
         w.tensor = named.at(w.fqn);
-      } else if (lw != live_weights.end() && i < lw->second.size()) {
+      } else if (lw != live_weights.end() && i < lw->second.size() && lw->second[i].tensor.defined()) {
         w.tensor = lw->second[i].tensor;
+      } else {
+        w.missing = true;  // computed at run time: from the op's next call, else convert says so
       }
       op.weights.push_back(std::move(w));
     }
@@ -978,48 +1039,76 @@ struct StatsSource {
 };
 
 void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& sources) {
-  std::vector<std::map<std::pair<int, int>, int>> by_key(sources.size());
-  for (size_t k = 0; k < sources.size(); ++k) {
-    const std::vector<FileSlot>& slots = sources[k].doc->slots;
-    for (size_t i = 0; i < slots.size(); ++i) by_key[k][{slots[i].record, slots[i].input}] = slots[i].root;
-  }
-  std::map<int, std::vector<std::pair<size_t, int>>> from;  // model root -> (source, file root)
-  for (size_t i = 0; i < model.num_slots(); ++i) {
-    const ObserverSlot& e = model.slot_entry(static_cast<int>(i));
-    auto& v = from[model.find(static_cast<int>(i))];
+  // Model root -> (source, file root), found through each record's own observers: an fp32
+  // tensor's observer is keyed by whichever consumer came first, which may differ between sources
+  // (replicas prepared on examples that took different paths).
+  std::map<int, std::vector<std::pair<size_t, int>>> from;
+  auto add = [&](int model_slot, size_t k, int file_slot) {
+    if (model_slot < 0 || file_slot < 0) return;
+    const int root = sources[k].doc->slots[static_cast<size_t>(file_slot)].root;  // checked when parsed
+    std::vector<std::pair<size_t, int>>& v = from[model.find(model_slot)];
+    const std::pair<size_t, int> src{k, root};
+    if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(src);
+  };
+  for (size_t g = 0; g < model.records().size(); ++g) {
+    const SeenOpInfo& op = model.record(static_cast<int>(g));
     for (size_t k = 0; k < sources.size(); ++k) {
-      const int rec = sources[k].record_of[static_cast<size_t>(e.record)];
+      const int rec = sources[k].record_of[g];
       if (rec < 0) continue;
-      auto it = by_key[k].find({rec, e.input});
-      if (it == by_key[k].end()) continue;
-      const std::pair<size_t, int> src{k, it->second};
-      if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(src);
+      const FileRecord& fr = sources[k].doc->records[static_cast<size_t>(rec)];
+      for (size_t a = 0; a < op.input_observers.size() && a < fr.input_observers.size(); ++a) {
+        add(op.input_observers[a], k, fr.input_observers[a]);
+      }
+      add(op.output_observer, k, fr.output_observer);
     }
   }
   for (auto& [root, list] : from) {
     ObserverSlot& slot = model.slot(root);
-    bool first = true;
+    bool have_stats = false;
+    QuantParamsPtr frozen, params_only;
     for (auto [k, fr] : list) {
       const FileSlot& fs = sources[k].doc->slots[static_cast<size_t>(fr)];
       if (!fs.spec || !(*fs.spec == slot.observer->spec())) continue;
+      if (fs.frozen && frozen == nullptr) frozen = fs.qparams;
       if (fs.stats) {
-        if (first) {
+        if (!have_stats) {
           slot.observer->load_stats(*fs.stats);
         } else {
           auto other = make_observer(*fs.spec);
           other->load_stats(*fs.stats);
           slot.observer->merge(*other);
         }
-        slot.qparams = nullptr;  // recomputed from the statistics at convert
-      } else if (first) {
-        slot.qparams = fs.qparams;  // frozen parameters
+        have_stats = true;
+      } else if (params_only == nullptr) {
+        params_only = fs.qparams;
       }
-      first = false;
     }
+    // Frozen parameters stay frozen; a parameters-only file freezes its parameters; statistics
+    // are turned into parameters at convert.
+    slot.qparams = frozen != nullptr ? frozen : (have_stats ? nullptr : params_only);
+    slot.frozen = slot.qparams != nullptr;
   }
 }
 
 }  // namespace
+
+std::string reseal_quant_state(const std::string& text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    DBRQ_THROW(FileFormatError, "reseal_quant_state: not valid JSON: ", e.what());
+  }
+  DBRQ_ENSURE(doc.is_object() && doc.contains("modules") && doc["modules"].is_array(), FileFormatError,
+              "reseal_quant_state: not a quant-state document");
+  for (json& m : doc["modules"]) {
+    if (!m.is_object() || !m.contains("seen_ops") || !m["seen_ops"].is_array()) continue;
+    for (json& op : m["seen_ops"]) {
+      if (op.is_object()) op["check"] = record_check(op);
+    }
+  }
+  return doc.dump(1);
+}
 
 void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json_text,
                        const std::string& source) {
@@ -1036,13 +1125,24 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
 }
 
 void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_text,
-                       const std::string& source) {
+                       const std::string& source, ModelQuantState* replica) {
   SaveQuantStateOptions with_stats;
   with_stats.include_observer_stats = true;
   const Document own = checked_document(into, model_type, quant_state_to_json(into, model_type, with_stats), "(model)");
   // The replica's records need not include ours (it may have taken other paths): no coverage check.
   const json doc = parse_limited(into, replica_text, source);
   const Document rep = translate_errors(source, [&] { return parse_document(into, model_type, doc, source); });
+  // Computed weights (which no document holds) come from either model's records.
+  std::map<RecordKey, const SeenOpInfo*> live = live_records(into);
+  if (replica != nullptr) {
+    for (const auto& [key, op] : live_records(*replica)) live.emplace(key, op);
+  }
+  {
+    // This dbrq's analysis of the replica's records must be what its document says.
+    Scratch scratch = scratch_of(into);
+    rebuild(*scratch.model, rep, live);
+    check_analysis(*scratch.model, rep, source);
+  }
   // The union: ours in our order, then the replica's others in its order.
   Document merged;
   merged.modules = own.modules;
@@ -1115,7 +1215,11 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
       if (!found) fm.paths.push_back(std::move(q));
     }
   }
-  rebuild(into, merged, live_records(into));
+  {
+    Scratch scratch = scratch_of(into);  // anything the union makes analysis throw, before `into` changes
+    rebuild(*scratch.model, merged, live);
+  }
+  rebuild(into, merged, live);
   std::vector<int> own_of(merged.records.size(), -1), rep_of(merged.records.size(), -1);
   for (size_t g = 0; g < own.records.size(); ++g) own_of[g] = static_cast<int>(g);
   for (size_t g = 0; g < rep.records.size(); ++g) rep_of[static_cast<size_t>(rep_to_merged[g])] = static_cast<int>(g);

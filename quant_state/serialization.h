@@ -14,7 +14,8 @@
 // fp32 source; what the analysis made of it: role, fusion, observers), the ops left in fp32, and
 // the paths the module's calls took (which records, how many calls). Then every observer slot:
 // the record and input it belongs to, its root (sharing), spec, scale and zero point, and
-// optionally the raw statistics so calibration can resume.
+// optionally the raw statistics so calibration can resume. Each record carries a check of its
+// content (see reseal_quant_state).
 //
 // Loading rebuilds the program from the file (so paths the example run did not take are there),
 // after checking it completely: against the model's modules, layers, weights and qconfigs, that it
@@ -39,9 +40,16 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
                            const std::string& source = "<string>");
 
 // Merges another replica's document (with statistics) into a calibrating model: records of paths
-// only the replica took are added, observers of the same tensors merged (merge_calibration).
+// only the replica took are added, observers of the same tensors merged (merge_calibration). The
+// document is checked like a file (except that it need not cover `into`'s paths); `replica`, when
+// given, supplies weights computed at run time, which no document holds.
 void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_json,
-                       const std::string& source);
+                       const std::string& source, ModelQuantState* replica = nullptr);
+
+// Each record carries a check of its content (an edited or corrupt record is refused on load).
+// For tools and tests that edit a document deliberately: the same document with every record's
+// check recomputed. Throws FileFormatError for text that is not a quant-state document.
+std::string reseal_quant_state(const std::string& json);
 
 // Checks a document against a model's state without changing anything (same errors as loading).
 void check_quant_state(ModelQuantState& model, const std::string& model_type, const std::string& json,

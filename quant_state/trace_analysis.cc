@@ -398,11 +398,13 @@ class Analyzer {
             n.observer->load_stats(src->stats());
           }
           n.qparams = os.qparams;
+          n.frozen = os.frozen;
           n.last = os.last;
           first = false;
         } else if (src->has_data()) {
           n.observer->merge(*src);
           n.qparams = nullptr;  // several frozen parameter sets cannot be one
+          n.frozen = false;
         }
       }
     }

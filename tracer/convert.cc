@@ -139,6 +139,14 @@ class Converter {
     if (op.role == QuantRole::kNone) {
       return std::make_unique<Fp32Exec>(op.unsupported.empty() ? "not quantized" : op.unsupported);
     }
+    for (size_t i = 0; i < op.weights.size(); ++i) {
+      // A weight computed at run time (not a parameter or buffer) of a record loaded from a
+      // quant-state file: the file cannot hold it, and the model has not run the op since.
+      DBRQ_ENSURE(!op.weights[i].missing, NotCalibratedError, "convert: ", op_name(op.kind), " (", op.fqn,
+                  ") in module \"", s.fqn(), "\", op ", op.index, " takes a weight computed at run time (input ",
+                  op.inputs.size() + i + 1, ", not a parameter or buffer), which a quant-state file cannot hold, and the model has not "
+                  "run it since loading. Run the prepared model once on an input that takes this path before convert");
+    }
     const OpDef& def = op_def(op.kind);
     if (op.fusion.fused() && op.fusion.position > 0) {
       SeenOpInfo& base = s.seen_ops()[op.fusion.base];
@@ -279,7 +287,10 @@ ConvertedProgram convert_model(ModelQuantState& model) {
     for (AutoQuantizationState* s : model.states()) {
       for (SeenOpInfo& op : s->seen_ops()) op.executor.reset();
     }
-    for (size_t i = 0; i < model.num_slots(); ++i) model.slot(static_cast<int>(i)).qparams.reset();
+    for (size_t i = 0; i < model.num_slots(); ++i) {
+      ObserverSlot& slot = model.slot(static_cast<int>(i));
+      if (!slot.frozen) slot.qparams.reset();  // a loaded file's parameters stay
+    }
     throw;
   }
 }

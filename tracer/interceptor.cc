@@ -380,7 +380,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   const OpDef& def = op_def(call.kind);
   out.set_trace_id(op_tag(call, top->leaf, def, def.activation_inputs(call.inputs.size()), true));
   out.set_trace_origin(0);
-  if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, nullptr, call.kind, out);
+  if (const Probes* p = probe_of_this_thread()) p->op(s, nullptr, call.kind, top->leaf != nullptr ? top->leaf->fqn() : s.fqn(), out);
   return out;
 }
 
@@ -427,9 +427,17 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
     }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
     out = located(call.kind, where, [&] { return exec->run(call); });
-    if (__builtin_expect(probe_ != nullptr, 0)) probe_(s, &op, call.kind, out);
+    if (const Probes* p = probe_of_this_thread()) p->op(s, &op, call.kind, op.fqn, out);
   } else {
     note_inputs(call, owner, op);
+    // A record loaded from a quant-state file gets the weights a file cannot hold (computed at
+    // run time) from its first call.
+    for (size_t k = 0; k < op.weights.size() && n_act + k < call.inputs.size(); ++k) {
+      if (op.weights[k].missing) {
+        op.weights[k].tensor = *call.inputs[n_act + k];
+        op.weights[k].missing = false;
+      }
+    }
     const bool observe = phase == Phase::kCalibrating && model_->observers_enabled();
     auto observe_inputs = [&] {
       for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
@@ -496,6 +504,9 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k]->defined()) inputs[k]->set_trace_id(module_input_tag(k));
     }
+    if (phase == Phase::kConverted) {
+      if (const Probes* p = probe_of_this_thread()) p->module(*s, false, f.path, {});
+    }
   } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
     f.leaf = l;
   }
@@ -534,8 +545,8 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     if (f.state != nullptr) {
       if (f.recording) f.state->set_recorded();
       f.state->note_path(f.path, nullptr);
-      if (__builtin_expect(module_probe_ != nullptr, 0) && phase == Phase::kConverted) {
-        module_probe_(*f.state, f.path, outputs);
+      if (phase == Phase::kConverted) {
+        if (const Probes* p = probe_of_this_thread()) p->module(*f.state, true, f.path, outputs);
       }
     }
     // A non-leaf module's outputs escape it: no fusion may hide them. For the caller they are

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <thread>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -92,19 +93,41 @@ class QuantInterceptor : public Interceptor {
   // Ops converted calls ran in fp32 because their path was never calibrated.
   int64_t uncalibrated_ops() const { return uncalibrated_.load(std::memory_order_relaxed); }
 
-  // Numeric comparison (compare_numerics) after convert; not for concurrent calls. The op probe
-  // sees every seen op's result in the order the calls run, `op` null for an op of a path never
-  // calibrated (run in fp32); the module probe sees each call of a module with state: the path it
-  // took (records bit mask, as PathInfo::mask) and its outputs.
-  using Probe = std::function<void(const AutoQuantizationState&, const SeenOpInfo* op, OpKind, const Tensor&)>;
-  using ModuleProbe = std::function<void(const AutoQuantizationState&, const std::array<uint64_t, 4>& path,
-                                         absl::Span<Tensor* const> outputs)>;
-  void set_probe(Probe probe, ModuleProbe module_probe = nullptr) {
-    probe_ = std::move(probe);
-    module_probe_ = std::move(module_probe);
+  // Numeric comparison (compare_numerics) after convert: probes of the calls one thread makes
+  // (other threads' calls of the model are not probed). `op` sees every quantizeable op's result
+  // in the order the calls run (the record, or null for an op of a path never calibrated, run in
+  // fp32; the layer's or module's fqn); `module` sees each call of a module with state when it
+  // starts (exit false) and when it returns (exit true: the path it took, as PathInfo::mask, and
+  // its outputs).
+  struct Probes {
+    std::function<void(const AutoQuantizationState&, const SeenOpInfo* op, OpKind, const std::string& fqn,
+                       const Tensor& out)>
+        op;
+    std::function<void(const AutoQuantizationState&, bool exit, const std::array<uint64_t, 4>& path,
+                       absl::Span<Tensor* const> outputs)>
+        module;
+  };
+  // Probes for the calling thread's calls; `probes` must outlive them. False when another thread's
+  // probes are set (one comparison at a time per model).
+  bool set_probes(const Probes* probes) {
+    const Probes* none = nullptr;
+    if (!probes_.compare_exchange_strong(none, probes, std::memory_order_acq_rel)) return false;
+    probe_thread_.store(std::this_thread::get_id(), std::memory_order_release);
+    return true;
+  }
+  void clear_probes() {
+    probes_.store(nullptr, std::memory_order_release);
+    probe_thread_.store(std::thread::id(), std::memory_order_release);
   }
 
  private:
+  // The probes, when this thread set them (one load when there are none). Another thread's are
+  // never dereferenced, so clearing them cannot race with a probed call.
+  const Probes* probe_of_this_thread() const {
+    if (__builtin_expect(probes_.load(std::memory_order_relaxed) == nullptr, 1)) return nullptr;
+    if (probe_thread_.load(std::memory_order_acquire) != std::this_thread::get_id()) return nullptr;
+    return probes_.load(std::memory_order_acquire);
+  }
   // The record of a seen op in `owner`'s module (creating it while tracing or calibrating), or
   // -1 after convert for an op on a path never calibrated.
   int find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers);
@@ -132,8 +155,8 @@ class QuantInterceptor : public Interceptor {
   std::atomic<int64_t> uncalibrated_{0};
   std::mutex warned_mu_;
   std::set<std::pair<const void*, int>> warned_;  // (module state, op kind) said once
-  Probe probe_;
-  ModuleProbe module_probe_;
+  std::atomic<const Probes*> probes_{nullptr};
+  std::atomic<std::thread::id> probe_thread_{};
 };
 
 // Tags are portable: built from op names, fqns and parameter fingerprints (never addresses), so

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <array>
 #include <map>
 #include <set>
 #include <sstream>
@@ -51,15 +52,26 @@ struct Accum {
 
 using Key = std::pair<std::string, int>;  // module fqn, record index
 
-// The fp32 model's quantizeable ops and module outputs, per module fqn in the order they ran (the
-// ops the converted model runs as seen ops: a module with state calls them with a qconfig).
+// One call of a module with state, as one model ran it: its quantizeable ops (kind, layer or
+// module fqn, output) in order, and its outputs.
+struct ProbedCall {
+  struct Op {
+    OpKind kind;
+    std::string fqn;
+    Tensor out;
+    const SeenOpInfo* record = nullptr;  // int8 side: null for an op of a path never calibrated
+  };
+  std::vector<Op> ops;
+  std::vector<Tensor> outputs;
+  std::array<uint64_t, 4> path{};  // int8 side
+};
+// Per module fqn, its calls in the order they returned.
+using ProbedCalls = std::map<std::string, std::vector<ProbedCall>>;
+
+// The fp32 model's calls (the ops the converted model runs as seen ops: a module with state calls
+// them with a qconfig).
 class FloatProbe : public Interceptor {
  public:
-  struct Event {
-    OpKind kind;
-    Tensor out;
-  };
-
   FloatProbe(nn::Module& float_model, nn::Module& quantized_model) : q_(quantized_model) {
     for (auto& [fqn, m] : float_model.named_modules()) fqn_of_[m] = fqn;
   }
@@ -67,8 +79,8 @@ class FloatProbe : public Interceptor {
   Tensor on_op(const OpCall& call) override {
     Tensor out = call.run(call);
     // The owner is the nearest non-leaf frame; the op's layer, if any, is the top frame.
-    const Frame* owner = nullptr;
-    const Frame* top = stack_.empty() ? nullptr : &stack_.back();
+    Frame* owner = nullptr;
+    Frame* top = stack_.empty() ? nullptr : &stack_.back();
     for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
       if (!it->leaf) {
         owner = &*it;
@@ -79,7 +91,7 @@ class FloatProbe : public Interceptor {
     const LeafQuantInfo* leaf = (top != nullptr && top->leaf) ? top->leaf_info : nullptr;
     if (top != nullptr && top->leaf && leaf == nullptr) return out;
     if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return out;
-    ops[owner->state->fqn()].push_back({call.kind, out});
+    owner->call.ops.push_back({call.kind, leaf != nullptr ? top->fqn : owner->state->fqn(), out});
     return out;
   }
 
@@ -88,34 +100,35 @@ class FloatProbe : public Interceptor {
     f.leaf = m.is_leaf();
     auto it = fqn_of_.find(&m);
     if (it != fqn_of_.end()) {
+      f.fqn = it->second;
       nn::Module* qm = q_.find_module(it->second);
       if (qm != nullptr) {
         f.state = quant_state_of(*qm);
         f.leaf_info = dynamic_cast<const LeafQuantInfo*>(qm->extension());
       }
     }
-    stack_.push_back(f);
+    stack_.push_back(std::move(f));
   }
   void on_module_exit(nn::Module&, absl::Span<Tensor* const> outs) override {
-    const Frame f = stack_.back();
+    Frame f = std::move(stack_.back());
     stack_.pop_back();
     if (f.leaf || f.state == nullptr) return;
-    std::vector<Tensor> v;
-    for (Tensor* t : outs) v.push_back(*t);
-    module_outputs[f.state->fqn()].push_back(std::move(v));
+    for (Tensor* t : outs) f.call.outputs.push_back(*t);
+    calls[f.state->fqn()].push_back(std::move(f.call));
   }
   void on_module_unwind(nn::Module&) noexcept override {
     if (!stack_.empty()) stack_.pop_back();
   }
 
-  std::map<std::string, std::vector<Event>> ops;
-  std::map<std::string, std::vector<std::vector<Tensor>>> module_outputs;
+  ProbedCalls calls;
 
  private:
   struct Frame {
     bool leaf = false;
+    std::string fqn;
     const AutoQuantizationState* state = nullptr;
     const LeafQuantInfo* leaf_info = nullptr;
+    ProbedCall call;
   };
   nn::Module& q_;
   std::unordered_map<const nn::Module*, std::string> fqn_of_;
@@ -183,49 +196,79 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
       InterceptorScope scope(&probe);
       ref = float_model.forward_tensors(in);
     }
-    std::map<std::string, size_t> next_op, next_call;
-    std::set<std::string> diverged;
-    auto on_op = [&](const AutoQuantizationState& s, const SeenOpInfo* op, OpKind kind, const Tensor& out) {
-      const std::string& fqn = s.fqn();
-      const size_t k = next_op[fqn]++;
-      if (diverged.count(fqn) != 0) return;
-      const std::vector<FloatProbe::Event>& events = probe.ops[fqn];
-      if (k >= events.size() || events[k].kind != kind) {
-        diverged.insert(fqn);  // another branch than the fp32 model's: the ops no longer pair up
-        ++r.diverged_calls;
+    // The int8 model's calls of this thread, collected like the fp32 ones.
+    ProbedCalls qcalls;
+    std::vector<std::pair<const AutoQuantizationState*, ProbedCall>> open;
+    tracer::QuantInterceptor::Probes probes;
+    probes.op = [&](const AutoQuantizationState& s, const SeenOpInfo* op, OpKind kind, const std::string& fqn,
+                    const Tensor& out) {
+      if (op == nullptr) ++r.uncalibrated_ops;
+      for (auto it = open.rbegin(); it != open.rend(); ++it) {
+        if (it->first == &s) {
+          it->second.ops.push_back({kind, fqn, out, op});
+          return;
+        }
+      }
+    };
+    probes.module = [&](const AutoQuantizationState& s, bool exit, const std::array<uint64_t, 4>& path,
+                        absl::Span<Tensor* const> outs) {
+      if (!exit) {
+        open.emplace_back(&s, ProbedCall{});
         return;
       }
-      if (op == nullptr) {
-        ++r.uncalibrated_ops;
-        return;
-      }
-      if (!reports_output(*op)) return;
-      const Key key{fqn, op->index};
-      acc[key].add(events[k].out, out);
-      ++runs[key];
-      info[key] = op;
+      if (open.empty() || open.back().first != &s) return;  // cannot happen: calls nest
+      ProbedCall c = std::move(open.back().second);
+      open.pop_back();
+      c.path = path;
+      for (Tensor* t : outs) c.outputs.push_back(*t);
+      qcalls[s.fqn()].push_back(std::move(c));
     };
-    auto on_module = [&](const AutoQuantizationState& s, const std::array<uint64_t, 4>& path,
-                         absl::Span<Tensor* const> outs) {
-      const std::string& fqn = s.fqn();
-      const size_t j = next_call[fqn]++;
-      const auto& calls = probe.module_outputs[fqn];
-      if (j >= calls.size()) return;
-      const PathKey key{fqn, path};
-      ++path_calls[key];
-      Accum& a = path_acc[key];
-      for (size_t i = 0; i < outs.size() && i < calls[j].size(); ++i) a.add(calls[j][i], *outs[i]);
-    };
-    interceptor->set_probe(on_op, on_module);
+    DBRQ_ENSURE(interceptor->set_probes(&probes), UsageError,
+                "compare_numerics: another compare_numerics is running on this model");
     std::vector<Tensor> q;
     try {
       q = quantized_model.forward_tensors(in);
     } catch (...) {
-      interceptor->set_probe(nullptr);
+      interceptor->clear_probes();
       throw;
     }
-    interceptor->set_probe(nullptr);
+    interceptor->clear_probes();
     for (size_t i = 0; i < ref.size() && i < q.size(); ++i) output.add(ref[i], q[i]);
+
+    // Pair the calls: the j-th call of a module in one model with its j-th in the other; within a
+    // call, op k with op k when both calls ran the same ops (kind and layer), else the int8 model
+    // took another branch there.
+    for (auto& [fqn, qs] : qcalls) {
+      std::vector<ProbedCall>& fs = probe.calls[fqn];
+      if (fs.size() != qs.size()) {
+        r.diverged_calls += static_cast<int64_t>(qs.size());  // another number of calls: none pairs up
+        continue;
+      }
+      for (size_t j = 0; j < qs.size(); ++j) {
+        const ProbedCall& qc = qs[j];
+        const ProbedCall& fc = fs[j];
+        const PathKey pk{fqn, qc.path};
+        ++path_calls[pk];
+        Accum& pa = path_acc[pk];
+        for (size_t i = 0; i < qc.outputs.size() && i < fc.outputs.size(); ++i) pa.add(fc.outputs[i], qc.outputs[i]);
+        bool same = qc.ops.size() == fc.ops.size();
+        for (size_t k = 0; same && k < qc.ops.size(); ++k) {
+          same = qc.ops[k].kind == fc.ops[k].kind && qc.ops[k].fqn == fc.ops[k].fqn;
+        }
+        if (!same) {
+          ++r.diverged_calls;
+          continue;
+        }
+        for (size_t k = 0; k < qc.ops.size(); ++k) {
+          const SeenOpInfo* op = qc.ops[k].record;
+          if (op == nullptr || !reports_output(*op)) continue;
+          const Key key{fqn, op->index};
+          acc[key].add(fc.ops[k].out, qc.ops[k].out);
+          ++runs[key];
+          info[key] = op;
+        }
+      }
+    }
   }
 
   r.batches = static_cast<int>(inputs.size());

@@ -9,14 +9,17 @@
 //   dbrq::write_text_file("report.html", r.to_html("ResNet-18"));
 //
 // Each quantized op (or fused chain) of the converted model is matched with the same op of the
-// fp32 model: the k-th quantizeable op a module ran in the int8 model's call with the k-th one it
-// ran in the fp32 model's call (same kind, else the two models took different branches there:
-// that module's ops are not compared for that input, and the call is counted in
-// `diverged_calls`). Its output is compared with the fp32 output: SQNR in dB
-// (10 log10(sum ref^2 / sum (ref - q)^2)), max absolute error, and the quantization parameters
-// used. An op run in a loop accumulates over its iterations. For each module with more than one
-// path, each path the compared calls took is reported with its calls and the SQNR of the
+// fp32 model: the j-th call of a module in the int8 model with its j-th call in the fp32 model,
+// and within the two calls op k with op k, when both ran the same quantizeable ops (kind and
+// layer). Where they did not (the int8 model took another branch, e.g. on a value near a
+// threshold, or called the module another number of times), that call's ops are not compared and
+// the call is counted in `diverged_calls`. Each op's output is compared with the fp32 output: SQNR
+// in dB (10 log10(sum ref^2 / sum (ref - q)^2)), max absolute error, and the quantization
+// parameters used; an op run in a loop accumulates over its iterations. For each module with more
+// than one path, each path the compared calls took is reported with its calls and the SQNR of the
 // module's outputs on those calls. The fp32 model must be the same architecture, unprepared.
+// Only the comparing thread's calls are probed: the converted model may keep serving other
+// threads meanwhile (one comparison at a time per model).
 #pragma once
 
 #include <string>
@@ -55,7 +58,7 @@ struct NumericReport {
   double output_sqnr_db = 0.0;      // the model's outputs
   double output_max_abs_error = 0.0;
   int batches = 0;
-  int64_t diverged_calls = 0;       // module calls where the int8 model took another branch
+  int64_t diverged_calls = 0;       // module calls whose ops did not pair up with the fp32 model's
   int64_t uncalibrated_ops = 0;     // op runs on paths never calibrated (fp32)
 
   std::string to_table() const;

@@ -165,7 +165,7 @@ void merge_calibration(nn::Module& model, const nn::Module& replica) {
   SaveQuantStateOptions with_stats;
   with_stats.include_observer_stats = true;
   const std::string replica_doc = quant_state_to_json(from, replica.type_name(), with_stats);
-  merge_quant_state(into, model.type_name(), replica_doc, "(replica " + replica.type_name() + ")");
+  merge_quant_state(into, model.type_name(), replica_doc, "(replica " + replica.type_name() + ")", &from);
 }
 
 void save_quant_state(const nn::Module& model, const std::string& path, const SaveQuantStateOptions& options) {

@@ -6,6 +6,7 @@
 // FileFormatError, never a crash, and a failed load leaves the model as it was.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -259,12 +260,25 @@ TEST_F(StateFile, AnotherModelIsAMismatch) {
   }
 }
 
-TEST_F(StateFile, EditedRecordsAreCaughtByTheirTag) {
-  // A record's tag is a function of its kind, layer, parameters, scalar and weights: editing one
-  // of them without the tag is a corrupt file, named by module and op. (A model whose code
-  // changed is a StateMismatchError; see control_flow_test's deployment tests.)
+TEST_F(StateFile, EditedRecordsAreCaughtByTheirCheck) {
+  // Each record carries a check of its content: any edit (here a layer's weights: conv1 told to
+  // use conv2's, and to drop its bias) is a corrupt file, named by module and op.
   const std::string text = read_text(saved("cnn.qstate.json"));
-  const std::string changed = edited(text, "\"kind\": \"relu\"", "\"kind\": \"hardswish\"");
+  expect_load_error<FileFormatError>(edited(text, "\"conv1.weight\"", "\"conv2.weight\""),
+                                     {"module \"\" op 0 fails its check", "the record was edited or is corrupt"});
+  nlohmann::json no_bias = nlohmann::json::parse(text);
+  no_bias["modules"][0]["seen_ops"][0]["weights"] = {"conv1.weight"};
+  expect_load_error<FileFormatError>(no_bias.dump(1), {"module \"\" op 0 fails its check"});
+  // An origin moved to another op.
+  expect_load_error<FileFormatError>(edited(text, "\"op\": 0", "\"op\": 1"), {"fails its check"});
+}
+
+TEST_F(StateFile, ResealedEditsAreCaughtByTheTag) {
+  // A deliberate edit with the checks recomputed (reseal_quant_state) still cannot change what a
+  // record is: its tag is a function of its kind, layer, parameters, scalar and weights. (A model
+  // whose code changed is a StateMismatchError; see control_flow_state_test.)
+  const std::string text = read_text(saved("cnn.qstate.json"));
+  const std::string changed = reseal_quant_state(edited(text, "\"kind\": \"relu\"", "\"kind\": \"hardswish\""));
   expect_load_error<FileFormatError>(changed, {"module \"\" op 2 (hardswish relu1) has tag",
                                                "the record was edited or is corrupt"});
   // conv1's first stride value: 1 -> 2.
@@ -272,7 +286,15 @@ TEST_F(StateFile, EditedRecordsAreCaughtByTheirTag) {
   const size_t stride = strided.find('1', strided.find("\"stride\""));
   ASSERT_NE(stride, std::string::npos);
   strided[stride] = '2';
-  expect_load_error<FileFormatError>(strided, {"module \"\" op 0 (conv2d conv1) has tag", "edited or is corrupt"});
+  expect_load_error<FileFormatError>(reseal_quant_state(strided),
+                                     {"module \"\" op 0 (conv2d conv1) has tag", "edited or is corrupt"});
+  // The unedited document resealed loads.
+  auto b = prepared_fresh();
+  const std::string path = temp_file("resealed.qstate.json");
+  write_text(path, reseal_quant_state(text));
+  load_quant_state(*b, path);
+  EXPECT_THROW_MSG(reseal_quant_state("{]"), FileFormatError, "reseal_quant_state: not valid JSON");
+  EXPECT_THROW_MSG(reseal_quant_state("[1]"), FileFormatError, "reseal_quant_state: not a quant-state document");
 }
 
 TEST_F(StateFile, AnotherQConfigIsAMismatch) {

@@ -273,18 +273,25 @@ TEST(ControlFlowState, MergingReplicasThatSawDifferentPathsUnitesThem) {
 
 // Replicas whose first calls took every path (a call that records a path does not observe it,
 // and may move observers) and then calibrated on their own shards: merged min/max observers are
-// those of one process that calibrated on both shards, so the int8 models are bit-identical.
+// those of one process that calibrated on both shards, so the int8 models are bit-identical, even
+// when the replicas found the paths in different orders.
 TEST(ControlFlowState, MergedReplicasMatchOneProcess) {
   const auto check = [](const auto& sc) {
     using M = typename decltype(sc.make())::element_type;
     std::vector<Tensor> shard1, shard2;
     for (size_t i = 0; i < sc.all.size(); ++i) (i % 2 == 0 ? shard1 : shard2).push_back(sc.all[i] * 1.5);
     std::shared_ptr<M> whole = sc.make(), r1 = sc.make(), r2 = sc.make();
-    for (const std::shared_ptr<M>& m : {whole, r1, r2}) {
+    for (const std::shared_ptr<M>& m : {whole, r1}) {
       prepare(*m, {sc.all[0]}, min_max_mapping());
       for (int k = 0; k < 2; ++k) {
         for (const Tensor& x : sc.all) (*m)(x);
       }
+    }
+    // The second replica is prepared on another example and tours the paths in reverse: its
+    // records come in another order, and an fp32 tensor's observer belongs to another consumer.
+    prepare(*r2, {sc.one}, min_max_mapping());
+    for (int k = 0; k < 2; ++k) {
+      for (auto it = sc.all.rbegin(); it != sc.all.rend(); ++it) (*r2)(*it);
     }
     for (const Tensor& x : shard1) (*whole)(x), (*r1)(x);
     for (const Tensor& x : shard2) (*whole)(x), (*r2)(x);
@@ -294,6 +301,7 @@ TEST(ControlFlowState, MergedReplicasMatchOneProcess) {
     expect_bit_identical(*whole, *r1, sc.all);
     EXPECT_EQ(uncalibrated_ops(*r1), 0);
   };
+  check(if_else());
   check(switch3());
   check(loops());
   check(rnn());
@@ -306,6 +314,132 @@ TEST(ControlFlowState, MergingAReplicaOfAnotherModelIsAMismatch) {
   prepare(*a, {sc.all[0]});
   prepare(other, {sc.all[0]});
   EXPECT_THROW_MSG(merge_calibration(*a, other), StateMismatchError, "Edited");
+}
+
+// A parameters-only file freezes the parameters: calibrating further does not change them, and
+// a file saved with statistics afterwards keeps them frozen (it converts like the model that saved
+// it, and saves to the same text).
+TEST(ControlFlowState, FrozenParametersStayFrozenThroughAFileWithStatistics) {
+  const Scenario<IfElse> sc = if_else();
+  auto a = sc.make();
+  prepare(*a, {sc.all[0]});
+  for (const Tensor& x : sc.all) (*a)(x);
+  const std::string params_only = temp_file("frozen_a.qstate.json");
+  save_quant_state(*a, params_only);
+  auto b = sc.make();
+  prepare(*b, {sc.all[0]});
+  load_quant_state(*b, params_only);
+  for (const Tensor& x : sc.all) (*b)(x * 3.0);  // wider data: would change the parameters
+  SaveQuantStateOptions stats;
+  stats.include_observer_stats = true;
+  const std::string with_stats = temp_file("frozen_b.qstate.json");
+  save_quant_state(*b, with_stats, stats);
+  EXPECT_NE(read_text(with_stats).find("\"frozen\": true"), std::string::npos);
+  auto c = sc.make();
+  prepare(*c, {sc.all[0]});
+  load_quant_state(*c, with_stats);
+  EXPECT_EQ(quant_state_to_json(model_quant_state(*c), c->type_name(), stats), read_text(with_stats));
+  convert(*a);
+  convert(*b);
+  convert(*c);
+  expect_bit_identical(*a, *b, sc.all);
+  expect_bit_identical(*a, *c, sc.all);
+}
+
+// A functional op whose weight is computed at run time (not a parameter or buffer), on a path the
+// deployment copy's example does not take: the file cannot hold the weight, so convert names the
+// op until the copy has run it once; then it converts like the calibrated model.
+struct ComputedBias : nn::CallableModule<ComputedBias> {
+  ComputedBias() { fc = register_module("fc", std::make_shared<Linear>(6, 4)); }
+  Tensor forward(const Tensor& x) {
+    if (mean(x).item<float>() > 0) return (*fc)(x);
+    return linear(x, fc->weight, fc->bias * 2.0);
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(ControlFlowState, ComputedWeightsOfPathsTheExampleDidNotTakeComeFromTheirFirstCall) {
+  std::vector<Tensor> xs;
+  for (int i = 0; i < 6; ++i) xs.push_back(signed_input({2, 6}, 90 + i, i % 2 ? 1.0 : -1.0));
+  manual_seed(41);
+  ComputedBias a;
+  prepare(a, {xs[1]});
+  for (const Tensor& x : xs) a(x);
+  const std::string path = temp_file("computed.qstate.json");
+  save_quant_state(a, path);
+  EXPECT_NE(read_text(path).find("\"weights\": [\n      \"fc.weight\",\n      \"\""), std::string::npos)
+      << "the computed bias is saved as \"\"";
+  manual_seed(41);
+  ComputedBias b;
+  prepare(b, {xs[1]});  // the layer's path only
+  load_quant_state(b, path);
+  EXPECT_THROW_MSG(convert(b), NotCalibratedError,
+                   "convert: linear () in module \"\", op 3 takes a weight computed at run time (input 3");
+  // The failed convert left the loaded (frozen) parameters in place.
+  disable_observers(b);
+  b(xs[0]);  // the functional path once: its bias is taken from the call
+  enable_observers(b);
+  convert(b);
+  convert(a);
+  expect_bit_identical(a, b, xs);
+}
+
+TEST(ControlFlowState, AModelPreparedStrictAndAFileThatIsNotAreAMismatch) {
+  const Scenario<IfElse> sc = if_else();
+  auto loose = sc.make(), strict = sc.make();
+  PrepareOptions strict_opts;
+  strict_opts.strict_control_flow = true;
+  prepare(*loose, {sc.all[0]});
+  prepare(*strict, {sc.all[0]}, default_qconfig_mapping("onednn"), BackendConfig::onednn(), strict_opts);
+  (*loose)(sc.all[0]);
+  (*strict)(sc.all[0]);
+  const std::string loose_file = temp_file("loose.qstate.json"), strict_file = temp_file("strict.qstate.json");
+  save_quant_state(*loose, loose_file);
+  save_quant_state(*strict, strict_file);
+  auto b = sc.make();
+  prepare(*b, {sc.all[0]}, default_qconfig_mapping("onednn"), BackendConfig::onednn(), strict_opts);
+  EXPECT_THROW_MSG(load_quant_state(*b, loose_file), StateMismatchError,
+                   "the model was prepared with strict_control_flow, the file was not");
+  load_quant_state(*b, strict_file);
+  auto c = sc.make();
+  prepare(*c, {sc.all[0]});
+  EXPECT_THROW_MSG(load_quant_state(*c, strict_file), StateMismatchError,
+                   "the file was saved with strict_control_flow, the model was not prepared with it");
+}
+
+// merge_quant_state takes a document's text: it is checked like a file before anything changes.
+TEST(ControlFlowState, AMalformedReplicaDocumentIsRefusedAndChangesNothing) {
+  const Scenario<IfElse> sc = if_else();
+  auto a = sc.make(), r = sc.make();
+  prepare(*a, {sc.all[0]});
+  prepare(*r, {sc.all[1]});
+  for (const Tensor& x : sc.all) (*a)(x), (*r)(x);
+  SaveQuantStateOptions stats;
+  stats.include_observer_stats = true;
+  const json good = json::parse(quant_state_to_json(model_quant_state(*r), r->type_name(), stats));
+  const std::string before = quant_state_to_json(model_quant_state(*a), a->type_name(), stats);
+  auto merge = [&](const json& doc) {
+    merge_quant_state(model_quant_state(*a), a->type_name(), reseal_quant_state(doc.dump(1)), "\"replica\"");
+  };
+  json bad_root = good;
+  bad_root["observers"][1]["root"] = 99;
+  EXPECT_THROW_MSG(merge(bad_root), FileFormatError, "observer 1 shares observer 99, which is not an observer of its own");
+  json twice = good;
+  twice["modules"][0]["seen_ops"][2]["tag"] = twice["modules"][0]["seen_ops"][1]["tag"];
+  twice["modules"][0]["seen_ops"][2]["producers"] = twice["modules"][0]["seen_ops"][1]["producers"];
+  twice["modules"][0]["seen_ops"][2]["kind"] = twice["modules"][0]["seen_ops"][1]["kind"];
+  EXPECT_THROW(merge(twice), FileFormatError);
+  json placement = good;
+  for (json& op : placement["modules"][0]["seen_ops"]) {
+    if (op["output_observer"] >= 0) {
+      op["output_observer"] = -1;
+      break;
+    }
+  }
+  EXPECT_THROW_MSG(merge(placement), StateMismatchError, "observer placement differs");
+  EXPECT_EQ(quant_state_to_json(model_quant_state(*a), a->type_name(), stats), before);
+  merge(good);
+  EXPECT_NE(quant_state_to_json(model_quant_state(*a), a->type_name(), stats), before);
 }
 
 // ---- compare_numerics per path ----------------------------------------------------------------
@@ -369,7 +503,8 @@ TEST(ControlFlowNumerics, LoopsReportEveryIteration) {
   }
   std::sort(cell_runs.begin(), cell_runs.end());
   EXPECT_EQ(cell_runs, (std::vector<int64_t>{1, 6})) << r.to_table();
-  // Two paths: T = 1 (the first iteration only, seen in calibration) and T > 1, whatever T is.
+  // The model has two paths, T = 1 (the first iteration only, seen in calibration) and T > 1
+  // (whatever T is); this call took the second.
   ASSERT_EQ(r.paths.size(), 1u) << r.to_table();
   EXPECT_GE(r.paths[0].path, 0);
   EXPECT_EQ(r.paths[0].calls, 1);
@@ -402,7 +537,7 @@ TEST(ControlFlowNumerics, APathNeverCalibratedIsReportedAsNew) {
 // A branch on an intermediate value whose int8 value falls on the other side of the threshold:
 // the two models' ops no longer pair up there, and the report says so instead of comparing them.
 struct Threshold : nn::CallableModule<Threshold> {
-  Threshold() {
+  explicit Threshold(bool relu_on_up = false) : relu_on_up(relu_on_up) {
     conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
     up = register_module("up", std::make_shared<Conv2d>(4, 4, 1));
     down = register_module("down", std::make_shared<Conv2d>(4, 4, 1));
@@ -410,38 +545,47 @@ struct Threshold : nn::CallableModule<Threshold> {
   Tensor forward(const Tensor& x) {
     Tensor y = (*conv)(x);
     last_mean = mean(y).item<float>();
+    if (relu_on_up) return last_mean > threshold ? relu((*up)(y)) : (*down)(y);
     return last_mean > threshold ? (*up)(y) : relu((*down)(y));
   }
+  bool relu_on_up;
   float threshold = 0.0f;
   float last_mean = 0.0f;
   std::shared_ptr<Conv2d> conv, up, down;
 };
 
 TEST(ControlFlowNumerics, CallsWhereInt8TookAnotherBranchAreCounted) {
-  manual_seed(21);
-  Threshold ref;
-  manual_seed(21);
-  Threshold q;
-  prepare(q, {randn({1, 3, 6, 6}, 1)});
-  for (uint64_t i = 0; i < 8; ++i) {
-    q.threshold = i % 2 == 0 ? -100.0f : 100.0f;  // both branches
-    q(randn({1, 3, 6, 6}, 10 + i));
+  // Whichever branch has the extra op: the two calls' ops do not pair up either way.
+  for (bool relu_on_up : {false, true}) {
+    SCOPED_TRACE(relu_on_up ? "relu on up" : "relu on down");
+    manual_seed(21);
+    Threshold ref(relu_on_up);
+    manual_seed(21);
+    Threshold q(relu_on_up);
+    prepare(q, {randn({1, 3, 6, 6}, 1)});
+    for (uint64_t i = 0; i < 8; ++i) {
+      q.threshold = i % 2 == 0 ? -100.0f : 100.0f;  // both branches
+      q(randn({1, 3, 6, 6}, 10 + i));
+    }
+    convert(q);
+    const Tensor x = randn({1, 3, 6, 6}, 99);
+    ref(x);
+    q(x);
+    const float fp32_mean = ref.last_mean, int8_mean = q.last_mean;
+    ASSERT_NE(fp32_mean, int8_mean);
+    ref.threshold = q.threshold = -100.0f;  // both take "up"
+    const NumericReport agree = compare_numerics(ref, q, {{x}});
+    EXPECT_EQ(agree.diverged_calls, 0);
+    EXPECT_GT(agree.output_sqnr_db, 25.0);
+    bool up_reported = false;
+    for (const OpNumerics& o : agree.ops) up_reported = up_reported || o.fqn == "up";
+    EXPECT_TRUE(up_reported) << agree.to_table();
+    ref.threshold = q.threshold = (fp32_mean + int8_mean) / 2;  // fp32 and int8 take different ones
+    const NumericReport split = compare_numerics(ref, q, {{x}});
+    EXPECT_EQ(split.diverged_calls, 1) << split.to_table();
+    EXPECT_TRUE(split.ops.empty()) << split.to_table();  // the call's ops are not compared
+    EXPECT_NE(split.to_table().find("1 module call(s) took another branch than the fp32 model"), std::string::npos);
   }
-  convert(q);
-  const Tensor x = randn({1, 3, 6, 6}, 99);
-  ref(x);
-  q(x);
-  const float fp32_mean = ref.last_mean, int8_mean = q.last_mean;
-  ASSERT_NE(fp32_mean, int8_mean);
-  ref.threshold = q.threshold = -100.0f;  // both take "up"
-  const NumericReport agree = compare_numerics(ref, q, {{x}});
-  EXPECT_EQ(agree.diverged_calls, 0);
-  EXPECT_GT(agree.output_sqnr_db, 25.0);
-  ref.threshold = q.threshold = (fp32_mean + int8_mean) / 2;  // fp32 and int8 take different ones
-  const NumericReport split = compare_numerics(ref, q, {{x}});
-  EXPECT_EQ(split.diverged_calls, 1) << split.to_table();
-  for (const OpNumerics& o : split.ops) EXPECT_TRUE(o.fqn == "conv" || o.fqn.empty()) << o.fqn << "\n" << split.to_table();
-  EXPECT_NE(split.to_table().find("1 module call(s) took another branch than the fp32 model"), std::string::npos);
 }
 
 }  // namespace

@@ -343,5 +343,38 @@ TEST(ControlFlow, ThreadsOnDifferentPathsMatchOneThread) {
   EXPECT_EQ(uncalibrated_ops(m), 0);
 }
 
+// compare_numerics probes only its own thread's calls: other threads serving the model meanwhile
+// change nothing in the report, and race with nothing (TSan).
+TEST(ControlFlow, CompareNumericsWhileOtherThreadsServeTheModel) {
+  manual_seed(10);
+  IfElse ref;
+  manual_seed(10);
+  IfElse q;
+  std::vector<Tensor> xs;
+  for (int i = 0; i < 6; ++i) xs.push_back(signed_input({1, 3, 6, 6}, 60 + i, i % 2 ? 1.0 : -1.0));
+  prepare(q, {xs[0]});
+  for (const Tensor& x : xs) q(x);
+  convert(q);
+  std::vector<std::vector<Tensor>> inputs;
+  for (const Tensor& x : xs) inputs.push_back({x});
+  const NumericReport alone = compare_numerics(ref, q, inputs);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> servers;
+  for (int t = 0; t < 2; ++t) {
+    servers.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); !stop.load(); ++i) q(xs[i % xs.size()]);
+    });
+  }
+  const NumericReport busy = compare_numerics(ref, q, inputs);
+  stop = true;
+  for (std::thread& th : servers) th.join();
+  EXPECT_EQ(busy.to_csv(), alone.to_csv());
+  ASSERT_EQ(busy.paths.size(), 2u);
+  ASSERT_EQ(alone.paths.size(), 2u);
+  for (size_t i = 0; i < busy.paths.size(); ++i) EXPECT_EQ(busy.paths[i].calls, alone.paths[i].calls);
+  EXPECT_EQ(busy.output_sqnr_db, alone.output_sqnr_db);
+  EXPECT_EQ(busy.diverged_calls, 0);
+}
+
 }  // namespace
 }  // namespace dbrq
