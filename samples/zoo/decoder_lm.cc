@@ -24,6 +24,21 @@ Tensor CausalSelfAttention::split_heads(const Tensor& x) const {
 
 AttentionOutput CausalSelfAttention::forward(const Tensor& x, const LayerKV& past) {
   const int64_t batch = x.size(0), seq = x.size(1);
+  const double scale = std::sqrt(static_cast<double>(head_dim_));
+  if (seq == 1 && past.key.defined()) {
+    // One token after a cached past, the step generate() repeats: the query sees every key, so
+    // there is nothing to narrow, and one position needs no permute ([N, 1, heads, head_dim] and
+    // [N, heads, 1, head_dim] are the same memory). Same values as the general path below, with 7
+    // ops fewer per call. (Only with a past: a one-token prompt takes the prompt path, so it runs
+    // the ops calibration saw on every other prompt.)
+    const auto heads = [&](const Tensor& t) { return t.reshape({batch, num_heads_, 1, head_dim_}); };
+    const Tensor q = heads((*q_proj)(x));
+    const Tensor k = dbrq::cat({past.key, heads((*k_proj)(x))}, 2);
+    const Tensor v = dbrq::cat({past.value, heads((*v_proj)(x))}, 2);
+    const Tensor scores = dbrq::matmul(q, k.transpose(-1, -2)) / scale;   // [N, heads, 1, past + 1]
+    const Tensor context = dbrq::matmul(dbrq::softmax(scores, -1), v);   // [N, heads, 1, head_dim]
+    return {(*out_proj)(context.reshape({batch, 1, num_heads_ * head_dim_})), LayerKV{k, v}};
+  }
   const Tensor q = split_heads((*q_proj)(x));
   Tensor k = split_heads((*k_proj)(x));
   Tensor v = split_heads((*v_proj)(x));
@@ -32,7 +47,6 @@ AttentionOutput CausalSelfAttention::forward(const Tensor& x, const LayerKV& pas
     v = dbrq::cat({past.value, v}, 2);
   }
   const int64_t past_len = k.size(2) - seq;
-  const double scale = std::sqrt(static_cast<double>(head_dim_));
   // Row i of this call is position past_len + i: it sees keys 0..past_len + i. One row per
   // iteration keeps the scores free of masked entries (see the header). The rows are appended one
   // at a time (a two-input cat per iteration) rather than joined by one cat over all of them: the

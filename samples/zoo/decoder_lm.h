@@ -22,7 +22,8 @@
 // inside the modules. Causal attention is computed row by row: query position i attends to the
 // keys 0..past+i through narrow(), so there is no mask to add (an additive -inf or -1e4 mask would
 // stretch the quantization range of the scores and flatten int8 attention). The prompt call loops
-// over its rows; a one-token call runs the same loop body once. Module and state-dict names follow
+// over its rows; a one-token call with a cache (each generated token) sees every key and skips the
+// narrows and permutes (same values, fewer ops). Module and state-dict names follow
 // GPT-2's layout ("wte.weight", "h.0.ln_1.weight", "h.0.attn.q_proj.weight", "h.0.mlp.fc_in.bias",
 // "ln_f.weight", "lm_head.weight") with separate q / k / v projections; tools/torch_zoo.py has the
 // PyTorch twin with the same keys.
