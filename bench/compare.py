@@ -267,8 +267,8 @@ def main():
     ap.add_argument("--overhead-bench", required=True)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prep-threads", type=int, default=2)
-    ap.add_argument("--only", default="fp32,int8,bert,overhead,prep",
-                    help="comma-separated subset of: fp32,int8,bert,overhead,prep")
+    ap.add_argument("--only", default="fp32,int8,bert,decoder,overhead,prep",
+                    help="comma-separated subset of: fp32,int8,bert,decoder,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
     ap.add_argument("--baseline-bench", default=None,
                     help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
@@ -283,6 +283,7 @@ def main():
     q = args.quick
     # (iterations, chunks) per measurement; probes of PyTorch variants use `probe` iterations.
     iters = {1: (12, 2) if q else (40, 4), 8: (6, 2) if q else (16, 4)}
+    gen_iters = (6, 2) if q else (16, 4)  # decoder generations (PyTorch takes 0.3-2 s per generation)
     warmup, probe = (2, 2) if q else (3, 3)
     prep_reps = 2 if q else 5
     max_wait = args.max_wait if args.max_wait is not None else (5.0 if q else 30.0)
@@ -302,7 +303,8 @@ def main():
 
     # Weights and inputs, exported once; both sides compute with exactly these.
     models, inputs, files = {}, {}, {}
-    for seed, name in enumerate(["resnet18", "mobilenet_v2", "bert_encoder"]):
+    names = ["resnet18", "mobilenet_v2", "bert_encoder"] + (["decoder_lm"] if "decoder" in only else [])
+    for seed, name in enumerate(names):
         models[name] = tm.make_model(name, seed=10 + seed)
         inputs[name] = tm.make_inputs(name, seed=20 + seed)
         w = os.path.join(work, f"{name}.safetensors")
@@ -321,11 +323,11 @@ def main():
             torch.set_num_threads(prev)
         return ref[(name, batch)]
 
-    def dbrq_output(server, side):
+    def dbrq_output(server, side, key="output"):
         path = os.path.join(work, "dbrq_out.safetensors")
         server.call(cmd="setup", **side.setup_cmd)
         server.call(cmd="save_output", path=path)
-        return tm.read_safetensors(path)["output"]
+        return tm.read_safetensors(path)[key] if key else tm.read_safetensors(path)
 
     report = Report()
     server = DbrqServer(args.dbrq_bench)
@@ -450,6 +452,86 @@ def main():
                            f"dbrq static int8 vs torch quantize_dynamic ({best})", busy=res["busy"])
                 report_before("bert", f"{key}_int8", res, "dbrq int8", "dbrq before int8")
             del variants
+            gc.collect()
+
+        # ---- decoder LM generation ------------------------------------------------------------
+        if "decoder" in only:
+            name = "decoder_lm"
+            x = tm.timed_input(inputs[name], name, 1)
+            n_new = tm.DECODER_NEW_TOKENS
+            fp32_v = tm.decoder_fp32_variants(models[name])
+            dyn_v = tm.decoder_dynamic_int8_variants(models[name])
+
+            def generation_note(label, tokens, logits, ref_tokens, ref_logits):
+                """How a generation compares with PyTorch's fp32 one: greedy tokens agreeing before the
+                first divergence (after it the inputs differ), and the logits over that prefix."""
+                tokens = [int(v) for v in tokens]
+                agree = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(ref_tokens))
+                n = max(agree, 1)  # the first token's logits always come from the same input (the prompt)
+                return (f"{label}: {agree}/{len(ref_tokens)} tokens as torch fp32, logits SQNR "
+                        f"{sqnr_db(logits[:n], ref_logits[:n]):.1f} dB, rel err {rel_err(logits[:n], ref_logits[:n]):.1e} "
+                        f"(first {n})")
+
+            for t in threads:
+                key = f"decoder_t{t}"
+                log(f"{key} (prompt {tm.DECODER_PROMPT}, {n_new} new tokens)")
+                quiet()
+                setup = dict(model=name, threads=t, new_tokens=n_new, **files[name])
+                d32 = DbrqSide(server, "dbrq fp32", mode="fp32", **setup)
+                d8 = DbrqSide(server, "dbrq int8", mode="int8", **setup)
+                d8o = DbrqSide(server, "dbrq int8 int8_outputs", mode="int8", int8_outputs=True, **setup)
+                for d in (d32, d8, d8o):
+                    d.setup()
+                ex = d8.info.get("executors", {})
+                n_linear = sum(isinstance(m, torch.nn.Linear) for m in models[name].modules())
+                # The prompt's row loop and the cached one-token step record their own attention matmuls
+                # (4 records per layer for the model's 2); the linears are shared by both paths.
+                notes = {"fp32": "", "int8": f"dbrq int8 linears {ex.get('int8 linear', 0)}/{n_linear}, int8 matmul "
+                                               f"records {ex.get('int8 matmul', 0)}, fp32 ops {ex.get('fp32', 0)}"}
+                if t == threads[0]:
+                    torch.set_num_threads(t)
+                    with torch.inference_mode():
+                        ref_tokens, ref_logits = fp32_v["nn.Linear"](x)
+                        dyn_tokens, dyn_logits = dyn_v["dynamic"](x)
+                    out = {lbl: dbrq_output(server, d, key=None) for lbl, d in (("fp32", d32), ("int8", d8),
+                                                                               ("int8_outputs", d8o))}
+                    notes["fp32"] = generation_note("parity: dbrq fp32", out["fp32"]["tokens"].tolist(),
+                                                    out["fp32"]["output"], ref_tokens, ref_logits) + "; "
+                    notes["int8"] += ("; " + generation_note("dbrq static int8", out["int8"]["tokens"].tolist(),
+                                                             out["int8"]["output"], ref_tokens, ref_logits) +
+                                      "; " + generation_note("int8_outputs", out["int8_outputs"]["tokens"].tolist(),
+                                                             out["int8_outputs"]["output"], ref_tokens, ref_logits) +
+                                      "; " + generation_note("torch dynamic", dyn_tokens, dyn_logits, ref_tokens,
+                                                             ref_logits))
+                ts32 = pick_fastest([TorchSide(k, m, x, t) for k, m in fp32_v.items()], probe)
+                tsd = pick_fastest([TorchSide("torch " + k, m, x, t) for k, m in dyn_v.items()], probe)
+                n, c = gen_iters
+                b = before("dbrq before int8", model=name, mode="int8", threads=t, new_tokens=n_new, **files[name])
+                res = interleave([d8, d8o, d32] + b + ts32 + tsd, n, c, 1, monitor, t)
+                best32 = min((s.label for s in ts32), key=lambda k: res[k])
+                bestd = min((s.label for s in tsd), key=lambda k: res[k])
+                tok_s = lambda ms: n_new / (ms / 1e3)  # noqa: E731
+                rates = (f"tokens/s: dbrq int8 {tok_s(res['dbrq int8']):.0f}, int8_outputs "
+                         f"{tok_s(res['dbrq int8 int8_outputs']):.0f}, dbrq fp32 {tok_s(res['dbrq fp32']):.0f}, "
+                         f"torch fp32 {tok_s(res[best32]):.0f} ({best32}), torch dynamic {tok_s(res[bestd]):.0f} "
+                         f"({bestd.replace('torch ', '')})")
+                report.add("decoder", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
+                           notes["int8"] + "; " + rates + "; torch column = dbrq fp32", goal=0.5, busy=res["busy"])
+                report.add("decoder", f"{key}_int8_outputs_vs_dbrq_fp32", res["dbrq int8 int8_outputs"],
+                           res["dbrq fp32"], "ms", "ConvertOptions::int8_outputs (the cache stays int8 between calls; "
+                           "logits u8); torch column = dbrq fp32", busy=res["busy"])
+                report.add("decoder", f"{key}_fp32", res["dbrq fp32"], res[best32], "ms",
+                           notes["fp32"] + f"torch eager {best32}", busy=res["busy"])
+                report.add("decoder", f"{key}_int8_vs_torch_fp32", res["dbrq int8"], res[best32], "ms",
+                           f"dbrq static int8 vs torch fp32 ({best32})", busy=res["busy"])
+                report.add("decoder", f"{key}_int8_vs_torch_dynamic_int8", res["dbrq int8"], res[bestd], "ms",
+                           f"dbrq static int8 vs torch quantize_dynamic ({bestd.replace('torch ', '')})",
+                           busy=res["busy"])
+                for label, k in (("dbrq int8", "dbrq_int8"), ("dbrq int8 int8_outputs", "dbrq_int8_outputs"),
+                                 ("dbrq fp32", "dbrq_fp32"), (best32, "torch_fp32"), (bestd, "torch_dynamic_int8")):
+                    report.absolute[f"{key}_{k}_tok_per_s"] = json_num(tok_s(res[label]), 1)
+                report_before("decoder", f"{key}_int8", res, "dbrq int8", "dbrq before int8")
+            del fp32_v, dyn_v
             gc.collect()
 
         # ---- prepare + calibrate + convert (issue 4) -----------------------------------------

@@ -11,22 +11,33 @@
 //   bazel-out/k8-opt/bin/bench/dbrq_bench --model=resnet18 --mode=prep --threads=2 --reps=3
 //
 // Without --weights the model keeps its default initialization; without --inputs the zoo's
-// example_input() supplies the timed input (seed 0) and the calibration batches (seeds 100, 101).
+// example_input() supplies the timed input (seed 0) and the calibration batches (seeds 100, 101;
+// decoder_lm: four one-sequence prompts, seeds 100..103).
 // With --inputs the timed input is the tensor "x_bs<batch>" (BERT: "ids_bs<batch>"), the example
 // for prepare() is "example" ("ids_example") and the calibration batches are "calib0", "calib1"
 // ("ids_calib0", "ids_calib1"); --input_key, --example_key and --calib_keys override them.
+//
+// decoder_lm is timed generating: one timed run is DecoderLM::generate(prompt, new_tokens) (greedy,
+// no stop token; --new_tokens, default 96) on the prompt "ids_prompt" ([1, S] ids), and int8
+// calibration generates new_tokens tokens from each of "ids_calib0".."ids_calib3" (so the prompt
+// call and the one-token calls at every cache length are seen), after prepare() on "ids_example".
+// --int8_outputs=1 converts with ConvertOptions::int8_outputs (the returned cache stays int8 between
+// calls instead of being dequantized at every return and quantized again by the next call's cat;
+// the logits are then u8 too).
 //
 // Server use (--serve), as bench/compare.py drives it so that it can interleave dbrq and PyTorch
 // in small chunks of iterations: one JSON command per stdin line, one JSON reply per stdout line.
 //
 //   {"cmd":"setup","model":"resnet18","mode":"int8","batch":1,"threads":1,"weights":..,"inputs":..}
+//       (decoder_lm also takes "new_tokens" and "int8_outputs")
 //       -> {"ok":true,"setup_s":..,"input":"[1, 3, 224, 224]","quantize_s":..,"executors":{..}}
 //          (quantize_s only when this setup converted the model; executors, for int8, counts what
 //          convert() chose per op, e.g. {"int8 conv2d":20,..}). A model is cached per model, mode,
 //          weights and inputs, and reused for every batch size and thread count, as dbrq supports.
 //          Every setup selects the model, input and thread count for the commands that follow.
 //   {"cmd":"time","iters":10,"warmup":0}  -> {"ok":true,"samples_ms":[..]}
-//   {"cmd":"save_output","path":"/tmp/y.safetensors"}  -> {"ok":true,"shape":..}  (key "output", f32)
+//   {"cmd":"save_output","path":"/tmp/y.safetensors"}  -> {"ok":true,"shape":..}  (key "output", f32;
+//       decoder_lm: the logits of every generated token [new_tokens, vocab] and "tokens" [new_tokens])
 //   {"cmd":"prep","model":"resnet18","threads":2,"reps":1,..}
 //       -> {"ok":true,"total_s":[..],"prepare_s":[..],"calibrate_s":[..],"convert_s":[..]}
 //          (a fresh model per repetition; loading weights and inputs is not timed)
@@ -58,6 +69,8 @@ double ms_since(Clock::time_point t0) {
 }
 
 bool is_bert(const std::string& model) { return model == "bert_encoder"; }
+bool is_decoder(const std::string& model) { return model == "decoder_lm"; }
+bool uses_token_ids(const std::string& model) { return is_bert(model) || is_decoder(model); }
 
 // Safetensors files are read once per process.
 const dbrq::NamedTensors& load_file(const std::string& path) {
@@ -82,6 +95,8 @@ struct DataSpec {
   std::string inputs;   // empty: the zoo's example inputs
   std::string input_key, example_key;
   std::vector<std::string> calib_keys;
+  int64_t new_tokens = 96;    // decoder_lm: tokens generated per timed run and per calibration prompt
+  bool int8_outputs = false;  // convert with ConvertOptions::int8_outputs
 
   static DataSpec from(const json& c) {
     DataSpec d;
@@ -89,10 +104,18 @@ struct DataSpec {
     d.batch = c.value("batch", 1);
     d.weights = c.value("weights", std::string());
     d.inputs = c.value("inputs", std::string());
-    const std::string p = is_bert(d.model) ? "ids_" : "";
-    d.input_key = c.value("input_key", p + (is_bert(d.model) ? "bs" : "x_bs") + std::to_string(d.batch));
+    d.new_tokens = c.value("new_tokens", int64_t{96});
+    d.int8_outputs = c.value("int8_outputs", false);
+    const std::string p = uses_token_ids(d.model) ? "ids_" : "";
+    const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
+    d.input_key = c.value("input_key", p + input);
     d.example_key = c.value("example_key", p + "example");
-    d.calib_keys = c.value("calib_keys", std::vector<std::string>{p + "calib0", p + "calib1"});
+    const std::vector<std::string> calib =
+        is_decoder(d.model) ? std::vector<std::string>{"calib0", "calib1", "calib2", "calib3"}
+                            : std::vector<std::string>{"calib0", "calib1"};
+    std::vector<std::string> keys;
+    for (const std::string& k : calib) keys.push_back(p + k);
+    d.calib_keys = c.value("calib_keys", keys);
     return d;
   }
 
@@ -106,7 +129,7 @@ struct DataSpec {
   std::vector<Tensor> calibration() const {
     std::vector<Tensor> out;
     for (size_t i = 0; i < calib_keys.size(); ++i) {
-      out.push_back(inputs.empty() ? spec().example_input(zoo::Variant::kFull, 8, 100 + i)
+      out.push_back(inputs.empty() ? spec().example_input(zoo::Variant::kFull, is_decoder(model) ? 1 : 8, 100 + i)
                                    : tensor_from(inputs, calib_keys[i]));
     }
     return out;
@@ -151,10 +174,18 @@ Timings quantize(dbrq::nn::Module& m, const DataSpec& d) {
   dbrq::prepare(m, {example}, dbrq::default_qconfig_mapping("onednn"));
   t.prepare_s = ms_since(t0) / 1e3;
   t0 = Clock::now();
-  for (const Tensor& batch : calib) spec.run(m, batch);
+  for (const Tensor& batch : calib) {
+    if (is_decoder(d.model)) {
+      dynamic_cast<zoo::DecoderLM&>(m).generate(batch.to_vector<int64_t>(), d.new_tokens);
+    } else {
+      spec.run(m, batch);
+    }
+  }
   t.calibrate_s = ms_since(t0) / 1e3;
   t0 = Clock::now();
-  dbrq::convert(m);
+  dbrq::ConvertOptions options;
+  options.int8_outputs = d.int8_outputs;
+  dbrq::convert(m, options);
   t.convert_s = ms_since(t0) / 1e3;
   return t;
 }
@@ -178,7 +209,8 @@ class Bench {
     if (mode != "fp32" && mode != "int8") throw std::runtime_error("mode must be fp32 or int8, got " + mode);
     dbrq::set_num_threads(c.value("threads", 1));
     json reply = {{"ok", true}};
-    const std::string key = data_.model + "/" + mode + "/" + data_.weights + "/" + data_.inputs;
+    const std::string key = data_.model + "/" + mode + (data_.int8_outputs ? "/int8_outputs" : "") + "/" +
+                            data_.weights + "/" + data_.inputs + "/" + std::to_string(data_.new_tokens);
     auto it = models_.find(key);
     if (it == models_.end()) {
       auto m = data_.make_fp32_model();
@@ -198,6 +230,10 @@ class Bench {
 
   Tensor run_once() {
     if (!model_) throw std::runtime_error("no model: send setup first");
+    if (is_decoder(data_.model)) {
+      dynamic_cast<zoo::DecoderLM&>(*model_).generate(input_.to_vector<int64_t>(), data_.new_tokens);
+      return Tensor();
+    }
     return data_.spec().run(*model_, input_);
   }
 
@@ -213,6 +249,14 @@ class Bench {
   }
 
   json save_output(const std::string& path) {
+    if (is_decoder(data_.model)) {
+      if (!model_) throw std::runtime_error("no model: send setup first");
+      const zoo::Generation g = dynamic_cast<zoo::DecoderLM&>(*model_).generate(input_.to_vector<int64_t>(),
+                                                                                data_.new_tokens, -1, true);
+      const Tensor tokens = dbrq::from_vector(g.tokens, {static_cast<int64_t>(g.tokens.size())});
+      dbrq::save_safetensors(path, {{"output", g.logits.contiguous()}, {"tokens", tokens}});
+      return {{"ok", true}, {"shape", g.logits.shape_string()}};
+    }
     Tensor y = run_once();
     if (y.is_quantized()) y = y.dequantize();
     dbrq::save_safetensors(path, {{"output", y.contiguous()}});
@@ -266,8 +310,8 @@ int usage() {
   std::cerr << "usage: dbrq_bench --serve\n"
                "       dbrq_bench --model=NAME [--mode=fp32|int8|prep] [--batch=N] [--threads=N] [--iters=N]\n"
                "                  [--warmup=N] [--reps=N] [--weights=FILE] [--inputs=FILE] [--input_key=K]\n"
-               "                  [--example_key=K] [--calib_keys=K1,K2,...]\n"
-               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn\n";
+               "                  [--example_key=K] [--calib_keys=K1,K2,...] [--new_tokens=N] [--int8_outputs=0|1]\n"
+               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating)\n";
   return 2;
 }
 
@@ -284,14 +328,17 @@ int main(int argc, char** argv) {
     if (a.rfind("--", 0) != 0 || eq == std::string::npos) return usage();
     const std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
     int n = 0;
-    const bool numeric = k == "iters" || k == "warmup" || k == "batch" || k == "threads" || k == "reps";
+    const bool numeric = k == "iters" || k == "warmup" || k == "batch" || k == "threads" || k == "reps" ||
+                         k == "new_tokens" || k == "int8_outputs";
     if (numeric && !absl::SimpleAtoi(v, &n)) return usage();
     if (k == "iters") {
       iters = n;
     } else if (k == "warmup") {
       warmup = n;
-    } else if (k == "batch" || k == "threads" || k == "reps") {
+    } else if (k == "batch" || k == "threads" || k == "reps" || k == "new_tokens") {
       c[k] = n;
+    } else if (k == "int8_outputs") {
+      c[k] = n != 0;
     } else if (k == "calib_keys") {
       std::vector<std::string> keys;
       for (size_t s = 0; s <= v.size();) {

@@ -27,7 +27,7 @@ import torchvision
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from torch_zoo import BertEncoder, BertSelfAttention, randomize_norms  # noqa: E402,F401
+from torch_zoo import BertEncoder, BertSelfAttention, CausalSelfAttention, DecoderLM, randomize_norms  # noqa: E402,F401
 from torch_zoo import read_safetensors, write_safetensors  # noqa: E402,F401  (compare.py uses them)
 
 # samples/zoo/zoo.cc, Variant::kFull.
@@ -43,6 +43,19 @@ BERT_FULL = {
 }
 BERT_SEQ = 128
 IMAGE_HW = 224
+# samples/zoo/zoo.cc decoder_lm_config(Variant::kFull).
+DECODER_FULL = {
+    "vocab_size": 1024,
+    "d_model": 256,
+    "num_layers": 4,
+    "num_heads": 4,
+    "d_ff": 1024,
+    "max_positions": 256,
+    "layer_norm_eps": 1e-5,
+}
+DECODER_PROMPT = 32      # timed prompt length
+DECODER_NEW_TOKENS = 96  # tokens generated per timed run (and per calibration prompt)
+DECODER_CALIB = (32, 24, 40, 16)  # calibration prompt lengths (longest cache: 40 + 96 positions)
 
 # ---------------------------------------------------------------------------------------------
 # oneDNN-backed linear algebra (PyTorch's own mkldnn ops)
@@ -85,9 +98,9 @@ def with_mkldnn_linears(model):
 
 
 def set_attention_matmul(model, fn):
-    """Runs the two attention matmuls of every BertSelfAttention of `model` on `fn`."""
+    """Runs the two attention matmuls of every BertSelfAttention / CausalSelfAttention of `model` on `fn`."""
     for mod in model.modules():
-        if isinstance(mod, BertSelfAttention):
+        if isinstance(mod, (BertSelfAttention, CausalSelfAttention)):
             mod.matmul = fn
     return model
 
@@ -104,6 +117,8 @@ def make_model(name, seed):
         m = torchvision.models.mobilenet_v2()
     elif name == "bert_encoder":
         m = BertEncoder(BERT_FULL)
+    elif name == "decoder_lm":
+        m = DecoderLM(DECODER_FULL)
     else:
         raise ValueError(f"unknown model {name}")
     randomize_norms(m, torch.Generator().manual_seed(seed + 1000), num_batches_tracked=100)
@@ -113,6 +128,12 @@ def make_model(name, seed):
 def make_inputs(name, seed):
     """The inputs both sides use, under the keys bench/dbrq_bench.cc reads by default."""
     g = torch.Generator().manual_seed(seed)
+    if name == "decoder_lm":
+        ids = lambda n: torch.randint(0, DECODER_FULL["vocab_size"], (1, n), generator=g, dtype=torch.int64)
+        out = {"ids_prompt": ids(DECODER_PROMPT), "ids_example": ids(DECODER_PROMPT)}
+        for i, n in enumerate(DECODER_CALIB):
+            out[f"ids_calib{i}"] = ids(n)
+        return out
     if name == "bert_encoder":
         ids = lambda n: torch.randint(0, BERT_FULL["vocab_size"], (n, BERT_SEQ), generator=g, dtype=torch.int64)
         calib = [ids(4), ids(4)]
@@ -133,6 +154,8 @@ def example(inputs, name):
 
 
 def timed_input(inputs, name, batch):
+    if name == "decoder_lm":
+        return inputs["ids_prompt"]
     return inputs[f"ids_bs{batch}" if name == "bert_encoder" else f"x_bs{batch}"]
 
 
@@ -194,3 +217,36 @@ def dynamic_int8_variants(model, x):
     dq = qd(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
     dq_attn = qd(set_attention_matmul(copy.deepcopy(model), matmul_onednn), {nn.Linear}, dtype=torch.qint8)
     return {"dynamic": (dq, x), "dynamic+mkldnn attn": (dq_attn, x)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the decoder LM, timed generating
+
+
+class Generate:
+    """Callable like the other timed models (takes the prompt ids [1, S]): DecoderLM.generate of
+    `new_tokens` greedy tokens (the prompt in one call, then one token per call through the cache),
+    as dbrq_bench times DecoderLM::generate. Returns (tokens, logits of every generated token)."""
+
+    def __init__(self, model, new_tokens=DECODER_NEW_TOKENS):
+        self.model, self.new_tokens = model, new_tokens
+
+    def __call__(self, prompt):
+        return self.model.generate(prompt[0].tolist(), self.new_tokens)
+
+
+def decoder_fp32_variants(model):
+    """PyTorch's fp32 generation: plain nn.Linear (Debian's reference BLAS), linears on
+    mkldnn_linear, and those plus the attention matmuls on mkldnn_linear."""
+    lin = with_mkldnn_linears(model)
+    both = set_attention_matmul(with_mkldnn_linears(model), matmul_onednn)
+    return {"nn.Linear": Generate(model), "mkldnn_linear": Generate(lin), "mkldnn_linear+attn": Generate(both)}
+
+
+def decoder_dynamic_int8_variants(model):
+    """quantize_dynamic (onednn) of the decoder's linears; attention matmuls eager or on oneDNN."""
+    torch.backends.quantized.engine = "onednn"
+    qd = torch.ao.quantization.quantize_dynamic
+    dq = qd(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    dq_attn = qd(set_attention_matmul(copy.deepcopy(model), matmul_onednn), {nn.Linear}, dtype=torch.qint8)
+    return {"dynamic": Generate(dq), "dynamic+mkldnn attn": Generate(dq_attn)}

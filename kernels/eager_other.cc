@@ -1,6 +1,7 @@
 // Eager normalization, pooling, reduction, joining, gather, copy and (de)quantization kernels.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -364,6 +365,28 @@ Tensor cat(absl::Span<const Tensor* const> tensors, int64_t dim) {
   const MemoryFormat fmt = first.dim() == 4 ? first.suggest_memory_format() : MemoryFormat::kContiguous;
   Tensor dst = Tensor::empty(out, first.dtype(), fmt).with_qparams(first.qparams_ptr());
   if (dst.numel() == 0) return dst;
+  // Contiguous inputs into a contiguous output: each input is `outer` runs of size(d) * inner
+  // elements, landing at a fixed offset in each output run; plain copies, no primitive per call
+  // (appending a token to a key / value cache meets a new shape every step).
+  bool plain = fmt == MemoryFormat::kContiguous;
+  for (const Tensor* t : tensors) plain = plain && t->dtype() == first.dtype() && t->is_contiguous();
+  if (plain) {
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < d; ++i) outer *= out[i];
+    for (int64_t i = d + 1; i < static_cast<int64_t>(out.size()); ++i) inner *= out[i];
+    const size_t es = dst.element_size();
+    const size_t dst_run = static_cast<size_t>(out[d] * inner) * es;
+    char* base = static_cast<char*>(dst.mutable_data_ptr());
+    size_t at = 0;
+    for (const Tensor* t : tensors) {
+      const size_t run = static_cast<size_t>(t->size(d) * inner) * es;
+      if (run == 0) continue;
+      const char* src = static_cast<const char*>(t->data_ptr());
+      for (int64_t o = 0; o < outer; ++o) std::memcpy(base + o * dst_run + at, src + o * run, run);
+      at += run;
+    }
+    return dst;
+  }
   // Copy each input into its slice of the output (a reorder per input; no concat primitive needed
   // because the slices are views with the output's strides).
   int64_t offset = 0;

@@ -120,7 +120,10 @@ class QLinear final : public QWeighted {
 };
 
 // matmul of two u8 activations (batched, broadcasting): oneDNN matmul u8 x s8, the second operand
-// shifted to s8 (q - 128, zero point - 128, exact). Dynamic: f32 operands quantized per call.
+// shifted to s8 (q - 128, zero point - 128, exact), primitives in the process-wide cache. Static
+// products of at most 2^17 multiply-adds (one query row against a key / value cache) run as plain
+// s32 loops instead: there oneDNN's per-call setup costs more than the arithmetic. Dynamic: f32
+// operands quantized per call.
 class QMatmul {
  public:
   QMatmul(QuantParamsPtr a_qparams, QuantParamsPtr b_qparams, QuantParamsPtr dst_qparams, bool dynamic);
@@ -131,7 +134,6 @@ class QMatmul {
  private:
   QuantParamsPtr a_, b_, dst_;
   bool dynamic_;
-  std::unique_ptr<PrimitiveCacheImpl> cache_;
 };
 
 // ---- elementwise and data movement on u8 ----

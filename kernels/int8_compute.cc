@@ -9,6 +9,7 @@
 #include "kernels/int8.h"
 #include "kernels/loops.h"
 #include "kernels/post_ops.h"
+#include "kernels/simd.h"
 #include "core/op_shapes.h"
 
 namespace dbrq::kernels {
@@ -23,6 +24,63 @@ void requant_scale(float src_scale, float weight_scale, float dst_scale, float* 
   const float w_r = static_cast<float>(1.0 / static_cast<double>(weight_scale));
   *bias_scale = src_r * w_r;
   *op_scale = dst_r / *bias_scale;
+}
+
+// dst[i] = src[i] - 128 as s8, in parallel above 64 KiB.
+void shift_u8_to_s8(const uint8_t* src, int8_t* dst, int64_t n) {
+  parallel_for(n, 1 << 16, [src, dst](int64_t lo, int64_t hi) { simd::shift_u8_to_s8(src + lo, dst + lo, hi - lo); });
+}
+
+// Static u8 x u8 -> u8 products this small run as plain loops: oneDNN's per-call cost (argument
+// memories, zero-point compensation, kernel setup, several microseconds) dwarfs the arithmetic of
+// e.g. one query row against a 100-entry key cache. Same integers: acc = sum (a - a_zp)(b - b_zp)
+// in s32, then u8 = round_half_even(clamp(acc * op_scale)) + dst_zp as every u8 output of
+// kernels/simd.h.
+constexpr int64_t kDirectMatmulMaxMacs = int64_t{1} << 17;
+constexpr int64_t kDirectMatmulMaxK = 4096;  // |acc| <= K * 255 * 255 stays well inside s32
+
+// a: [.., M, K] contiguous; b: [.., K, N] with unit stride along N or along K; batch dims of size
+// 1 broadcast. All three views have equal rank.
+void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp, int32_t b_zp, float op_scale,
+                    int32_t dst_zp) {
+  const int64_t rank = dst.dim(), m = dst.size(-2), n = dst.size(-1), k = a.size(-1);
+  const int64_t b_sk = b.stride(-2), b_sn = b.stride(-1);
+  const uint8_t* pa = a.data<uint8_t>();
+  const uint8_t* pb = b.data<uint8_t>();
+  uint8_t* pd = dst.mutable_data<uint8_t>();
+  int64_t batches = 1;
+  for (int64_t d = 0; d < rank - 2; ++d) batches *= dst.size(d);
+  std::vector<int32_t> acc(static_cast<size_t>(n));
+  std::vector<float> accf(static_cast<size_t>(n));
+  std::vector<int16_t> arow(static_cast<size_t>(k));
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t a_off = 0, b_off = 0;
+    for (int64_t d = rank - 3, rest = bi; d >= 0; --d) {
+      const int64_t idx = rest % dst.size(d);
+      rest /= dst.size(d);
+      if (a.size(d) != 1) a_off += idx * a.stride(d);
+      if (b.size(d) != 1) b_off += idx * b.stride(d);
+    }
+    const uint8_t* bb = pb + b_off;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint8_t* ar = pa + a_off + i * k;
+      for (int64_t l = 0; l < k; ++l) arow[l] = static_cast<int16_t>(ar[l] - a_zp);
+      int32_t* c = acc.data();
+      if (b_sn == 1) {  // rows of b along N: c[j] += a[l] * b[l][j]
+        std::fill(acc.begin(), acc.end(), 0);
+        for (int64_t l = 0; l < k; ++l) {
+          const int32_t av = arow[l];
+          const uint8_t* br = bb + l * b_sk;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) c[j] += av * (static_cast<int32_t>(br[j]) - b_zp);
+        }
+      } else {  // columns of b contiguous along K (b = keys.transpose(-1, -2)): one dot per output
+        for (int64_t j = 0; j < n; ++j) c[j] = simd::dot_s16_u8(arow.data(), bb + j * b_sn, k, b_zp);
+      }
+      for (int64_t j = 0; j < n; ++j) accf[j] = static_cast<float>(c[j]);
+      simd::quantize_u8(accf.data(), pd + (bi * m + i) * n, n, op_scale, dst_zp);
+    }
+  }
 }
 
 }  // namespace
@@ -402,8 +460,7 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
 // QMatmul
 
 QMatmul::QMatmul(QuantParamsPtr a, QuantParamsPtr b, QuantParamsPtr dst, bool dynamic)
-    : a_(std::move(a)), b_(std::move(b)), dst_(std::move(dst)), dynamic_(dynamic),
-      cache_(std::make_unique<PrimitiveCacheImpl>()) {
+    : a_(std::move(a)), b_(std::move(b)), dst_(std::move(dst)), dynamic_(dynamic) {
   DBRQ_ENSURE(dynamic_ || (a_ && b_ && dst_), ValueError, "QMatmul: static quantization needs all parameters");
 }
 
@@ -425,18 +482,37 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   Tensor av = a.raw_view(s.a);
   if (!av.defined()) av = copy(a, MemoryFormat::kContiguous, DType::kU8).raw_view(s.a);
   if (!av.is_contiguous()) av = copy(av, MemoryFormat::kContiguous, DType::kU8);
-  // The second operand as s8: q - 128 with zero point - 128 (exact), contiguous.
+  if (!dynamic_) {
+    Tensor bv = b.raw_view(s.b);
+    if (!bv.defined()) bv = copy(b, MemoryFormat::kContiguous, DType::kU8).raw_view(s.b);
+    int64_t macs = 1;
+    for (int64_t d : s.out) macs *= d;
+    macs *= av.size(-1);
+    if (macs <= kDirectMatmulMaxMacs && av.size(-1) <= kDirectMatmulMaxK) {
+      if (bv.stride(-1) != 1 && bv.stride(-2) != 1) bv = copy(bv, MemoryFormat::kContiguous, DType::kU8);
+      Tensor dst = Tensor::empty(s.out, DType::kU8).with_qparams(dst_);
+      DimVector final_sizes = s.out;
+      if (s.squeeze_n) final_sizes.pop_back();
+      if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
+      if (dst.numel() == 0) return dst.raw_view(final_sizes);
+      float bias_scale, op_scale;
+      requant_scale(a.q_scale(), b.q_scale(), dst_->scale(), &bias_scale, &op_scale);
+      direct_qmatmul(av, bv, dst, a.q_zero_point(), b.q_zero_point(), op_scale, dst_->zero_point());
+      return dst.raw_view(final_sizes);
+    }
+  }
+  // The second operand as s8: q - 128 with zero point - 128 (exact). A dense operand keeps its
+  // layout (k.transpose(-1, -2) in attention is shifted in place order, no transposing copy) and
+  // is shifted as one flat run of bytes; anything else is made contiguous first.
   Tensor bv = b.raw_view(s.b);
   if (!bv.defined()) bv = copy(b, MemoryFormat::kContiguous, DType::kU8).raw_view(s.b);
-  Tensor b8 = Tensor::empty(s.b, DType::kS8);
-  {
-    Tensor bc = contiguous(bv);
-    const uint8_t* src = bc.data<uint8_t>();
-    int8_t* dst = b8.mutable_data<int8_t>();
-    parallel_for(b8.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dst[i] = static_cast<int8_t>(static_cast<int32_t>(src[i]) - 128);
-    });
+  if (!bv.is_non_overlapping_and_dense()) bv = copy(bv, MemoryFormat::kContiguous, DType::kU8);
+  Tensor b8 = Tensor::empty_like(bv, DType::kS8);
+  if (b8.strides() != bv.strides()) {  // empty_like chose another layout: shift into a contiguous copy
+    bv = copy(bv, MemoryFormat::kContiguous, DType::kU8);
+    b8 = Tensor::empty(s.b, DType::kS8);
   }
+  shift_u8_to_s8(bv.data<uint8_t>(), b8.mutable_data<int8_t>(), b8.numel());
   const int32_t a_zp = a.q_zero_point(), b_zp = b.q_zero_point() - 128;
   const DType out_dt = dynamic_ ? DType::kF32 : DType::kU8;
   Tensor dst = Tensor::empty(s.out, out_dt);
@@ -448,32 +524,49 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   // PyTorch convention, one scale for the whole product.
   float bias_scale, op_scale;
   requant_scale(a.q_scale(), b.q_scale(), dynamic_ ? 0.f : dst_->scale(), &bias_scale, &op_scale);
-  PrimitiveKey key("qmatmul");
-  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads())).add(op_scale);
-  key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
-  auto entry = cache_->get(key, [&] {
-    try {
-      dnnl::primitive_attr attr = base_attr();
-      attr.set_output_scales(0, {op_scale});
-      if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
-      if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
-      if (!dynamic_ && dst_->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_->zero_point()});
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(av), desc_of(b8), desc_of(dst)), attr, cpu_engine());
-      auto e = std::make_shared<Int8Entry>();
-      e->prim = dnnl::matmul(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      e->src_md = desc_of(av);
-      e->wei_md = desc_of(b8);
-      e->dst_md = desc_of(dst);
-      return e;
-    } catch (const dnnl::error& err) {
-      rethrow_dnnl("creating an int8 matmul", err);
-    }
-  });
+  const int32_t dst_zp = dynamic_ ? 0 : dst_->zero_point();
+  // The process-wide cache (as the f32 matmul): both operands are activations, so there are no
+  // prepacked weights to keep per kernel, and attention over a growing key / value cache meets a
+  // new shape on every generated token, which a small per-kernel cache would recreate each call.
+  auto lookup = [&](const Tensor& bw) {
+    PrimitiveKey key("qmatmul");
+    key.add(av).add(bw).add(static_cast<int64_t>(get_num_threads())).add(op_scale);
+    key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp)).add(static_cast<int64_t>(dst_zp));
+    key.add(static_cast<int64_t>(out_dt));
+    return primitive_cache().get_or_create(key, [&] {
+      try {
+        dnnl::primitive_attr attr = base_attr();
+        attr.set_output_scales(0, {op_scale});
+        if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
+        if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
+        if (dst_zp != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_zp});
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(av), desc_of(bw), desc_of(dst)), attr,
+                                        cpu_engine());
+        auto e = std::make_shared<PrimitiveEntry>();
+        e->prim = dnnl::matmul(pd);
+        e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+        e->src_desc = desc_of(av);
+        e->weights_desc = desc_of(bw);
+        e->dst_desc = desc_of(dst);
+        // A strided second operand that only oneDNN's reference kernel takes: contiguous is faster.
+        if (!bw.is_contiguous() && std::string(pd.impl_info_str()).find("ref") != std::string::npos) {
+          e->weights_desc = dnnl::memory::desc();
+        }
+        return e;
+      } catch (const dnnl::error& err) {
+        rethrow_dnnl("creating an int8 matmul", err);
+      }
+    });
+  };
+  auto entry = lookup(b8);
+  if (entry->weights_desc.is_zero()) {
+    b8 = copy(b8, MemoryFormat::kContiguous, DType::kS8);
+    entry = lookup(b8);
+  }
   execute(entry->prim, entry->scratchpad_bytes,
-          {{DNNL_ARG_SRC, mem_of(entry->src_md, av)},
-           {DNNL_ARG_WEIGHTS, mem_of(entry->wei_md, b8)},
-           {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}});
+          {{DNNL_ARG_SRC, mem_of(entry->src_desc, av)},
+           {DNNL_ARG_WEIGHTS, mem_of(entry->weights_desc, b8)},
+           {DNNL_ARG_DST, mem_of(entry->dst_desc, dst)}});
   return dst.raw_view(final_sizes);
 }
 

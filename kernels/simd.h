@@ -56,6 +56,37 @@ inline void dequantize_u8(const uint8_t* in, float* out, int64_t n, float scale,
   for (; i < n; ++i) out[i] = (static_cast<float>(in[i]) - fzp) * scale;
 }
 
+// out[i] = in[i] - 128 as s8 (u8 codes to s8 codes, exact: the top bit flips).
+inline void shift_u8_to_s8(const uint8_t* in, int8_t* out, int64_t n) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (; i + 64 <= n; i += 64) {
+    _mm512_storeu_si512(out + i, _mm512_xor_si512(_mm512_loadu_si512(in + i), top));
+  }
+#endif
+  for (; i < n; ++i) out[i] = static_cast<int8_t>(in[i] ^ 0x80);
+}
+
+// sum_i a[i] * (b[i] - b_zp) in s32, a[i] and b[i] - b_zp within [-255, 255] (exact: products
+// of pairs fit s32 for any n below 2^15).
+inline int32_t dot_s16_u8(const int16_t* a, const uint8_t* b, int64_t n, int32_t b_zp) {
+  int64_t i = 0;
+  int32_t sum = 0;
+#ifdef DBRQ_AVX512
+  const __m512i vzp = _mm512_set1_epi16(static_cast<int16_t>(b_zp));
+  __m512i acc = _mm512_setzero_si512();
+  for (; i + 32 <= n; i += 32) {
+    const __m512i vb = _mm512_sub_epi16(
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))), vzp);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_loadu_si512(a + i), vb));
+  }
+  sum = _mm512_reduce_add_epi32(acc);
+#endif
+  for (; i < n; ++i) sum += a[i] * (static_cast<int32_t>(b[i]) - b_zp);
+  return sum;
+}
+
 // PyTorch's quantized add: fma(sa, a, pa) + fma(sb, b, pb), optional relu, requantized.
 inline uint8_t qadd_one(uint8_t a, uint8_t b, float sa, float pa, float sb, float pb, bool relu, float inv,
                         int32_t zp) {

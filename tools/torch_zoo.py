@@ -16,7 +16,8 @@ sys.path (relative to their own __file__):
 Every model has the module tree and state-dict keys (names and order) of its C++ counterpart, so a
 state_dict of one loads into the other with load_state_dict. ResNet-18 at reduced width uses
 torchvision's own BasicBlock, _make_layer and forward; MobileNetV2 needs nothing here
-(torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names.
+(torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names; the
+decoder LM GPT-2's layout (wte, wpe, h.<i>.ln_1 / attn / ln_2 / mlp, ln_f, lm_head).
 
 The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
@@ -220,6 +221,117 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids):
         return self.encoder(self.embeddings(input_ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# the decoder-only LM (samples/zoo/decoder_lm.h); c is its configuration dict
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a key/value cache (past: (key, value) or None, each
+    [N, heads, past, head_dim]). The C++ model computes one query row at a time over the visible keys;
+    here the standard form: all rows at once with the future positions masked to -inf before softmax.
+    The two are the same function (exp(-inf) = 0)."""
+
+    def __init__(self, c):
+        super().__init__()
+        d = c["d_model"]
+        self.num_heads = c["num_heads"]
+        self.head_dim = d // self.num_heads
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        # The two attention matmuls; bench/torch_models.py may swap in a oneDNN one. Not in the state dict.
+        self.matmul = torch.matmul
+
+    def split_heads(self, x):
+        return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, x, past=None):
+        n, s = x.shape[0], x.shape[1]
+        q = self.split_heads(self.q_proj(x))
+        k = self.split_heads(self.k_proj(x))
+        v = self.split_heads(self.v_proj(x))
+        if past is not None:
+            k = torch.cat([past[0], k], 2)
+            v = torch.cat([past[1], v], 2)
+        total = k.shape[2]
+        scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if s > 1:
+            # query i (position total - s + i) sees keys 0 .. total - s + i
+            future = torch.ones(s, total, dtype=torch.bool).triu(total - s + 1)
+            scores = scores.masked_fill(future, float("-inf"))
+        context = self.matmul(torch.softmax(scores, -1), v).permute(0, 2, 1, 3)
+        return self.out_proj(context.reshape(n, s, self.num_heads * self.head_dim)), (k, v)
+
+
+class DecoderMlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.fc_in = nn.Linear(c["d_model"], c["d_ff"])
+        self.act = nn.GELU()  # erf form, as dbrq's GELU("none")
+        self.fc_out = nn.Linear(c["d_ff"], c["d_model"])
+
+    def forward(self, x):
+        return self.fc_out(self.act(self.fc_in(x)))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c["d_model"], eps=c["layer_norm_eps"])
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = nn.LayerNorm(c["d_model"], eps=c["layer_norm_eps"])
+        self.mlp = DecoderMlp(c)
+
+    def forward(self, x, past=None):
+        a, present = self.attn(self.ln_1(x), past)
+        h = x + a
+        return h + self.mlp(self.ln_2(h)), present
+
+
+class DecoderLM(nn.Module):
+    """GPT-2 style pre-LayerNorm decoder. forward(ids [N, S], past) -> (logits [N, S, vocab], present),
+    past / present: None or one (key, value) pair per layer."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = dict(c)
+        self.wte = nn.Embedding(c["vocab_size"], c["d_model"])
+        self.wpe = nn.Embedding(c["max_positions"], c["d_model"])
+        self.h = nn.ModuleList([DecoderBlock(c) for _ in range(c["num_layers"])])
+        self.ln_f = nn.LayerNorm(c["d_model"], eps=c["layer_norm_eps"])
+        self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+
+    def forward(self, input_ids, past=None):
+        past_len = 0 if past is None else past[0][0].shape[2]
+        positions = torch.arange(past_len, past_len + input_ids.shape[1], dtype=torch.long)
+        x = self.wte(input_ids) + self.wpe(positions)
+        present = []
+        for i, block in enumerate(self.h):
+            x, kv = block(x, None if past is None else past[i])
+            present.append(kv)
+        return self.lm_head(self.ln_f(x)), present
+
+    def generate(self, prompt_ids, max_new_tokens, stop_token=-1):
+        """DecoderLM::generate: the prompt in one call, then one token per call, greedy (argmax of the
+        last position's logits, the first index on ties). Returns (tokens, logits [len(tokens), vocab])."""
+        tokens, rows = [], []
+        x = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        past = None
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                logits, past = self(x, past)
+                last = logits[0, -1]
+                best = int(torch.argmax(last))
+                rows.append(last)
+                tokens.append(best)
+                if best == stop_token:
+                    break
+                x = torch.tensor([[best]], dtype=torch.long)
+        vocab = self.config["vocab_size"]
+        return tokens, (torch.stack(rows) if rows else torch.zeros(0, vocab))
 
 
 # ---------------------------------------------------------------------------------------------

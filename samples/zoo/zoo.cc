@@ -10,12 +10,16 @@ namespace nn = dbrq::nn;
 
 namespace {
 
+// The tensor a spec's run returns: the output itself, or the decoder's logits.
+Tensor main_output(Tensor out) { return out; }
+Tensor main_output(DecoderOutput out) { return std::move(out.logits); }
+
 template <typename M>
 Tensor run_as(nn::Module& model, const Tensor& input, const std::string& expected) {
   auto* typed = dynamic_cast<M*>(&model);
   DBRQ_ENSURE(typed != nullptr, dbrq::ValueError, "zoo: model \"", expected, "\" cannot run a ", model.type_name(),
               " module");
-  return (*typed)(input);
+  return main_output((*typed)(input));
 }
 
 // The parts every entry shares: construction from a per-variant config, and the typed call.
@@ -41,6 +45,19 @@ void set_image_input(ModelSpec* s, int64_t channels, int64_t full_hw, int64_t ti
   };
 }
 
+// [N, seq_len(variant)] s64 token ids, uniform over the vocabulary.
+void set_token_input(ModelSpec* s, int64_t (*seq_len)(Variant), int64_t (*vocab_size)(Variant)) {
+  s->input_shape = [seq_len](Variant v, int64_t batch) { return std::vector<int64_t>{batch, seq_len(v)}; };
+  s->example_input = [seq_len, vocab_size](Variant v, int64_t batch, uint64_t seed) {
+    const int64_t seq = seq_len(v);
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<int64_t> token(0, vocab_size(v) - 1);
+    std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
+    for (auto& id : ids) id = token(gen);
+    return dbrq::from_vector(ids, {batch, seq});
+  };
+}
+
 std::vector<ModelSpec> build_registry() {
   std::vector<ModelSpec> specs;
 
@@ -56,21 +73,17 @@ std::vector<ModelSpec> build_registry() {
   specs.push_back(spec_for<BertEncoder>(
       "bert_encoder", "BERT-style transformer encoder (HuggingFace key names), token ids -> hidden states",
       dbrq::DType::kS64, bert_config));
-  specs.back().input_shape = [](Variant v, int64_t batch) {
-    return std::vector<int64_t>{batch, bert_example_seq_len(v)};
-  };
-  specs.back().example_input = [](Variant v, int64_t batch, uint64_t seed) {
-    const int64_t seq = bert_example_seq_len(v);
-    std::mt19937_64 gen(seed);
-    std::uniform_int_distribution<int64_t> token(0, bert_config(v).vocab_size - 1);
-    std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
-    for (auto& id : ids) id = token(gen);
-    return dbrq::from_vector(ids, {batch, seq});
-  };
+  set_token_input(&specs.back(), bert_example_seq_len, [](Variant v) { return bert_config(v).vocab_size; });
 
   specs.push_back(spec_for<SmallCnn>("small_cnn", "small CNN for 8x8 digit images (10 classes), quantization friendly",
                                      dbrq::DType::kF32, small_cnn_config));
   set_image_input(&specs.back(), 1, 8, 8);
+
+  specs.push_back(spec_for<DecoderLM>(
+      "decoder_lm", "GPT-2 style decoder-only transformer LM with a KV cache, token ids -> logits (empty cache)",
+      dbrq::DType::kS64, decoder_lm_config));
+  set_token_input(&specs.back(), decoder_lm_example_seq_len,
+                  [](Variant v) { return decoder_lm_config(v).vocab_size; });
   return specs;
 }
 
@@ -110,6 +123,21 @@ BertConfig bert_config(Variant variant) {
 SmallCnnConfig small_cnn_config(Variant) { return {}; }
 
 int64_t bert_example_seq_len(Variant variant) { return variant == Variant::kFull ? 128 : 16; }
+
+DecoderConfig decoder_lm_config(Variant variant) {
+  DecoderConfig c;
+  if (variant == Variant::kTiny) {
+    c.vocab_size = 128;
+    c.d_model = 64;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.d_ff = 256;
+    c.max_positions = 64;
+  }
+  return c;
+}
+
+int64_t decoder_lm_example_seq_len(Variant variant) { return variant == Variant::kFull ? 32 : 8; }
 
 const std::vector<ModelSpec>& model_registry() {
   static const std::vector<ModelSpec>* registry = new std::vector<ModelSpec>(build_registry());

@@ -11,13 +11,17 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn". Each has two variants:
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm". Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
-//          on 8x8 digits).
+//          on 8x8 digits; the decoder LM with its defaults (4 layers, d_model 256, 4 heads, vocab
+//          1024, 256 positions) on a 32-token prompt).
 //   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
 //          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
-//          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is.
+//          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is, the
+//          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens.
+// The decoder LM's `run` is one call on the token ids with an empty cache and returns its logits
+// [N, S, vocab]; generation (DecoderLM::generate) needs the typed model.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
 // with load_state_dict.
 #pragma once
@@ -30,6 +34,7 @@
 
 #include "dbrq.h"
 #include "samples/zoo/bert_encoder.h"
+#include "samples/zoo/decoder_lm.h"
 #include "samples/zoo/mobilenet_v2.h"
 #include "samples/zoo/resnet.h"
 #include "samples/zoo/small_cnn.h"
@@ -47,8 +52,11 @@ ResNet18Config resnet18_config(Variant variant);
 MobileNetV2Config mobilenet_v2_config(Variant variant);
 BertConfig bert_config(Variant variant);
 SmallCnnConfig small_cnn_config(Variant variant);
+DecoderConfig decoder_lm_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
+// Prompt length of decoder_lm's example input.
+int64_t decoder_lm_example_seq_len(Variant variant);
 
 struct ModelSpec {
   std::string name;

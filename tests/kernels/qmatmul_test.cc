@@ -52,6 +52,26 @@ TEST(QMatmul, Saturation) { QMatmulTester().saturate(true).a_zero_point(3).b_zer
 
 TEST(QMatmul, Larger) { QMatmulTester().a_shape({2, 16, 32}).b_shape({2, 32, 16}).a_zero_point(90).b_zero_point(140).Test(); }
 
+// Static products of at most 2^17 multiply-adds run as plain loops (kernels/int8_compute.cc); the
+// ones above on oneDNN. Every case above is small; these cross the line.
+TEST(QMatmul, AboveTheDirectLoopSizeRunsOnOneDnn) {
+  QMatmulTester().a_shape({2, 64, 96}).b_shape({2, 96, 48}).a_zero_point(90).b_zero_point(140).Test();
+  QMatmulTester().a_shape({2, 64, 96}).b_shape({2, 96, 48}).transposed_b(true).a_zero_point(3).b_zero_point(77).Test();
+  QMatmulTester().a_shape({2, 1, 64, 64}).b_shape({3, 64, 64}).b_zero_point(200).Test();
+  QMatmulTester().a_shape({96, 128}).b_shape({128, 16}).saturate(true).a_zero_point(7).b_zero_point(250).Test();
+}
+
+// Attention over a growing key cache: one query row against 1..40 keys (transposed) and the
+// probabilities against as many values, a new shape each call.
+TEST(QMatmul, OneRowAgainstAGrowingCache) {
+  for (int64_t n = 1; n <= 40; ++n) {
+    QMatmulTester().a_shape({1, 4, 1, 16}).b_shape({1, 4, 16, n}).transposed_b(true).a_zero_point(128).b_zero_point(
+        static_cast<int32_t>(n * 5 % 256)).seed(static_cast<uint32_t>(n)).Test();
+    QMatmulTester().a_shape({1, 4, 1, n}).b_shape({1, 4, n, 16}).a_zero_point(0).b_zero_point(131).seed(
+        static_cast<uint32_t>(100 + n)).Test();
+  }
+}
+
 TEST(QMatmul, Dynamic) { QMatmulTester().dynamic(true).iterations(3).Test(); }
 
 TEST(QMatmul, DynamicBatched) { QMatmulTester().dynamic(true).a_shape({2, 3, 4}).b_shape({2, 4, 5}).Test(); }

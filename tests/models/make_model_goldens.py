@@ -16,16 +16,19 @@ and writes <model>.safetensors holding:
              reference itself carries no f32 rounding,
     __metadata__ {"config": ...} with the configuration, which the C++ test checks against its own.
 
+The decoder LM's file also holds greedy generations (see write_decoder_golden).
+
 It also writes torchvision_keys.txt: the ordered state-dict keys, dtypes and shapes of full-size
 torchvision.models.resnet18() and mobilenet_v2(), one "model key dtype dims..." line per tensor.
 
 ResNet-18 at reduced width uses torchvision's own BasicBlock, _make_layer and forward; only the
 hard-coded 64 of ResNet.__init__ is replaced (and the script asserts that width 64 reproduces
 torchvision.models.resnet18() key for key). MobileNetV2 is torchvision's class, which takes
-width_mult itself. ResNet18W, the BERT encoder, SmallCnn and the safetensors writer are shared
+width_mult itself. ResNet18W, the BERT encoder, the decoder LM, SmallCnn and the safetensors writer are shared
 with the other PyTorch scripts in tools/torch_zoo.py.
 """
 
+import copy
 import json
 import os
 import sys
@@ -36,7 +39,7 @@ from torchvision.models.mobilenetv2 import MobileNetV2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
-from torch_zoo import BertEncoder, ResNet18W, SmallCnn, randomize_norms, write_safetensors  # noqa: E402
+from torch_zoo import BertEncoder, DecoderLM, ResNet18W, SmallCnn, randomize_norms, write_safetensors  # noqa: E402
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
 
@@ -54,6 +57,17 @@ BERT_TINY = {
     "layer_norm_eps": 1e-12,
 }
 SMALL_CNN = {"in_channels": 1, "num_classes": 10}
+DECODER_TINY = {
+    "vocab_size": 128,
+    "d_model": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "d_ff": 256,
+    "max_positions": 64,
+    "layer_norm_eps": 1e-5,
+}
+# Greedy generation goldens: (prompt length, new tokens) per prompt; no stop token.
+DECODER_PROMPTS = [(8, 24), (3, 24)]
 
 DBRQ_DTYPE_NAMES = {torch.float32: "f32", torch.int64: "s64"}
 
@@ -88,6 +102,36 @@ def write_golden(name, model, x, config):
     write_safetensors(path, tensors, metadata)
     print(f"{name}: {os.path.getsize(path)} bytes, input {list(x.shape)}, output {list(y.shape)}, "
           f"torch f32 vs f64 relative error {f32_err:.2e}")
+
+
+def write_decoder_golden(name, model, prompts, config):
+    """decoder_lm.safetensors: the state dict; "input" / "output": the first prompt and its logits (one
+    call, empty cache); per prompt p, "prompt<p>", "tokens<p>" (greedy continuation, i64) and
+    "step_logits<p>" [tokens, vocab] (the logits each token was the argmax of). Logits and tokens come
+    from the float64 model; the script refuses a case where float32 could pick another token (the
+    top-2 margin of every step must exceed 1e-4 of the logits' scale, 100x the f32 drift)."""
+    model.eval()
+    m64 = copy.deepcopy(model).double()
+    tensors = list(model.state_dict().items())
+    with torch.no_grad():
+        prompt_logits = m64(prompts[0])[0].float()
+    tensors += [("input", prompts[0]), ("output", prompt_logits)]
+    lengths = []
+    for p, (prompt, (_, new_tokens)) in enumerate(zip(prompts, DECODER_PROMPTS)):
+        tokens, logits = m64.generate(prompt[0].tolist(), new_tokens)
+        tokens32, _ = model.generate(prompt[0].tolist(), new_tokens)
+        assert tokens32 == tokens, f"prompt {p}: float32 and float64 greedy tokens differ"
+        top2 = logits.topk(2, dim=1).values
+        margin = float((top2[:, 0] - top2[:, 1]).min() / logits.abs().max())
+        assert margin > 1e-4, f"prompt {p}: a near tie between the top two logits ({margin:.1e}); change the seed"
+        tensors += [(f"prompt{p}", prompt), (f"tokens{p}", torch.tensor(tokens, dtype=torch.int64)),
+                    (f"step_logits{p}", logits.float())]
+        lengths.append(f"{prompt.shape[1]}+{len(tokens)} (min top-2 margin {margin:.1e})")
+    path = os.path.join(GOLDEN_DIR, f"{name}.safetensors")
+    metadata = {"config": json.dumps(config, sort_keys=True), "torch": torch.__version__,
+                "torchvision": torchvision.__version__}
+    write_safetensors(path, tensors, metadata)
+    print(f"{name}: {os.path.getsize(path)} bytes, prompts+generated {', '.join(lengths)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +176,13 @@ def main():
     cnn = SmallCnn(**SMALL_CNN)
     randomize_norms(cnn, gen)
     write_golden("small_cnn", cnn, torch.randn(4, 1, 8, 8, generator=gen), SMALL_CNN)
+
+    torch.manual_seed(5)
+    decoder = DecoderLM(DECODER_TINY)
+    randomize_norms(decoder, gen)
+    prompts = [torch.randint(0, DECODER_TINY["vocab_size"], (1, n), generator=gen, dtype=torch.int64)
+               for n, _ in DECODER_PROMPTS]
+    write_decoder_golden("decoder_lm", decoder, prompts, DECODER_TINY)
 
 
 if __name__ == "__main__":

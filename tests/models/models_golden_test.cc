@@ -197,7 +197,8 @@ TEST(ZooKeys, BertUsesHuggingFaceNames) {
 // ---- registry and batch sizes ----
 
 TEST(ZooRegistry, NamesAndUnknownModel) {
-  EXPECT_EQ(zoo::model_names(), (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn"}));
+  EXPECT_EQ(zoo::model_names(),
+            (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -225,7 +226,7 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
-                         ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn"),
+                         ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
