@@ -2,6 +2,7 @@
 
 #include "runtime/ops/op_call.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -180,6 +181,252 @@ Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
 }
 
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
+
+// ---- recurrent layers -------------------------------------------------------------------------
+
+namespace detail {
+namespace {
+
+const char* mode_name(RNNMode m) { return m == RNNMode::kLSTM ? "LSTM" : "GRU"; }
+
+std::string sizes_string(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+// x's slices along `dim` in `order` (a permutation of the batch), as narrow + cat.
+Tensor take(const Tensor& x, int64_t dim, const std::vector<int64_t>& order) {
+  std::vector<Tensor> parts;
+  parts.reserve(order.size());
+  for (int64_t i : order) parts.push_back(x.narrow(dim, i, 1));
+  return cat(parts, dim);
+}
+
+// One GRU step from the precomputed input gates gi = W_i x + b_i and the hidden gates
+// gh = W_h h + b_h ([B, 3H] each, r z n), in the order of PyTorch's GRUCell
+// (aten/src/ATen/native/RNN.cpp), so fp32 results agree to rounding.
+Tensor gru_step(const Tensor& gi, const Tensor& gh, const Tensor& h, int64_t hidden) {
+  const Tensor rz = sigmoid(gh.narrow(1, 0, 2 * hidden) + gi.narrow(1, 0, 2 * hidden));
+  const Tensor n = tanh(gi.narrow(1, 2 * hidden, hidden) + gh.narrow(1, 2 * hidden, hidden) * rz.narrow(1, 0, hidden));
+  return (h - n) * rz.narrow(1, hidden, hidden) + n;
+}
+
+// One LSTM step (gates i f g o), as PyTorch's LSTMCell. Returns (h', c').
+std::pair<Tensor, Tensor> lstm_step(const Tensor& gi, const Tensor& gh, const Tensor& c, int64_t hidden) {
+  const Tensor gates = gh + gi;
+  const Tensor i = sigmoid(gates.narrow(1, 0, hidden));
+  const Tensor f = sigmoid(gates.narrow(1, hidden, hidden));
+  const Tensor g = tanh(gates.narrow(1, 2 * hidden, hidden));
+  const Tensor o = sigmoid(gates.narrow(1, 3 * hidden, hidden));
+  Tensor c_next = f * c + i * g;
+  Tensor h_next = o * tanh(c_next);
+  return {std::move(h_next), std::move(c_next)};
+}
+
+}  // namespace
+
+RNNImpl::RNNImpl(Module& self, RNNMode mode, const RNNOptions& o)
+    : self_(self), mode_(mode), options_(o), gates_(mode == RNNMode::kLSTM ? 4 : 3) {
+  const char* name = mode_name(mode);
+  DBRQ_ENSURE(o.input_size() >= 1, ValueError, name, ": input_size must be >= 1, got ", o.input_size());
+  DBRQ_ENSURE(o.hidden_size() >= 1, ValueError, name, ": hidden_size must be >= 1, got ", o.hidden_size());
+  DBRQ_ENSURE(o.num_layers() >= 1, ValueError, name, ": num_layers must be >= 1, got ", o.num_layers());
+  DBRQ_ENSURE(o.dropout() >= 0.0 && o.dropout() <= 1.0, ValueError, name,
+              ": dropout must be a probability in [0, 1], got ", o.dropout());
+  const int64_t h = o.hidden_size(), directions = o.bidirectional() ? 2 : 1;
+  // PyTorch's order (and state_dict order): per layer, per direction: weight_ih, weight_hh,
+  // bias_ih, bias_hh; every tensor U(-1/sqrt(hidden), 1/sqrt(hidden)).
+  for (int64_t layer = 0; layer < o.num_layers(); ++layer) {
+    for (int64_t d = 0; d < directions; ++d) {
+      const std::string suffix = absl::StrCat("_l", layer, d == 1 ? "_reverse" : "");
+      const int64_t in = layer == 0 ? o.input_size() : h * directions;
+      RNNWeights w;
+      w.weight_ih = self.register_parameter("weight_ih" + suffix, init_uniform({gates_ * h, in}, h));
+      w.weight_hh = self.register_parameter("weight_hh" + suffix, init_uniform({gates_ * h, h}, h));
+      if (o.bias()) {
+        w.bias_ih = self.register_parameter("bias_ih" + suffix, init_uniform({gates_ * h}, h));
+        w.bias_hh = self.register_parameter("bias_hh" + suffix, init_uniform({gates_ * h}, h));
+      }
+      cells_.push_back(std::move(w));
+    }
+  }
+}
+
+const RNNWeights& RNNImpl::weights(int64_t layer, int64_t direction) const {
+  const int64_t directions = options_.bidirectional() ? 2 : 1;
+  DBRQ_ENSURE(layer >= 0 && layer < options_.num_layers() && direction >= 0 && direction < directions, IndexError,
+              mode_name(mode_), "::weights(", layer, ", ", direction, "): out of range for ", options_.num_layers(),
+              " layer(s) and ", directions, " direction(s)");
+  return cells_[static_cast<size_t>(layer * directions + direction)];
+}
+
+std::string RNNImpl::extra_repr() const {
+  const RNNOptions& o = options_;
+  std::string s = absl::StrCat(o.input_size(), ", ", o.hidden_size());
+  if (o.num_layers() != 1) absl::StrAppend(&s, ", num_layers=", o.num_layers());
+  if (!o.bias()) absl::StrAppend(&s, ", bias=False");
+  if (o.batch_first()) absl::StrAppend(&s, ", batch_first=True");
+  if (o.dropout() != 0.0) absl::StrAppend(&s, ", dropout=", o.dropout());
+  if (o.bidirectional()) absl::StrAppend(&s, ", bidirectional=True");
+  return s;
+}
+
+void RNNImpl::check_args(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                         const std::vector<int64_t>& lengths) const {
+  const char* name = mode_name(mode_);
+  const RNNOptions& o = options_;
+  DBRQ_ENSURE(input.defined(), ValueError, name, ": input is undefined");
+  DBRQ_ENSURE(input.dtype() == DType::kF32 || input.is_quantized(), DTypeError, name,
+              ": input must have dtype f32, got ", dtype_name(input.dtype()));
+  DBRQ_ENSURE(input.dim() == 2 || input.dim() == 3, ShapeError, name,
+              ": expected input to be 2-D (unbatched: [T, input_size]) or 3-D (batched), got a ", input.dim(),
+              "-D tensor ", input.shape_string());
+  DBRQ_ENSURE(input.size(-1) == o.input_size(), ShapeError, name,
+              ": input.size(-1) must be equal to input_size. Expected ", o.input_size(), ", got ", input.size(-1),
+              " (input ", input.shape_string(), ")");
+  const bool batched = input.dim() == 3;
+  const int64_t t = batched && o.batch_first() ? input.size(1) : input.size(0);
+  const int64_t b = batched ? input.size(o.batch_first() ? 0 : 1) : 1;
+  DBRQ_ENSURE(t >= 1 && b >= 1, ShapeError, name, ": input ", input.shape_string(),
+              " has no time steps or no sequences (sequence length ", t, ", batch ", b, ")");
+  const int64_t layers = o.num_layers() * (o.bidirectional() ? 2 : 1);
+  const std::vector<int64_t> expected =
+      batched ? std::vector<int64_t>{layers, b, o.hidden_size()} : std::vector<int64_t>{layers, o.hidden_size()};
+  auto check_state = [&](const Tensor& s, const char* which) {
+    if (!s.defined()) return;
+    DBRQ_ENSURE(s.dtype() == DType::kF32 || s.is_quantized(), DTypeError, name, ": ", which,
+                " must have dtype f32, got ", dtype_name(s.dtype()));
+    DBRQ_ENSURE(s.dim() == input.dim(), ShapeError, name, ": for ", batched ? "batched 3-D" : "unbatched 2-D",
+                " input, ", which, " should also be ", input.dim(), "-D but got a ", s.dim(), "-D tensor ",
+                s.shape_string());
+    DBRQ_ENSURE(std::vector<int64_t>(s.sizes().begin(), s.sizes().end()) == expected, ShapeError, name, ": expected ",
+                which, " of size ", sizes_string(expected), " (num_layers * num_directions, ", batched ? "batch, " : "",
+                "hidden_size), got ", s.shape_string());
+  };
+  check_state(h0, mode_ == RNNMode::kLSTM ? "hx[0] (h0)" : "hx");
+  check_state(c0, "hx[1] (c0)");
+  if (lengths.empty()) return;
+  DBRQ_ENSURE(batched, ValueError, name, ": lengths need a batched (3-D) input, got ", input.shape_string());
+  DBRQ_ENSURE(static_cast<int64_t>(lengths.size()) == b, ValueError, name, ": got ", lengths.size(),
+              " lengths for a batch of ", b, " sequences");
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    DBRQ_ENSURE(lengths[i] >= 1 && lengths[i] <= t, ValueError, name, ": lengths[", i, "] = ", lengths[i],
+                " is out of range [1, ", t, "] (the input's sequence length)");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> RNNImpl::forward(const Tensor& input, const Tensor& h0_in, const Tensor& c0_in,
+                                                    const std::vector<int64_t>& lengths, bool training) const {
+  check_args(input, h0_in, c0_in, lengths);
+  const RNNOptions& o = options_;
+  const bool lstm = mode_ == RNNMode::kLSTM;
+  const bool batched = input.dim() == 3;
+  const int64_t hidden = o.hidden_size(), layers = o.num_layers(), directions = o.bidirectional() ? 2 : 1;
+  // Time-major [T, B, features] from here on.
+  Tensor x = !batched ? input.unsqueeze(1) : o.batch_first() ? input.transpose(0, 1) : input;
+  Tensor h0 = h0_in.defined() && !batched ? h0_in.unsqueeze(1) : h0_in;
+  Tensor c0 = c0_in.defined() && !batched ? c0_in.unsqueeze(1) : c0_in;
+  const int64_t steps = x.size(0), batch = x.size(1);
+
+  // Per-sequence lengths: the sequences sorted longest first, so the ones still running at step t
+  // are the first running[t] rows, and each step computes only those (PyTorch's packed sequences).
+  std::vector<int64_t> order, running;
+  bool permuted = false;
+  if (!lengths.empty()) {
+    order.resize(lengths.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    for (size_t i = 0; i < order.size(); ++i) permuted = permuted || order[i] != static_cast<int64_t>(i);
+    running.assign(static_cast<size_t>(steps), 0);
+    for (int64_t len : lengths) {
+      for (int64_t t = 0; t < len; ++t) ++running[static_cast<size_t>(t)];
+    }
+    if (permuted) {
+      x = take(x, 1, order);
+      if (h0.defined()) h0 = take(h0, 1, order);
+      if (c0.defined()) c0 = take(c0, 1, order);
+    }
+  }
+
+  Tensor h_n = zeros({layers * directions, batch, hidden});
+  Tensor c_n = lstm ? zeros({layers * directions, batch, hidden}) : Tensor();
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    // Zeros where a sequence has ended (what pad_packed_sequence gives).
+    Tensor out = zeros({steps, batch, directions * hidden});
+    for (int64_t d = 0; d < directions; ++d) {
+      const int64_t index = layer * directions + d;
+      const RNNWeights& w = cells_[static_cast<size_t>(index)];
+      // Every step's input projection in one matrix product ([T * B, in] x [in, gates * H]); the
+      // loop then only multiplies the hidden state. Both products always read their input through
+      // the same op (contiguous, narrow), so that quantization records one op per weight, whatever
+      // path produced the input (layout, layer, first or later step, packed or not): a model
+      // prepared on one input then runs every other one int8 (docs/recurrent.md).
+      const Tensor projected = linear(x.contiguous(), w.weight_ih, w.bias_ih);
+      Tensor h = h0.defined() ? h0.select(0, index) : zeros({batch, hidden});
+      Tensor c = !lstm ? Tensor() : c0.defined() ? c0.select(0, index) : zeros({batch, hidden});
+      const Tensor out_d = directions == 1 ? out : out.narrow(2, d * hidden, hidden);
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t t = d == 0 ? s : steps - 1 - s;
+        const int64_t n = running.empty() ? batch : running[static_cast<size_t>(t)];
+        const bool all = n == batch;
+        const Tensor gi = all ? projected.select(0, t) : projected.select(0, t).narrow(0, 0, n);
+        const Tensor h_run = h.narrow(0, 0, n);
+        const Tensor gh = linear(h_run, w.weight_hh, w.bias_hh);
+        Tensor h_next, c_next;
+        if (lstm) {
+          std::tie(h_next, c_next) = lstm_step(gi, gh, all ? c : c.narrow(0, 0, n), hidden);
+        } else {
+          h_next = gru_step(gi, gh, h_run, hidden);
+        }
+        Tensor slot = all ? out_d.select(0, t) : out_d.select(0, t).narrow(0, 0, n);
+        slot.copy_(h_next);
+        // Sequences that have ended (forward) or not started yet (reverse) keep their state.
+        h = all ? h_next : cat({h_next, h.narrow(0, n, batch - n)}, 0);
+        if (lstm) c = all ? c_next : cat({c_next, c.narrow(0, n, batch - n)}, 0);
+      }
+      Tensor hn_slot = h_n.select(0, index);
+      hn_slot.copy_(h);
+      if (lstm) {
+        Tensor cn_slot = c_n.select(0, index);
+        cn_slot.copy_(c);
+      }
+    }
+    x = out;
+    if (o.dropout() > 0.0 && training && layer + 1 < layers) x = dropout(x, o.dropout(), true);
+  }
+
+  if (permuted) {
+    std::vector<int64_t> inverse(order.size());
+    for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+    x = take(x, 1, inverse);
+    h_n = take(h_n, 1, inverse);
+    if (lstm) c_n = take(c_n, 1, inverse);
+  }
+  if (!batched) {
+    x = x.squeeze(1);
+    h_n = h_n.squeeze(1);
+    if (lstm) c_n = c_n.squeeze(1);
+  } else if (o.batch_first()) {
+    x = x.transpose(0, 1);
+  }
+  return {x, h_n, c_n};
+}
+
+}  // namespace detail
+
+LSTM::LSTM(const LSTMOptions& options) : CallableModule("LSTM"), impl_(*this, detail::RNNMode::kLSTM, options) {}
+
+std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTM::forward(const Tensor& input,
+                                                             const std::optional<std::tuple<Tensor, Tensor>>& hx,
+                                                             const std::vector<int64_t>& lengths) {
+  auto [out, h, c] =
+      impl_.forward(input, hx ? std::get<0>(*hx) : Tensor(), hx ? std::get<1>(*hx) : Tensor(), lengths, is_training());
+  return {out, {h, c}};
+}
+
+GRU::GRU(const GRUOptions& options) : CallableModule("GRU"), impl_(*this, detail::RNNMode::kGRU, options) {}
+
+std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx, const std::vector<int64_t>& lengths) {
+  auto [out, h, c] = impl_.forward(input, hx, Tensor(), lengths, is_training());
+  return {out, h};
+}
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
   for (auto& m : modules) push_back(std::move(m));
