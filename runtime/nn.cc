@@ -300,6 +300,9 @@ void RNNImpl::check_args(const Tensor& input, const Tensor& h0, const Tensor& c0
                 which, " of size ", sizes_string(expected), " (num_layers * num_directions, ", batched ? "batch, " : "",
                 "hidden_size), got ", s.shape_string());
   };
+  DBRQ_ENSURE(mode_ != RNNMode::kLSTM || h0.defined() == c0.defined(), ValueError, name,
+              ": hx must hold both h0 and c0 (or be absent), but ", h0.defined() ? "hx[1] (c0)" : "hx[0] (h0)",
+              " is undefined");
   check_state(h0, mode_ == RNNMode::kLSTM ? "hx[0] (h0)" : "hx");
   check_state(c0, "hx[1] (c0)");
   if (lengths.empty()) return;
