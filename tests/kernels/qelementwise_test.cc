@@ -32,6 +32,13 @@ TEST(QuantizeTo, ChannelsLastToContiguous) {
 
 TEST(QuantizeTo, TransposedPreserved) { QuantizeTester().input_layout(Layout::kTransposed).zero_point(40).Test(); }
 
+// A row-major tensor whose dim of size 1 has a stride of its own (a [T, B, C] view of a batch of
+// one transposed from [B, T, C]): once recursed forever (its "contiguous" copy was itself).
+TEST(QuantizeTo, BatchOfOneTransposed) {
+  QuantizeTester().sizes({5, 1, 7}).input_layout(Layout::kTransposed).zero_point(40).Test();
+  QuantizeTester().sizes({1, 6}).input_layout(Layout::kTransposed).Test();
+}
+
 TEST(QuantizeTo, SlicedInput) { QuantizeTester().input_layout(Layout::kSliced).zero_point(40).Test(); }
 
 TEST(QuantizeTo, SlicedInputChannelsLast) {
