@@ -191,12 +191,47 @@ const char* mode_name(RNNMode m) { return m == RNNMode::kLSTM ? "LSTM" : "GRU"; 
 
 std::string sizes_string(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
-// x's slices along `dim` in `order` (a permutation of the batch), as narrow + cat.
-Tensor take(const Tensor& x, int64_t dim, const std::vector<int64_t>& order) {
-  std::vector<Tensor> parts;
-  parts.reserve(order.size());
-  for (int64_t i : order) parts.push_back(x.narrow(dim, i, 1));
-  return cat(parts, dim);
+// Batch plumbing: sorting the sequences by length, the state buffers, writing each step's result
+// into the output. It uses metadata-only views (raw_*, which never dispatch) and copy_ (an op no
+// qconfig quantizes; it dequantizes an int8 source), so it adds nothing to a quantization state:
+// the recorded program is the recurrence's arithmetic alone, the same ops with the same producers
+// at every step, whatever the batch size, the layout and the pattern of lengths. (Shape ops such
+// as select / narrow on these buffers would be recorded, and a chain of them over a buffer could
+// share a record with the same chain over an int8 activation, whose converted executor returns an
+// int8 copy instead of a view: a write through it would be lost.)
+
+// t.select(dim, i) as a view (no dispatch).
+Tensor raw_select(const Tensor& t, int64_t dim, int64_t i) {
+  DimVector sizes, strides;
+  for (int64_t k = 0; k < t.dim(); ++k) {
+    if (k == dim) continue;
+    sizes.push_back(t.size(k));
+    strides.push_back(t.stride(k));
+  }
+  return t.raw_as_strided(sizes, strides, t.storage_offset() + i * t.stride(dim));
+}
+
+// t.unsqueeze(dim) as a view (no dispatch).
+Tensor raw_unsqueeze(const Tensor& t, int64_t dim) {
+  DimVector sizes(t.sizes().begin(), t.sizes().end()), strides(t.strides().begin(), t.strides().end());
+  sizes.insert(sizes.begin() + dim, 1);
+  strides.insert(strides.begin() + dim, dim < t.dim() ? t.stride(dim) * t.size(dim) : 1);
+  return t.raw_as_strided(sizes, strides, t.storage_offset());
+}
+
+// Copies src's slices along dim 1 into dst's: dst[:, b] = src[:, from[b]] (from empty: the same b).
+// Always through a view: a tensor copy_ wrote into carries copy_'s trace tag, and dst must not
+// (the ops reading it must see the same producer whichever way it was filled).
+void copy_sequences(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& from) {
+  if (from.empty()) {
+    Tensor all = dst.raw_as_strided(dst.sizes(), dst.strides(), dst.storage_offset());
+    all.copy_(src);
+    return;
+  }
+  for (size_t b = 0; b < from.size(); ++b) {
+    Tensor row = raw_select(dst, 1, static_cast<int64_t>(b));
+    row.copy_(raw_select(src, 1, from[b]));
+  }
 }
 
 // One GRU step from the precomputed input gates gi = W_i x + b_i and the hidden gates
@@ -322,34 +357,44 @@ std::tuple<Tensor, Tensor, Tensor> RNNImpl::forward(const Tensor& input, const T
   const bool lstm = mode_ == RNNMode::kLSTM;
   const bool batched = input.dim() == 3;
   const int64_t hidden = o.hidden_size(), layers = o.num_layers(), directions = o.bidirectional() ? 2 : 1;
-  // Time-major [T, B, features] from here on.
-  Tensor x = !batched ? input.unsqueeze(1) : o.batch_first() ? input.transpose(0, 1) : input;
-  Tensor h0 = h0_in.defined() && !batched ? h0_in.unsqueeze(1) : h0_in;
-  Tensor c0 = c0_in.defined() && !batched ? c0_in.unsqueeze(1) : c0_in;
-  const int64_t steps = x.size(0), batch = x.size(1);
+  // Time-major [T, B, features] and [layers * D, B, hidden] views from here on.
+  const Tensor x_in = !batched ? raw_unsqueeze(input, 1) : o.batch_first() ? input.raw_permute({1, 0, 2}) : input;
+  const Tensor h0 = h0_in.defined() && !batched ? raw_unsqueeze(h0_in, 1) : h0_in;
+  const Tensor c0 = c0_in.defined() && !batched ? raw_unsqueeze(c0_in, 1) : c0_in;
+  const int64_t steps = x_in.size(0), batch = x_in.size(1);
 
-  // Per-sequence lengths: the sequences sorted longest first, so the ones still running at step t
-  // are the first running[t] rows, and each step computes only those (PyTorch's packed sequences).
+  // Per-sequence lengths: the sequences sorted longest first (`order`, empty when already sorted),
+  // so the ones still running at step t are the first running[t] rows, and each step computes only
+  // those (PyTorch's packed sequences).
   std::vector<int64_t> order, running;
-  bool permuted = false;
   if (!lengths.empty()) {
     order.resize(lengths.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
-    for (size_t i = 0; i < order.size(); ++i) permuted = permuted || order[i] != static_cast<int64_t>(i);
+    if (std::is_sorted(order.begin(), order.end())) order.clear();
     running.assign(static_cast<size_t>(steps), 0);
     for (int64_t len : lengths) {
       for (int64_t t = 0; t < len; ++t) ++running[static_cast<size_t>(t)];
     }
-    if (permuted) {
-      x = take(x, 1, order);
-      if (h0.defined()) h0 = take(h0, 1, order);
-      if (c0.defined()) c0 = take(c0, 1, order);
-    }
   }
 
+  // The first layer's input: time-major, contiguous f32, sequences in order: the input itself when
+  // it already is that (as a fresh view, so every input reaches the first product alike), else a
+  // copy.
+  Tensor x;
+  if (order.empty() && x_in.dtype() == DType::kF32 && !x_in.is_quantized() && x_in.is_contiguous()) {
+    x = x_in.raw_as_strided(x_in.sizes(), x_in.strides(), x_in.storage_offset());
+  } else {
+    x = zeros({steps, batch, x_in.size(2)});
+    copy_sequences(x, x_in, order);
+  }
+  // The states live in h_n / c_n: initial state first, each step's result written into the rows
+  // of the sequences still running, so each one ends holding its state at its own end.
   Tensor h_n = zeros({layers * directions, batch, hidden});
   Tensor c_n = lstm ? zeros({layers * directions, batch, hidden}) : Tensor();
+  if (h0.defined()) copy_sequences(h_n, h0, order);
+  if (c0.defined()) copy_sequences(c_n, c0, order);
+
   for (int64_t layer = 0; layer < layers; ++layer) {
     // Zeros where a sequence has ended (what pad_packed_sequence gives).
     Tensor out = zeros({steps, batch, directions * hidden});
@@ -357,57 +402,56 @@ std::tuple<Tensor, Tensor, Tensor> RNNImpl::forward(const Tensor& input, const T
       const int64_t index = layer * directions + d;
       const RNNWeights& w = cells_[static_cast<size_t>(index)];
       // Every step's input projection in one matrix product ([T * B, in] x [in, gates * H]); the
-      // loop then only multiplies the hidden state. Both products always read their input through
-      // the same op (contiguous, narrow), so that quantization records one op per weight, whatever
-      // path produced the input (layout, layer, first or later step, packed or not): a model
-      // prepared on one input then runs every other one int8 (docs/recurrent.md).
-      const Tensor projected = linear(x.contiguous(), w.weight_ih, w.bias_ih);
-      Tensor h = h0.defined() ? h0.select(0, index) : zeros({batch, hidden});
-      Tensor c = !lstm ? Tensor() : c0.defined() ? c0.select(0, index) : zeros({batch, hidden});
-      const Tensor out_d = directions == 1 ? out : out.narrow(2, d * hidden, hidden);
+      // loop then only multiplies the hidden state.
+      const Tensor projected = linear(x, w.weight_ih, w.bias_ih);
+      const Tensor h = raw_select(h_n, 0, index);
+      const Tensor c = lstm ? raw_select(c_n, 0, index) : Tensor();
+      const Tensor out_d = directions == 1 ? out : out.raw_narrow(2, d * hidden, hidden);
       for (int64_t s = 0; s < steps; ++s) {
         const int64_t t = d == 0 ? s : steps - 1 - s;
         const int64_t n = running.empty() ? batch : running[static_cast<size_t>(t)];
-        const bool all = n == batch;
-        const Tensor gi = all ? projected.select(0, t) : projected.select(0, t).narrow(0, 0, n);
-        const Tensor h_run = h.narrow(0, 0, n);
+        // The recorded ops of a step: the same at every step, for every n.
+        const Tensor gi = projected.select(0, t).narrow(0, 0, n);
+        Tensor h_run = h.raw_narrow(0, 0, n);
         const Tensor gh = linear(h_run, w.weight_hh, w.bias_hh);
-        Tensor h_next, c_next;
+        Tensor h_next;
         if (lstm) {
-          std::tie(h_next, c_next) = lstm_step(gi, gh, all ? c : c.narrow(0, 0, n), hidden);
+          Tensor c_run = c.raw_narrow(0, 0, n);
+          Tensor c_next;
+          std::tie(h_next, c_next) = lstm_step(gi, gh, c_run, hidden);
+          c_run.copy_(c_next);
         } else {
           h_next = gru_step(gi, gh, h_run, hidden);
         }
-        Tensor slot = all ? out_d.select(0, t) : out_d.select(0, t).narrow(0, 0, n);
-        slot.copy_(h_next);
         // Sequences that have ended (forward) or not started yet (reverse) keep their state.
-        h = all ? h_next : cat({h_next, h.narrow(0, n, batch - n)}, 0);
-        if (lstm) c = all ? c_next : cat({c_next, c.narrow(0, n, batch - n)}, 0);
-      }
-      Tensor hn_slot = h_n.select(0, index);
-      hn_slot.copy_(h);
-      if (lstm) {
-        Tensor cn_slot = c_n.select(0, index);
-        cn_slot.copy_(c);
+        h_run.copy_(h_next);
+        Tensor slot = raw_select(out_d, 0, t).raw_narrow(0, 0, n);
+        slot.copy_(h_next);
       }
     }
     x = out;
     if (o.dropout() > 0.0 && training && layer + 1 < layers) x = dropout(x, o.dropout(), true);
   }
 
-  if (permuted) {
+  if (!order.empty()) {
+    // Back to the caller's order: result[:, order[i]] = sorted[:, i].
     std::vector<int64_t> inverse(order.size());
     for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
-    x = take(x, 1, inverse);
-    h_n = take(h_n, 1, inverse);
-    if (lstm) c_n = take(c_n, 1, inverse);
+    auto unsort = [&](const Tensor& sorted) {
+      Tensor result = zeros(sorted.sizes());
+      copy_sequences(result, sorted, inverse);
+      return result;
+    };
+    x = unsort(x);
+    h_n = unsort(h_n);
+    if (lstm) c_n = unsort(c_n);
   }
   if (!batched) {
-    x = x.squeeze(1);
-    h_n = h_n.squeeze(1);
-    if (lstm) c_n = c_n.squeeze(1);
+    x = raw_select(x, 1, 0);
+    h_n = raw_select(h_n, 1, 0);
+    if (lstm) c_n = raw_select(c_n, 1, 0);
   } else if (o.batch_first()) {
-    x = x.transpose(0, 1);
+    x = x.raw_permute({1, 0, 2});
   }
   return {x, h_n, c_n};
 }

@@ -9,8 +9,9 @@
 //   dbrq::Tensor y = (*head)((*conv)(x));
 //
 // Layers are leaves for quantization (their ops belong to the enclosing user module);
-// Sequential, ModuleList, ModuleDict and the recurrent LSTM and GRU are not (docs/recurrent.md). dbrq is an inference runtime: train() only
-// changes Dropout; BatchNorm always uses its running statistics.
+// Sequential, ModuleList, ModuleDict and the recurrent LSTM and GRU are not (docs/recurrent.md).
+// dbrq is an inference runtime: train() only changes Dropout (and LSTM / GRU dropout between
+// layers); BatchNorm always uses its running statistics.
 #pragma once
 
 #include <array>
@@ -348,7 +349,10 @@ enum class RNNMode { kLSTM, kGRU };
 // the functional API, so their ops are recorded in their own quantization state. Their matrix
 // products are functional linear calls on their registered weights, which is what the dynamic
 // mapping (default_dynamic_qconfig_mapping: linear -> dynamic) quantizes; the gate arithmetic is
-// ordinary elementwise ops. docs/recurrent.md explains the choice.
+// ordinary elementwise ops. The batch plumbing (sorting packed sequences by length, the state
+// buffers, writing each step into the output) goes through metadata-only views and copy_, which
+// record nothing, so every batch size, layout and pattern of lengths runs the same recorded ops.
+// docs/recurrent.md explains the choice.
 class RNNImpl {
  public:
   RNNImpl(Module& self, RNNMode mode, const RNNOptions& options);
