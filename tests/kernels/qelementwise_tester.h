@@ -111,7 +111,10 @@ class QuantizeTester {
     }
     if (format_ == MemoryFormat::kPreserve && xt.is_non_overlapping_and_dense()) {
       for (size_t d = 0; d < sizes_.size(); ++d) {
-        if (sizes_[d] != 1) EXPECT_EQ(y.stride(static_cast<int64_t>(d)), xt.stride(static_cast<int64_t>(d))) << "dim " << d;
+        const int64_t dim = static_cast<int64_t>(d);
+        if (sizes_[d] != 1) {
+          EXPECT_EQ(y.stride(dim), xt.stride(dim)) << "dim " << d;
+        }
       }
     }
     const RefCodes ref = reference_codes(std::vector<double>(x.begin(), x.end()), scale_, zp_);

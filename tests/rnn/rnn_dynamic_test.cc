@@ -76,7 +76,9 @@ TEST_P(RnnDynamic, MatchesPyTorchsDynamicInt8) {
   EXPECT_GT(sqnr_of(out[0], emulated), 60.0) << "vs PyTorch's linear_dynamic, max abs diff " << vs_emulated;
   EXPECT_LT(vs_emulated, 1e-2);
   EXPECT_GT(sqnr_of(out[1], g.at("dyn_h_n")), 60.0);
-  if (c.lstm) EXPECT_GT(sqnr_of(out[2], g.at("dyn_c_n")), 60.0);
+  if (c.lstm) {
+    EXPECT_GT(sqnr_of(out[2], g.at("dyn_c_n")), 60.0);
+  }
   EXPECT_GT(sqnr_fp32, 38.0);
   std::string torch_note = "n/a (PyTorch's dynamic RNNs need biases and a batch)";
   if (g.has("torch_dyn_output")) {

@@ -167,7 +167,9 @@ void calibrate_at_some_lengths_run_at_others(const char* name, double min_sqnr =
   }
   EXPECT_GE(count_int8(model, OpKind::kLinear).first, 3);
   for (const QuantizedOpInfo& op : quantized_ops(model)) {
-    if (op.kind == OpKind::kLinear) EXPECT_FALSE(op.dynamic);
+    if (op.kind == OpKind::kLinear) {
+      EXPECT_FALSE(op.dynamic);
+    }
   }
   std::cout << "[ static   ] " << name << ": worst SQNR " << worst << " dB over T = 1..24 (calibrated at 3, 5, 8)\n";
 }
