@@ -11,13 +11,17 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn". Each has two variants:
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "gru_classifier". Each has two
+// variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
-//          on 8x8 digits).
+//          on 8x8 digits; the GRU classifier with vocab 10000, 128-d embeddings, a 2-layer GRU of
+//          128, 4 classes, on sequences of up to 64 tokens).
 //   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
 //          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
-//          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is.
+//          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is,
+//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12
+//          tokens.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
 // with load_state_dict.
 #pragma once
@@ -30,6 +34,7 @@
 
 #include "dbrq.h"
 #include "samples/zoo/bert_encoder.h"
+#include "samples/zoo/gru_classifier.h"
 #include "samples/zoo/mobilenet_v2.h"
 #include "samples/zoo/resnet.h"
 #include "samples/zoo/small_cnn.h"
@@ -47,8 +52,11 @@ ResNet18Config resnet18_config(Variant variant);
 MobileNetV2Config mobilenet_v2_config(Variant variant);
 BertConfig bert_config(Variant variant);
 SmallCnnConfig small_cnn_config(Variant variant);
+GruClassifierConfig gru_classifier_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
+// Padded length of gru_classifier's example input (its sequences are 1/4 to all of it long).
+int64_t gru_example_seq_len(Variant variant);
 
 struct ModelSpec {
   std::string name;
@@ -58,7 +66,8 @@ struct ModelSpec {
   std::function<std::shared_ptr<dbrq::nn::Module>(Variant)> make;
   // Sizes of an example input holding `batch` samples.
   std::function<std::vector<int64_t>(Variant, int64_t batch)> input_shape;
-  // A deterministic example input: N(0, 1) images, or token ids uniform over the vocabulary.
+  // A deterministic example input: N(0, 1) images, or token ids uniform over the vocabulary
+  // (gru_classifier: non-zero ids, each sequence 0-padded after a length drawn from [T/4, T]).
   std::function<dbrq::Tensor(Variant, int64_t batch, uint64_t seed)> example_input;
   // Calls a model made by `make` through its call operator (so quantization hooks see the call);
   // throws dbrq::ValueError when `model` is another type.
