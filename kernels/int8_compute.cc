@@ -297,11 +297,13 @@ namespace {
 // PyTorch's dynamic quantization parameters (u8, full range, zero in range).
 QuantParamsPtr dynamic_qparams(const Tensor& x) {
   const float* p = x.data<float>();
-  float mn = 0.f, mx = 0.f;  // the range always includes 0
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    if (!std::isfinite(p[i])) continue;
-    mn = std::min(mn, p[i]);
-    mx = std::max(mx, p[i]);
+  const int64_t n = x.numel();
+  float mn = 0.f, mx = 0.f;  // the range always includes 0; non-finite values are skipped
+#pragma omp simd reduction(min : mn) reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool finite = std::isfinite(p[i]);
+    mn = std::min(mn, finite ? p[i] : 0.f);
+    mx = std::max(mx, finite ? p[i] : 0.f);
   }
   const double scale = std::max((static_cast<double>(mx) - mn) / 255.0, 1e-8);
   const double zp_from_min = 0.0 - mn / scale;
