@@ -345,16 +345,24 @@ Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) 
   op_scales.resize(static_cast<size_t>(n));
   bias_scales.resize(static_cast<size_t>(n));
   const float src_r = static_cast<float>(1.0 / static_cast<double>(q.q_scale()));
-  for (size_t c = 0; c < static_cast<size_t>(n); ++c) {
-    bias_scales[c] = src_r * weight_reciprocals_[c];
-    op_scales[c] = 1.f / bias_scales[c];
+  {
+    const float* w_r = weight_reciprocals_.data();
+    float* bias_s = bias_scales.data();
+    float* op_s = op_scales.data();
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) {
+      bias_s[c] = src_r * w_r[c];
+      op_s[c] = 1.f / bias_s[c];
+    }
   }
   if (o_.bias.defined()) {
     if (!bias.defined() || bias.numel() < n) bias = Tensor::empty({n}, DType::kF32);
     const Tensor b = contiguous(o_.bias);
     const float* src = b.data<float>();
+    const float* bias_s = bias_scales.data();
     float* dst = bias.mutable_data<float>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * bias_scales[static_cast<size_t>(i)];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * bias_s[i];
   }
   return run_static(q, *q.qparams(), op_scales, o_.bias.defined() ? bias : Tensor(), nullptr);
 }
