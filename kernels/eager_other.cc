@@ -521,7 +521,13 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
     const float inv = 1.0f / qp.scale();
     const int32_t zp = qp.zero_point();
     parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) out[i] = quantize_value<Q>(src[i], inv, zp);
+      if constexpr (std::is_same_v<Q, uint8_t>) {
+        // The same codes for every finite value (clamping before or after rounding to an integer
+        // bound is the same); NaN gives the lowest code instead of an undefined conversion.
+        simd::quantize_u8(src + begin, out + begin, end - begin, inv, zp);
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = quantize_value<Q>(src[i], inv, zp);
+      }
     });
     return;
   }

@@ -108,6 +108,9 @@ class QLinear final : public QWeighted {
   const Tensor& quantized_weight() const override { return qweight_; }
   const QuantParamsPtr& weight_qparams() const override { return o_.weight_qparams; }
   std::string describe() const override;
+  // oneDNN primitives created so far (one per input shape and thread count; dynamic calls of one
+  // shape share one, whatever their scales and zero points).
+  size_t num_primitives() const;
 
  private:
   Tensor run_static(const Tensor& x, const QuantParams& src, const std::vector<float>& op_scales, const Tensor& bias,
@@ -116,6 +119,7 @@ class QLinear final : public QWeighted {
   Tensor qweight_;  // s8 [N, K]
   Tensor bias_acc_;
   std::vector<float> op_scales_;
+  std::vector<float> weight_reciprocals_;  // dynamic: float(1.0 / weight scale) per output channel
   std::unique_ptr<PrimitiveCacheImpl> cache_;
 };
 

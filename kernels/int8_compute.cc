@@ -333,10 +333,16 @@ QLinear::QLinear(QLinearOptions o) : o_(std::move(o)), cache_(std::make_unique<P
                                      real ? 0.f : o_.dst_qparams->scale());
     op_scales_ = std::move(r.op_scales);
     bias_acc_ = accumulator_bias(o_.bias, r.bias_scales);
+  } else {
+    for (float w : scales_of(*o_.weight_qparams, o_.weight.size(0))) {
+      weight_reciprocals_.push_back(static_cast<float>(1.0 / static_cast<double>(w)));
+    }
   }
 }
 
 QLinear::~QLinear() = default;
+
+size_t QLinear::num_primitives() const { return cache_->size(); }
 
 std::string QLinear::describe() const {
   std::string s = absl::StrFormat("%s linear %s", o_.dynamic ? "dynamic int8" : "int8", o_.weight.shape_string());
@@ -349,11 +355,13 @@ namespace {
 // PyTorch's dynamic quantization parameters (u8, full range, zero in range).
 QuantParamsPtr dynamic_qparams(const Tensor& x) {
   const float* p = x.data<float>();
-  float mn = 0.f, mx = 0.f;  // the range always includes 0
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    if (!std::isfinite(p[i])) continue;
-    mn = std::min(mn, p[i]);
-    mx = std::max(mx, p[i]);
+  const int64_t n = x.numel();
+  float mn = 0.f, mx = 0.f;  // the range always includes 0; non-finite values are skipped
+#pragma omp simd reduction(min : mn) reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool finite = std::isfinite(p[i]);
+    mn = std::min(mn, finite ? p[i] : 0.f);
+    mx = std::max(mx, finite ? p[i] : 0.f);
   }
   const double scale = std::max((static_cast<double>(mx) - mn) / 255.0, 1e-8);
   const double zp_from_min = 0.0 - mn / scale;
@@ -383,9 +391,38 @@ Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) 
     q = quantize(xc, dynamic_qparams(xc), DType::kU8);
   }
   check_u8("dynamic quantized linear", q);
-  RequantScales r = requant_scales(q.q_scale(), scales_of(*o_.weight_qparams, o_.weight.size(0)), 0.f);
-  const Tensor bias = accumulator_bias(o_.bias, r.bias_scales);
-  return run_static(q, *q.qparams(), r.op_scales, bias, nullptr);
+  // This call's output scales and accumulator-unit bias, in per-thread buffers (a dynamic call
+  // allocates only its activations). They go to oneDNN as runtime arguments, with the runtime
+  // source zero point: one primitive per shape serves every call.
+  // The values requant_scale gives (dst_scale 0: real-valued output), with the weight scales'
+  // reciprocals computed once (three double divisions per channel and call cost more than the
+  // product itself for a recurrence's [1, H] step).
+  const int64_t n = o_.weight.size(0);
+  thread_local std::vector<float> op_scales, bias_scales;
+  thread_local Tensor bias;
+  op_scales.resize(static_cast<size_t>(n));
+  bias_scales.resize(static_cast<size_t>(n));
+  const float src_r = static_cast<float>(1.0 / static_cast<double>(q.q_scale()));
+  {
+    const float* w_r = weight_reciprocals_.data();
+    float* bias_s = bias_scales.data();
+    float* op_s = op_scales.data();
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) {
+      bias_s[c] = src_r * w_r[c];
+      op_s[c] = 1.f / bias_s[c];
+    }
+  }
+  if (o_.bias.defined()) {
+    if (!bias.defined() || bias.numel() < n) bias = Tensor::empty({n}, DType::kF32);
+    const Tensor b = contiguous(o_.bias);
+    const float* src = b.data<float>();
+    const float* bias_s = bias_scales.data();
+    float* dst = bias.mutable_data<float>();
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * bias_s[i];
+  }
+  return run_static(q, *q.qparams(), op_scales, o_.bias.defined() ? bias : Tensor(), nullptr);
 }
 
 Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std::vector<float>& op_scales,
@@ -407,7 +444,6 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
   const bool dynamic = dstq == nullptr;
   PrimitiveKey key("qlinear");
   key.add(m).add(static_cast<int64_t>(get_num_threads()));
-  if (dynamic) key.add(static_cast<int64_t>(src.zero_point()));  // zero point baked into the primitive
   auto entry = cache_->get(key, [&] {
     try {
       auto src_md = plain_desc({m, k}, DType::kU8, tag::ab);
@@ -415,13 +451,16 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
       dnnl::memory::desc w_md({k, n}, dt::s8, tag::any);
       dnnl::memory::desc b_md = o_.bias.defined() ? plain_desc({1, n}, DType::kF32, tag::ab) : dnnl::memory::desc();
       dnnl::primitive_attr attr = base_attr();
-      // Dynamic calls change the scales every time: runtime scales serve them all.
+      // Dynamic calls change the scales and the source zero point every time: runtime values
+      // serve them all (a zero point baked in made one primitive per zero point, and the
+      // per-step inputs of a recurrence have dozens).
       if (dynamic) {
         attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+        attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
         attr.set_output_scales(o_.weight_qparams->is_per_channel() ? 1 << 1 : 0, op_scales);
+        if (src.zero_point() != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {src.zero_point()});
       }
-      if (src.zero_point() != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {src.zero_point()});
       if (dstq != nullptr && dstq->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dstq->zero_point()});
       const bool real = needs_real_units(o_.post);
       const float dst_r = dstq != nullptr ? static_cast<float>(1.0 / static_cast<double>(dstq->scale())) : 1.f;
@@ -445,12 +484,14 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
                                                 {DNNL_ARG_WEIGHTS, entry->weights},
                                                 {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({1, n}, DType::kF32, tag::ab), bias));
-  std::vector<float> runtime_scales;
+  int32_t src_zp = src.zero_point();
   if (dynamic) {
-    runtime_scales = op_scales;
-    if (runtime_scales.size() == 1) runtime_scales.assign(static_cast<size_t>(n), runtime_scales[0]);
-    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
-                 dnnl::memory(plain_desc({n}, DType::kF32, tag::x), cpu_engine(), runtime_scales.data()));
+    DBRQ_CHECK(static_cast<int64_t>(op_scales.size()) == n, "dynamic linear: one output scale per channel");
+    // oneDNN only reads them (the C++ API takes a non-const pointer).
+    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, dnnl::memory(plain_desc({n}, DType::kF32, tag::x), cpu_engine(),
+                                                           const_cast<float*>(op_scales.data())));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
+                 dnnl::memory(plain_desc({1}, DType::kS32, tag::x), cpu_engine(), &src_zp));
   }
   execute(entry->prim, entry->scratchpad_bytes, std::move(args));
   return dst.raw_view(out_sizes);

@@ -45,7 +45,10 @@ Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, Me
   const float inv = inverse(qp->scale());
   const int32_t zp = qp->zero_point();
   uint8_t* out = static_cast<uint8_t*>(dst.mutable_data_ptr());
-  if (x_in.strides() == dst.strides() && x_in.is_non_overlapping_and_dense()) {
+  // One element order: the same strides, or both row-major (a dim of size 1 may have any stride,
+  // e.g. [T, 1, C] transposed from a batch of one).
+  if (x_in.is_non_overlapping_and_dense() &&
+      (x_in.strides() == dst.strides() || (x_in.is_contiguous() && dst.is_contiguous()))) {
     const float* src = x_in.data<float>();
     parallel_for(x_in.numel(), kGrain,
                  [&](int64_t lo, int64_t hi) { simd::quantize_u8(src + lo, out + lo, hi - lo, inv, zp); });

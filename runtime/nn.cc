@@ -2,6 +2,7 @@
 
 #include "runtime/ops/op_call.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -180,6 +181,299 @@ Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
 }
 
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
+
+// ---- recurrent layers -------------------------------------------------------------------------
+
+namespace detail {
+namespace {
+
+const char* mode_name(RNNMode m) { return m == RNNMode::kLSTM ? "LSTM" : "GRU"; }
+
+std::string sizes_string(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+// Batch plumbing: sorting the sequences by length, the state buffers, writing each step's result
+// into the output. It uses metadata-only views (raw_*, which never dispatch) and copy_ (an op no
+// qconfig quantizes; it dequantizes an int8 source), so it adds nothing to a quantization state:
+// the recorded program is the recurrence's arithmetic alone, the same ops with the same producers
+// at every step, whatever the batch size, the layout and the pattern of lengths. (Shape ops such
+// as select / narrow on these buffers would be recorded, and a chain of them over a buffer could
+// share a record with the same chain over an int8 activation, whose converted executor returns an
+// int8 copy instead of a view: a write through it would be lost.)
+
+// t.select(dim, i) as a view (no dispatch).
+Tensor raw_select(const Tensor& t, int64_t dim, int64_t i) {
+  DimVector sizes, strides;
+  for (int64_t k = 0; k < t.dim(); ++k) {
+    if (k == dim) continue;
+    sizes.push_back(t.size(k));
+    strides.push_back(t.stride(k));
+  }
+  return t.raw_as_strided(sizes, strides, t.storage_offset() + i * t.stride(dim));
+}
+
+// t.unsqueeze(dim) as a view (no dispatch).
+Tensor raw_unsqueeze(const Tensor& t, int64_t dim) {
+  DimVector sizes(t.sizes().begin(), t.sizes().end()), strides(t.strides().begin(), t.strides().end());
+  sizes.insert(sizes.begin() + dim, 1);
+  strides.insert(strides.begin() + dim, dim < t.dim() ? t.stride(dim) * t.size(dim) : 1);
+  return t.raw_as_strided(sizes, strides, t.storage_offset());
+}
+
+// Copies src's slices along dim 1 into dst's: dst[:, b] = src[:, from[b]] (from empty: the same b).
+// Always through a view: a tensor copy_ wrote into carries copy_'s trace tag, and dst must not
+// (the ops reading it must see the same producer whichever way it was filled).
+void copy_sequences(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& from) {
+  if (from.empty()) {
+    Tensor all = dst.raw_as_strided(dst.sizes(), dst.strides(), dst.storage_offset());
+    all.copy_(src);
+    return;
+  }
+  for (size_t b = 0; b < from.size(); ++b) {
+    Tensor row = raw_select(dst, 1, static_cast<int64_t>(b));
+    row.copy_(raw_select(src, 1, from[b]));
+  }
+}
+
+// One GRU step from the precomputed input gates gi = W_i x + b_i and the hidden gates
+// gh = W_h h + b_h ([B, 3H] each, r z n), in the order of PyTorch's GRUCell
+// (aten/src/ATen/native/RNN.cpp), so fp32 results agree to rounding.
+Tensor gru_step(const Tensor& gi, const Tensor& gh, const Tensor& h, int64_t hidden) {
+  const Tensor rz = sigmoid(gh.narrow(1, 0, 2 * hidden) + gi.narrow(1, 0, 2 * hidden));
+  const Tensor n = tanh(gi.narrow(1, 2 * hidden, hidden) + gh.narrow(1, 2 * hidden, hidden) * rz.narrow(1, 0, hidden));
+  return (h - n) * rz.narrow(1, hidden, hidden) + n;
+}
+
+// One LSTM step (gates i f g o), as PyTorch's LSTMCell. Returns (h', c').
+std::pair<Tensor, Tensor> lstm_step(const Tensor& gi, const Tensor& gh, const Tensor& c, int64_t hidden) {
+  const Tensor gates = gh + gi;
+  const Tensor i = sigmoid(gates.narrow(1, 0, hidden));
+  const Tensor f = sigmoid(gates.narrow(1, hidden, hidden));
+  const Tensor g = tanh(gates.narrow(1, 2 * hidden, hidden));
+  const Tensor o = sigmoid(gates.narrow(1, 3 * hidden, hidden));
+  Tensor c_next = f * c + i * g;
+  Tensor h_next = o * tanh(c_next);
+  return {std::move(h_next), std::move(c_next)};
+}
+
+}  // namespace
+
+RNNImpl::RNNImpl(Module& self, RNNMode mode, const RNNOptions& o)
+    : self_(self), mode_(mode), options_(o), gates_(mode == RNNMode::kLSTM ? 4 : 3) {
+  const char* name = mode_name(mode);
+  DBRQ_ENSURE(o.input_size() >= 1, ValueError, name, ": input_size must be >= 1, got ", o.input_size());
+  DBRQ_ENSURE(o.hidden_size() >= 1, ValueError, name, ": hidden_size must be >= 1, got ", o.hidden_size());
+  DBRQ_ENSURE(o.num_layers() >= 1, ValueError, name, ": num_layers must be >= 1, got ", o.num_layers());
+  DBRQ_ENSURE(o.dropout() >= 0.0 && o.dropout() <= 1.0, ValueError, name,
+              ": dropout must be a probability in [0, 1], got ", o.dropout());
+  const int64_t h = o.hidden_size(), directions = o.bidirectional() ? 2 : 1;
+  // PyTorch's order (and state_dict order): per layer, per direction: weight_ih, weight_hh,
+  // bias_ih, bias_hh; every tensor U(-1/sqrt(hidden), 1/sqrt(hidden)).
+  for (int64_t layer = 0; layer < o.num_layers(); ++layer) {
+    for (int64_t d = 0; d < directions; ++d) {
+      const std::string suffix = absl::StrCat("_l", layer, d == 1 ? "_reverse" : "");
+      const int64_t in = layer == 0 ? o.input_size() : h * directions;
+      RNNWeights w;
+      w.weight_ih = self.register_parameter("weight_ih" + suffix, init_uniform({gates_ * h, in}, h));
+      w.weight_hh = self.register_parameter("weight_hh" + suffix, init_uniform({gates_ * h, h}, h));
+      if (o.bias()) {
+        w.bias_ih = self.register_parameter("bias_ih" + suffix, init_uniform({gates_ * h}, h));
+        w.bias_hh = self.register_parameter("bias_hh" + suffix, init_uniform({gates_ * h}, h));
+      }
+      cells_.push_back(std::move(w));
+    }
+  }
+}
+
+const RNNWeights& RNNImpl::weights(int64_t layer, int64_t direction) const {
+  const int64_t directions = options_.bidirectional() ? 2 : 1;
+  DBRQ_ENSURE(layer >= 0 && layer < options_.num_layers() && direction >= 0 && direction < directions, IndexError,
+              mode_name(mode_), "::weights(", layer, ", ", direction, "): out of range for ", options_.num_layers(),
+              " layer(s) and ", directions, " direction(s)");
+  return cells_[static_cast<size_t>(layer * directions + direction)];
+}
+
+std::string RNNImpl::extra_repr() const {
+  const RNNOptions& o = options_;
+  std::string s = absl::StrCat(o.input_size(), ", ", o.hidden_size());
+  if (o.num_layers() != 1) absl::StrAppend(&s, ", num_layers=", o.num_layers());
+  if (!o.bias()) absl::StrAppend(&s, ", bias=False");
+  if (o.batch_first()) absl::StrAppend(&s, ", batch_first=True");
+  if (o.dropout() != 0.0) absl::StrAppend(&s, ", dropout=", o.dropout());
+  if (o.bidirectional()) absl::StrAppend(&s, ", bidirectional=True");
+  return s;
+}
+
+void RNNImpl::check_args(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                         const std::vector<int64_t>& lengths) const {
+  const char* name = mode_name(mode_);
+  const RNNOptions& o = options_;
+  DBRQ_ENSURE(input.defined(), ValueError, name, ": input is undefined");
+  DBRQ_ENSURE(input.dtype() == DType::kF32 || input.is_quantized(), DTypeError, name,
+              ": input must have dtype f32, got ", dtype_name(input.dtype()));
+  DBRQ_ENSURE(input.dim() == 2 || input.dim() == 3, ShapeError, name,
+              ": expected input to be 2-D (unbatched: [T, input_size]) or 3-D (batched), got a ", input.dim(),
+              "-D tensor ", input.shape_string());
+  DBRQ_ENSURE(input.size(-1) == o.input_size(), ShapeError, name,
+              ": input.size(-1) must be equal to input_size. Expected ", o.input_size(), ", got ", input.size(-1),
+              " (input ", input.shape_string(), ")");
+  const bool batched = input.dim() == 3;
+  const int64_t t = batched && o.batch_first() ? input.size(1) : input.size(0);
+  const int64_t b = batched ? input.size(o.batch_first() ? 0 : 1) : 1;
+  DBRQ_ENSURE(t >= 1 && b >= 1, ShapeError, name, ": input ", input.shape_string(),
+              " has no time steps or no sequences (sequence length ", t, ", batch ", b, ")");
+  const int64_t layers = o.num_layers() * (o.bidirectional() ? 2 : 1);
+  const std::vector<int64_t> expected =
+      batched ? std::vector<int64_t>{layers, b, o.hidden_size()} : std::vector<int64_t>{layers, o.hidden_size()};
+  auto check_state = [&](const Tensor& s, const char* which) {
+    if (!s.defined()) return;
+    DBRQ_ENSURE(s.dtype() == DType::kF32 || s.is_quantized(), DTypeError, name, ": ", which,
+                " must have dtype f32, got ", dtype_name(s.dtype()));
+    DBRQ_ENSURE(s.dim() == input.dim(), ShapeError, name, ": for ", batched ? "batched 3-D" : "unbatched 2-D",
+                " input, ", which, " should also be ", input.dim(), "-D but got a ", s.dim(), "-D tensor ",
+                s.shape_string());
+    DBRQ_ENSURE(std::vector<int64_t>(s.sizes().begin(), s.sizes().end()) == expected, ShapeError, name, ": expected ",
+                which, " of size ", sizes_string(expected), " (num_layers * num_directions, ", batched ? "batch, " : "",
+                "hidden_size), got ", s.shape_string());
+  };
+  DBRQ_ENSURE(mode_ != RNNMode::kLSTM || h0.defined() == c0.defined(), ValueError, name,
+              ": hx must hold both h0 and c0 (or be absent), but ", h0.defined() ? "hx[1] (c0)" : "hx[0] (h0)",
+              " is undefined");
+  check_state(h0, mode_ == RNNMode::kLSTM ? "hx[0] (h0)" : "hx");
+  check_state(c0, "hx[1] (c0)");
+  if (lengths.empty()) return;
+  DBRQ_ENSURE(batched, ValueError, name, ": lengths need a batched (3-D) input, got ", input.shape_string());
+  DBRQ_ENSURE(static_cast<int64_t>(lengths.size()) == b, ValueError, name, ": got ", lengths.size(),
+              " lengths for a batch of ", b, " sequences");
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    DBRQ_ENSURE(lengths[i] >= 1 && lengths[i] <= t, ValueError, name, ": lengths[", i, "] = ", lengths[i],
+                " is out of range [1, ", t, "] (the input's sequence length)");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> RNNImpl::forward(const Tensor& input, const Tensor& h0_in, const Tensor& c0_in,
+                                                    const std::vector<int64_t>& lengths, bool training) const {
+  check_args(input, h0_in, c0_in, lengths);
+  const RNNOptions& o = options_;
+  const bool lstm = mode_ == RNNMode::kLSTM;
+  const bool batched = input.dim() == 3;
+  const int64_t hidden = o.hidden_size(), layers = o.num_layers(), directions = o.bidirectional() ? 2 : 1;
+  // Time-major [T, B, features] and [layers * D, B, hidden] views from here on.
+  const Tensor x_in = !batched ? raw_unsqueeze(input, 1) : o.batch_first() ? input.raw_permute({1, 0, 2}) : input;
+  const Tensor h0 = h0_in.defined() && !batched ? raw_unsqueeze(h0_in, 1) : h0_in;
+  const Tensor c0 = c0_in.defined() && !batched ? raw_unsqueeze(c0_in, 1) : c0_in;
+  const int64_t steps = x_in.size(0), batch = x_in.size(1);
+
+  // Per-sequence lengths: the sequences sorted longest first (`order`, empty when already sorted),
+  // so the ones still running at step t are the first running[t] rows, and each step computes only
+  // those (PyTorch's packed sequences).
+  std::vector<int64_t> order, running;
+  if (!lengths.empty()) {
+    order.resize(lengths.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    if (std::is_sorted(order.begin(), order.end())) order.clear();
+    running.assign(static_cast<size_t>(steps), 0);
+    for (int64_t len : lengths) {
+      for (int64_t t = 0; t < len; ++t) ++running[static_cast<size_t>(t)];
+    }
+  }
+
+  // The first layer's input: time-major, contiguous f32, sequences in order: the input itself when
+  // it already is that (as a fresh view, so every input reaches the first product alike), else a
+  // copy.
+  Tensor x;
+  if (order.empty() && x_in.dtype() == DType::kF32 && !x_in.is_quantized() && x_in.is_contiguous()) {
+    x = x_in.raw_as_strided(x_in.sizes(), x_in.strides(), x_in.storage_offset());
+  } else {
+    x = zeros({steps, batch, x_in.size(2)});
+    copy_sequences(x, x_in, order);
+  }
+  // The states live in h_n / c_n: initial state first, each step's result written into the rows
+  // of the sequences still running, so each one ends holding its state at its own end.
+  Tensor h_n = zeros({layers * directions, batch, hidden});
+  Tensor c_n = lstm ? zeros({layers * directions, batch, hidden}) : Tensor();
+  if (h0.defined()) copy_sequences(h_n, h0, order);
+  if (c0.defined()) copy_sequences(c_n, c0, order);
+
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    // Zeros where a sequence has ended (what pad_packed_sequence gives).
+    Tensor out = zeros({steps, batch, directions * hidden});
+    for (int64_t d = 0; d < directions; ++d) {
+      const int64_t index = layer * directions + d;
+      const RNNWeights& w = cells_[static_cast<size_t>(index)];
+      // Every step's input projection in one matrix product ([T * B, in] x [in, gates * H]); the
+      // loop then only multiplies the hidden state.
+      const Tensor projected = linear(x, w.weight_ih, w.bias_ih);
+      const Tensor h = raw_select(h_n, 0, index);
+      const Tensor c = lstm ? raw_select(c_n, 0, index) : Tensor();
+      const Tensor out_d = directions == 1 ? out : out.raw_narrow(2, d * hidden, hidden);
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t t = d == 0 ? s : steps - 1 - s;
+        const int64_t n = running.empty() ? batch : running[static_cast<size_t>(t)];
+        // The recorded ops of a step: the same at every step, for every n.
+        const Tensor gi = projected.select(0, t).narrow(0, 0, n);
+        Tensor h_run = h.raw_narrow(0, 0, n);
+        const Tensor gh = linear(h_run, w.weight_hh, w.bias_hh);
+        Tensor h_next;
+        if (lstm) {
+          Tensor c_run = c.raw_narrow(0, 0, n);
+          Tensor c_next;
+          std::tie(h_next, c_next) = lstm_step(gi, gh, c_run, hidden);
+          c_run.copy_(c_next);
+        } else {
+          h_next = gru_step(gi, gh, h_run, hidden);
+        }
+        // Sequences that have ended (forward) or not started yet (reverse) keep their state.
+        h_run.copy_(h_next);
+        Tensor slot = raw_select(out_d, 0, t).raw_narrow(0, 0, n);
+        slot.copy_(h_next);
+      }
+    }
+    x = out;
+    if (o.dropout() > 0.0 && training && layer + 1 < layers) x = dropout(x, o.dropout(), true);
+  }
+
+  if (!order.empty()) {
+    // Back to the caller's order: result[:, order[i]] = sorted[:, i].
+    std::vector<int64_t> inverse(order.size());
+    for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+    auto unsort = [&](const Tensor& sorted) {
+      Tensor result = zeros(sorted.sizes());
+      copy_sequences(result, sorted, inverse);
+      return result;
+    };
+    x = unsort(x);
+    h_n = unsort(h_n);
+    if (lstm) c_n = unsort(c_n);
+  }
+  if (!batched) {
+    x = raw_select(x, 1, 0);
+    h_n = raw_select(h_n, 1, 0);
+    if (lstm) c_n = raw_select(c_n, 1, 0);
+  } else if (o.batch_first()) {
+    x = x.raw_permute({1, 0, 2});
+  }
+  return {x, h_n, c_n};
+}
+
+}  // namespace detail
+
+LSTM::LSTM(const LSTMOptions& options) : CallableModule("LSTM"), impl_(*this, detail::RNNMode::kLSTM, options) {}
+
+std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTM::forward(const Tensor& input,
+                                                             const std::optional<std::tuple<Tensor, Tensor>>& hx,
+                                                             const std::vector<int64_t>& lengths) {
+  auto [out, h, c] =
+      impl_.forward(input, hx ? std::get<0>(*hx) : Tensor(), hx ? std::get<1>(*hx) : Tensor(), lengths, is_training());
+  return {out, {h, c}};
+}
+
+GRU::GRU(const GRUOptions& options) : CallableModule("GRU"), impl_(*this, detail::RNNMode::kGRU, options) {}
+
+std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx, const std::vector<int64_t>& lengths) {
+  auto [out, h, c] = impl_.forward(input, hx, Tensor(), lengths, is_training());
+  return {out, h};
+}
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
   for (auto& m : modules) push_back(std::move(m));

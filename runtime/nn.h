@@ -9,13 +9,16 @@
 //   dbrq::Tensor y = (*head)((*conv)(x));
 //
 // Layers are leaves for quantization (their ops belong to the enclosing user module);
-// Sequential, ModuleList and ModuleDict are not. dbrq is an inference runtime: train() only
-// changes Dropout; BatchNorm always uses its running statistics.
+// Sequential, ModuleList, ModuleDict and the recurrent LSTM and GRU are not (docs/recurrent.md).
+// dbrq is an inference runtime: train() only changes Dropout (and LSTM / GRU dropout between
+// layers); BatchNorm always uses its running statistics.
 #pragma once
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/module.h"
@@ -306,6 +309,126 @@ class Identity final : public Layer<Identity> {
  public:
   Identity() : Layer("Identity") {}
   Tensor forward(const Tensor& x) { return identity(x); }
+};
+
+// ---- recurrent layers -------------------------------------------------------------------------
+
+// Options of LSTM and GRU, as PyTorch's constructor arguments.
+struct RNNOptions {
+  using Self = RNNOptions;
+  RNNOptions(int64_t input_size, int64_t hidden_size) : input_size_(input_size), hidden_size_(hidden_size) {}
+  DBRQ_OPTION(int64_t, input_size);
+  DBRQ_OPTION(int64_t, hidden_size);
+  DBRQ_OPTION(int64_t, num_layers) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+  // [B, T, features] instead of [T, B, features] for the input and the output (not the states).
+  DBRQ_OPTION(bool, batch_first) = false;
+  // Dropout on each layer's output except the last, in training mode only.
+  DBRQ_OPTION(double, dropout) = 0.0;
+  DBRQ_OPTION(bool, bidirectional) = false;
+};
+using LSTMOptions = RNNOptions;
+using GRUOptions = RNNOptions;
+
+// The parameters of one layer and direction (PyTorch's weight_ih_l{k}[_reverse], ...).
+struct RNNWeights {
+  Tensor weight_ih;  // [gates * hidden, input_size (layer 0) or D * hidden]
+  Tensor weight_hh;  // [gates * hidden, hidden]
+  Tensor bias_ih;    // [gates * hidden], or undefined without bias
+  Tensor bias_hh;
+};
+
+namespace detail {
+
+enum class RNNMode { kLSTM, kGRU };
+
+// What LSTM and GRU share: options, parameters under PyTorch's names, argument checks and the
+// layer / direction / time loops (nn.cc).
+//
+// LSTM and GRU are not leaves: like Sequential (and unlike Linear) they are modules written with
+// the functional API, so their ops are recorded in their own quantization state. Their matrix
+// products are functional linear calls on their registered weights, which is what the dynamic
+// mapping (default_dynamic_qconfig_mapping: linear -> dynamic) quantizes; the gate arithmetic is
+// ordinary elementwise ops. The batch plumbing (sorting packed sequences by length, the state
+// buffers, writing each step into the output) goes through metadata-only views and copy_, which
+// record nothing, so every batch size, layout and pattern of lengths runs the same recorded ops.
+// docs/recurrent.md explains the choice.
+class RNNImpl {
+ public:
+  RNNImpl(Module& self, RNNMode mode, const RNNOptions& options);
+  // Returns output (in the input's layout), h_n and, for LSTM, c_n. h0 / c0 undefined: zeros.
+  std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                                             const std::vector<int64_t>& lengths, bool training) const;
+  const RNNOptions& options() const { return options_; }
+  const RNNWeights& weights(int64_t layer, int64_t direction) const;
+  std::string extra_repr() const;
+
+ private:
+  // Checks the arguments (ShapeError / DTypeError / ValueError naming the module type).
+  void check_args(const Tensor& input, const Tensor& h0, const Tensor& c0, const std::vector<int64_t>& lengths) const;
+  Module& self_;
+  RNNMode mode_;
+  RNNOptions options_;
+  int64_t gates_;                  // 4 (LSTM: i, f, g, o) or 3 (GRU: r, z, n)
+  std::vector<RNNWeights> cells_;  // layer * directions + direction
+};
+
+}  // namespace detail
+
+// A multi-layer LSTM with PyTorch's semantics and parameter names (weight_ih_l0, weight_hh_l0,
+// bias_ih_l0, bias_hh_l0, ..._reverse), gate order i, f, g, o:
+//
+//   auto lstm = std::make_shared<dbrq::nn::LSTM>(dbrq::nn::LSTMOptions(32, 64).num_layers(2).batch_first(true));
+//   auto [out, state] = (*lstm)(x);                        // x [B, T, 32] -> out [B, T, 64]
+//   auto [h_n, c_n] = state;                               // [2, B, 64] each
+//   auto [out2, state2] = (*lstm)(x, std::make_tuple(h0, c0));
+//   auto [out3, state3] = (*lstm)(x, std::nullopt, lengths);   // per-sequence lengths (packed)
+//
+// input: [T, B, input_size] ([B, T, input_size] with batch_first), or [T, input_size] unbatched.
+// hx: (h0, c0), each [num_layers * D, B, hidden_size] ([num_layers * D, hidden_size] unbatched;
+// D = 2 when bidirectional); zeros when absent. lengths (batched input only): B values in [1, T];
+// sequence b's recurrence runs over its first lengths[b] steps only (both directions), its output
+// is zero beyond them and h_n / c_n hold its state at its own end, as PyTorch's GRU / LSTM on a
+// pack_padded_sequence(..., enforce_sorted=False) followed by pad_packed_sequence.
+// Returns (output [T, B, D * hidden_size] in the input's layout, (h_n, c_n)).
+class LSTM final : public CallableModule<LSTM> {
+ public:
+  explicit LSTM(const LSTMOptions& options);
+  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
+      : LSTM(LSTMOptions(input_size, hidden_size).num_layers(num_layers)) {}
+  std::tuple<Tensor, std::tuple<Tensor, Tensor>> forward(
+      const Tensor& input, const std::optional<std::tuple<Tensor, Tensor>>& hx = std::nullopt,
+      const std::vector<int64_t>& lengths = {});
+  const LSTMOptions& options() const { return impl_.options(); }
+  const RNNWeights& weights(int64_t layer, int64_t direction = 0) const { return impl_.weights(layer, direction); }
+  std::string extra_repr() const override { return impl_.extra_repr(); }
+
+ private:
+  detail::RNNImpl impl_;
+};
+
+// A multi-layer GRU with PyTorch's semantics and parameter names, gate order r, z, n:
+//   r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz),
+//   n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),  h' = (1 - z) * n + z * h.
+//
+//   auto gru = std::make_shared<dbrq::nn::GRU>(dbrq::nn::GRUOptions(32, 64).bidirectional(true));
+//   auto [out, h_n] = (*gru)(x);                  // x [T, B, 32] -> out [T, B, 128], h_n [2, B, 64]
+//   auto [out2, h2] = (*gru)(x, h0, lengths);
+//
+// Arguments and results as LSTM's, with one state tensor.
+class GRU final : public CallableModule<GRU> {
+ public:
+  explicit GRU(const GRUOptions& options);
+  GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
+      : GRU(GRUOptions(input_size, hidden_size).num_layers(num_layers)) {}
+  std::tuple<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx = Tensor(),
+                                     const std::vector<int64_t>& lengths = {});
+  const GRUOptions& options() const { return impl_.options(); }
+  const RNNWeights& weights(int64_t layer, int64_t direction = 0) const { return impl_.weights(layer, direction); }
+  std::string extra_repr() const override { return impl_.extra_repr(); }
+
+ private:
+  detail::RNNImpl impl_;
 };
 
 namespace detail {

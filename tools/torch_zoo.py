@@ -17,7 +17,8 @@ Every model has the module tree and state-dict keys (names and order) of its C++
 state_dict of one loads into the other with load_state_dict. ResNet-18 at reduced width uses
 torchvision's own BasicBlock, _make_layer and forward; MobileNetV2 needs nothing here
 (torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names; the
-decoder LM GPT-2's layout (wte, wpe, h.<i>.ln_1 / attn / ln_2 / mlp, ln_f, lm_head).
+decoder LM GPT-2's layout (wte, wpe, h.<i>.ln_1 / attn / ln_2 / mlp, ln_f, lm_head); the
+GRU classifier is nn.Embedding, nn.GRU and nn.Linear under dbrq's names.
 
 The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
@@ -29,6 +30,7 @@ import struct
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
 from torchvision.models.resnet import BasicBlock, ResNet
 
 # ---------------------------------------------------------------------------------------------
@@ -360,6 +362,46 @@ class SmallCnn(nn.Module):
         y = self.pool(self.relu2(self.bn2(self.conv2(y))))
         y = self.relu3(self.conv3(y))
         return self.fc(torch.flatten(self.avgpool(y), 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# GruClassifier (samples/zoo/gru_classifier.h)
+
+
+class GruClassifier(nn.Module):
+    """Mirror of samples/zoo/gru_classifier.cc: [B, T] token ids padded with 0 at the end; each
+    sequence's length is the number of tokens before its first 0; the GRU runs on the packed
+    sequences (each one's recurrence ends at its own length); the head reads the last layer's
+    final hidden state."""
+
+    def __init__(self, vocab_size=10000, embedding_dim=128, hidden_size=128, num_layers=2, num_classes=4):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.gru = nn.GRU(embedding_dim, hidden_size, num_layers=num_layers, batch_first=True)
+        self.classifier = nn.Linear(hidden_size, num_classes)
+
+    @staticmethod
+    def lengths_of(ids):
+        return (ids != 0).long().cumprod(1).sum(1)
+
+    def forward(self, ids):
+        lengths = self.lengths_of(ids)
+        steps = int(lengths.max())
+        x = self.embedding(ids[:, :steps])
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, h_n = self.gru(packed)
+        return self.classifier(h_n[-1])
+
+
+def gru_classifier_ids(batch, steps, vocab_size, gen):
+    """Token ids like zoo's example inputs: non-zero tokens, each row 0-padded after a length drawn
+    from [max(1, steps // 4), steps]."""
+    ids = torch.zeros(batch, steps, dtype=torch.int64)
+    lengths = torch.randint(max(1, steps // 4), steps + 1, (batch,), generator=gen)
+    for b in range(batch):
+        n = int(lengths[b])
+        ids[b, :n] = torch.randint(1, vocab_size, (n,), generator=gen)
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "samples/zoo/zoo.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -84,6 +85,24 @@ std::vector<ModelSpec> build_registry() {
       dbrq::DType::kS64, decoder_lm_config));
   set_token_input(&specs.back(), decoder_lm_example_seq_len,
                   [](Variant v) { return decoder_lm_config(v).vocab_size; });
+  specs.push_back(spec_for<GruClassifier>(
+      "gru_classifier", "embedding + 2-layer GRU over variable-length token sequences (0-padded) -> class logits",
+      dbrq::DType::kS64, gru_classifier_config));
+  specs.back().input_shape = [](Variant v, int64_t batch) {
+    return std::vector<int64_t>{batch, gru_example_seq_len(v)};
+  };
+  specs.back().example_input = [](Variant v, int64_t batch, uint64_t seed) {
+    const int64_t steps = gru_example_seq_len(v);
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<int64_t> token(1, gru_classifier_config(v).vocab_size - 1);
+    std::uniform_int_distribution<int64_t> length(std::max<int64_t>(1, steps / 4), steps);
+    std::vector<int64_t> ids(static_cast<size_t>(batch * steps), 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t n = length(gen);
+      for (int64_t t = 0; t < n; ++t) ids[static_cast<size_t>(b * steps + t)] = token(gen);
+    }
+    return dbrq::from_vector(ids, {batch, steps});
+  };
   return specs;
 }
 
@@ -121,6 +140,18 @@ BertConfig bert_config(Variant variant) {
 }
 
 SmallCnnConfig small_cnn_config(Variant) { return {}; }
+
+GruClassifierConfig gru_classifier_config(Variant variant) {
+  GruClassifierConfig c;
+  if (variant == Variant::kTiny) {
+    c.vocab_size = 50;
+    c.embedding_dim = 16;
+    c.hidden_size = 24;
+  }
+  return c;
+}
+
+int64_t gru_example_seq_len(Variant variant) { return variant == Variant::kFull ? 64 : 12; }
 
 int64_t bert_example_seq_len(Variant variant) { return variant == Variant::kFull ? 128 : 16; }
 

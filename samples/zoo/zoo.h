@@ -11,15 +11,18 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm". Each has two variants:
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier".
+// Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
 //          on 8x8 digits; the decoder LM with its defaults (4 layers, d_model 256, 4 heads, vocab
-//          1024, 256 positions) on a 32-token prompt).
+//          1024, 256 positions) on a 32-token prompt; the GRU classifier with vocab 10000, 128-d
+//          embeddings, a 2-layer GRU of 128, 4 classes, on sequences of up to 64 tokens).
 //   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
 //          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
 //          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is, the
-//          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens.
+//          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens,
+//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens.
 // The decoder LM's `run` is one call on the token ids with an empty cache and returns its logits
 // [N, S, vocab]; generation (DecoderLM::generate) needs the typed model.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
@@ -35,6 +38,7 @@
 #include "dbrq.h"
 #include "samples/zoo/bert_encoder.h"
 #include "samples/zoo/decoder_lm.h"
+#include "samples/zoo/gru_classifier.h"
 #include "samples/zoo/mobilenet_v2.h"
 #include "samples/zoo/resnet.h"
 #include "samples/zoo/small_cnn.h"
@@ -53,10 +57,13 @@ MobileNetV2Config mobilenet_v2_config(Variant variant);
 BertConfig bert_config(Variant variant);
 SmallCnnConfig small_cnn_config(Variant variant);
 DecoderConfig decoder_lm_config(Variant variant);
+GruClassifierConfig gru_classifier_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
 // Prompt length of decoder_lm's example input.
 int64_t decoder_lm_example_seq_len(Variant variant);
+// Padded length of gru_classifier's example input (its sequences are 1/4 to all of it long).
+int64_t gru_example_seq_len(Variant variant);
 
 struct ModelSpec {
   std::string name;
@@ -66,7 +73,8 @@ struct ModelSpec {
   std::function<std::shared_ptr<dbrq::nn::Module>(Variant)> make;
   // Sizes of an example input holding `batch` samples.
   std::function<std::vector<int64_t>(Variant, int64_t batch)> input_shape;
-  // A deterministic example input: N(0, 1) images, or token ids uniform over the vocabulary.
+  // A deterministic example input: N(0, 1) images, or token ids uniform over the vocabulary
+  // (gru_classifier: non-zero ids, each sequence 0-padded after a length drawn from [T/4, T]).
   std::function<dbrq::Tensor(Variant, int64_t batch, uint64_t seed)> example_input;
   // Calls a model made by `make` through its call operator (so quantization hooks see the call);
   // throws dbrq::ValueError when `model` is another type.

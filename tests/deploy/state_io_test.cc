@@ -128,7 +128,7 @@ TEST_P(RoundTrip, LoadedCalibrationConvertsBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, RoundTrip,
                          ::testing::Values(Case{"small_cnn"}, Case{"resnet18"}, Case{"mobilenet_v2"},
-                                           Case{"bert_encoder"}),
+                                           Case{"bert_encoder"}, Case{"gru_classifier"}),
                          [](const auto& info) { return info.param.model; });
 
 // Fixture over the small CNN for the error cases.

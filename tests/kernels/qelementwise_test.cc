@@ -1,5 +1,5 @@
 // The int8 elementwise kernels against naive references (tests/kernels/qelementwise_tester.h):
-// quantize_to, requantize, make_lut + apply_lut, qadd, qmul, qclamp, qsoftmax.
+// quantize_to, the eager quantize, requantize, make_lut + apply_lut, qadd, qmul, qclamp, qsoftmax.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -31,6 +31,13 @@ TEST(QuantizeTo, ChannelsLastToContiguous) {
 }
 
 TEST(QuantizeTo, TransposedPreserved) { QuantizeTester().input_layout(Layout::kTransposed).zero_point(40).Test(); }
+
+// A row-major tensor whose dim of size 1 has a stride of its own (a [T, B, C] view of a batch of
+// one transposed from [B, T, C]): once recursed forever (its "contiguous" copy was itself).
+TEST(QuantizeTo, BatchOfOneTransposed) {
+  QuantizeTester().sizes({5, 1, 7}).input_layout(Layout::kTransposed).zero_point(40).Test();
+  QuantizeTester().sizes({1, 6}).input_layout(Layout::kTransposed).Test();
+}
 
 TEST(QuantizeTo, SlicedInput) { QuantizeTester().input_layout(Layout::kSliced).zero_point(40).Test(); }
 
@@ -70,6 +77,21 @@ TEST(QuantizeTo, RoundHalfToEvenByHand) {
   const Tensor y2 = kernels::quantize_to(make_f32({8}, x), QuantParams::per_tensor(1.f, 11), DType::kU8,
                                          MemoryFormat::kPreserve);
   EXPECT_EQ(read_codes(y2), expected_zp);
+}
+
+// kernels::quantize (the eager op and dynamic quantization), per tensor to u8: the vector loop
+// gives zp + round_half_even(x * (1 / scale)) saturated, over more than one vector, with a tail.
+TEST(EagerQuantize, U8ByHand) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {0.5f, 1.5f, 2.5f, 3.5f, -0.5f, 254.5f, 255.5f, 300.f, -300.f, inf, -inf, nan};
+  std::vector<int32_t> expected = {11, 13, 13, 15, 11, 255, 255, 255, 0, 255, 0, 0};
+  for (int i = 0; i < 25; ++i) {  // 37 values: two vectors of 16 and a tail of 5
+    x.push_back(0.25f * static_cast<float>(i) - 3.f);
+    expected.push_back(11 + static_cast<int32_t>(std::nearbyint(0.25 * i - 3.0)));
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  const Tensor y = kernels::quantize(make_f32({n}, x), QuantParams::per_tensor(1.f, 11), DType::kU8);
+  EXPECT_EQ(read_codes(y), expected);
 }
 
 // ---- requantize ----

@@ -60,6 +60,11 @@ TEST(QLinear, DynamicVectorInput) { QLinearTester().dynamic(true).batch_dims({})
 
 TEST(QLinear, DynamicManyCalls) { QLinearTester().dynamic(true).calls(5).Test(); }
 
+// A recurrence's per-step product: one row, a new range (scale and zero point) every call.
+TEST(QLinear, DynamicOneRowManyCalls) {
+  QLinearTester().dynamic(true).batch_dims({1}).input_channels(32).output_channels(24).calls(40).Test();
+}
+
 TEST(QLinear, DynamicBatchSizes) {
   for (int64_t m : {1, 4, 2}) QLinearTester().dynamic(true).batch_dims({m}).seed(static_cast<uint32_t>(m)).Test();
 }

@@ -49,7 +49,7 @@ class QLinearTester {
   QLinearTester& seed(uint32_t v) { seed_ = v; return *this; }
   QLinearTester& iterations(int v) { iterations_ = v; return *this; }
   // Runs one kernel object on this many different inputs (dynamic: each with its own range, so
-  // its own scale and zero point; the primitive cache must not hand back a stale one).
+  // its own scale and zero point, all served by one primitive that must not keep stale values).
   QLinearTester& calls(int v) { calls_ = v; return *this; }
 
   static constexpr double kDynamicTolerance = 1e-6;
@@ -194,6 +194,10 @@ class QLinearTester {
         // product is what rounding the input to its own scale explains.
         expect_floats(call_label + " vs f32", got, c.unquantized, c.rounding, 1.0);
       }
+    }
+    // Scales and zero points are runtime arguments: every call of one shape shares a primitive.
+    if (dynamic_) {
+      EXPECT_EQ(linear.num_primitives(), 1u);
     }
   }
 

@@ -21,11 +21,18 @@ The decoder LM's file also holds greedy generations (see write_decoder_golden).
 It also writes torchvision_keys.txt: the ordered state-dict keys, dtypes and shapes of full-size
 torchvision.models.resnet18() and mobilenet_v2(), one "model key dtype dims..." line per tensor.
 
+gru_classifier_int8.safetensors (for gru_classifier_test; the weights are gru_classifier's) holds
+token-id batches of other sizes and lengths than the golden input ("ids_<k>": batch 1, equal
+lengths, a row with a 0 inside it, padded widths from 5 to 40), and for each the float64
+reference "fp32_<k>" and PyTorch's dynamic int8 result "torch_dyn_<k>":
+torch.quantization.quantize_dynamic(model, dtype=torch.qint8) with its default qconfig (the GRU
+and the Linear; per-tensor weights; onednn engine), as a user of PyTorch would quantize it.
+
 ResNet-18 at reduced width uses torchvision's own BasicBlock, _make_layer and forward; only the
 hard-coded 64 of ResNet.__init__ is replaced (and the script asserts that width 64 reproduces
 torchvision.models.resnet18() key for key). MobileNetV2 is torchvision's class, which takes
-width_mult itself. ResNet18W, the BERT encoder, the decoder LM, SmallCnn and the safetensors writer are shared
-with the other PyTorch scripts in tools/torch_zoo.py.
+width_mult itself. ResNet18W, the BERT encoder, the decoder LM, SmallCnn, the GRU classifier and the
+safetensors writer are shared with the other PyTorch scripts in tools/torch_zoo.py.
 """
 
 import copy
@@ -39,7 +46,8 @@ from torchvision.models.mobilenetv2 import MobileNetV2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
-from torch_zoo import BertEncoder, DecoderLM, ResNet18W, SmallCnn, randomize_norms, write_safetensors  # noqa: E402
+from torch_zoo import (BertEncoder, DecoderLM, GruClassifier, ResNet18W, SmallCnn,  # noqa: E402
+                       gru_classifier_ids, randomize_norms, write_safetensors)
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
 
@@ -68,6 +76,8 @@ DECODER_TINY = {
 }
 # Greedy generation goldens: (prompt length, new tokens) per prompt; no stop token.
 DECODER_PROMPTS = [(8, 24), (3, 24)]
+GRU_TINY = {"vocab_size": 50, "embedding_dim": 16, "hidden_size": 24, "num_layers": 2, "num_classes": 4}
+GRU_TINY_STEPS = 12  # samples/zoo/zoo.cc gru_example_seq_len(kTiny)
 
 DBRQ_DTYPE_NAMES = {torch.float32: "f32", torch.int64: "s64"}
 
@@ -132,6 +142,23 @@ def write_decoder_golden(name, model, prompts, config):
                 "torchvision": torchvision.__version__}
     write_safetensors(path, tensors, metadata)
     print(f"{name}: {os.path.getsize(path)} bytes, prompts+generated {', '.join(lengths)}")
+def write_gru_int8_references(model, gen):
+    torch.backends.quantized.engine = "onednn"
+    model.eval()
+    qmodel = torch.quantization.quantize_dynamic(copy.deepcopy(model), dtype=torch.qint8)
+    vocab = GRU_TINY["vocab_size"]
+    batches = [gru_classifier_ids(1, 5, vocab, gen), gru_classifier_ids(1, 30, vocab, gen),
+               torch.randint(1, vocab, (3, 20), generator=gen),  # equal lengths, no padding
+               gru_classifier_ids(7, 25, vocab, gen), gru_classifier_ids(16, 40, vocab, gen),
+               gru_classifier_ids(2, 12, vocab, gen)]
+    batches[3][0, 2] = 0  # a row's length ends at its first 0, whatever follows
+    tensors = []
+    for k, ids in enumerate(batches):
+        with torch.no_grad():
+            tensors += [(f"ids_{k}", ids), (f"fp32_{k}", reference_output(model, ids)), (f"torch_dyn_{k}", qmodel(ids))]
+    path = os.path.join(GOLDEN_DIR, "gru_classifier_int8.safetensors")
+    write_safetensors(path, tensors, {"torch": torch.__version__, "engine": torch.backends.quantized.engine})
+    print(f"gru_classifier_int8: {os.path.getsize(path)} bytes, {len(batches)} batches")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,6 +210,15 @@ def main():
     prompts = [torch.randint(0, DECODER_TINY["vocab_size"], (1, n), generator=gen, dtype=torch.int64)
                for n, _ in DECODER_PROMPTS]
     write_decoder_golden("decoder_lm", decoder, prompts, DECODER_TINY)
+    # After the decoder LM, with a generator of its own (so the earlier goldens stay byte-identical). Variable lengths (the GRU's loop
+    # ends at each sequence's own length); the batch's longest is shorter than the padded width.
+    gen = torch.Generator().manual_seed(4321)
+    torch.manual_seed(5)
+    gru = GruClassifier(**GRU_TINY)
+    ids = gru_classifier_ids(6, GRU_TINY_STEPS, GRU_TINY["vocab_size"], gen)
+    ids[:, -2:] = 0  # the model trims the batch to its longest sequence
+    write_golden("gru_classifier", gru, ids, GRU_TINY)
+    write_gru_int8_references(gru, gen)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 // sizes with per-sample results independent of the batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -94,6 +95,12 @@ TEST(ZooGolden, BertEncoder) {
 TEST(ZooGolden, SmallCnn) {
   run_golden("small_cnn", R"({"in_channels": 1, "num_classes": 10})",
              std::make_shared<zoo::SmallCnn>(zoo::small_cnn_config(zoo::Variant::kTiny)));
+}
+
+TEST(ZooGolden, GruClassifier) {
+  run_golden("gru_classifier",
+             R"({"embedding_dim": 16, "hidden_size": 24, "num_classes": 4, "num_layers": 2, "vocab_size": 50})",
+             std::make_shared<zoo::GruClassifier>(zoo::gru_classifier_config(zoo::Variant::kTiny)));
 }
 
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
@@ -194,11 +201,36 @@ TEST(ZooKeys, BertUsesHuggingFaceNames) {
   EXPECT_EQ(shapes.size(), 5u + 4u * 16u);
 }
 
+TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
+  const auto model = zoo::make_model("gru_classifier", zoo::Variant::kFull);
+  std::vector<std::string> keys;
+  for (const auto& [k, t] : model->state_dict()) keys.push_back(k + " " + t.shape_string());
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "embedding.weight [10000, 128]", "gru.weight_ih_l0 [384, 128]", "gru.weight_hh_l0 [384, 128]",
+                      "gru.bias_ih_l0 [384]", "gru.bias_hh_l0 [384]", "gru.weight_ih_l1 [384, 128]",
+                      "gru.weight_hh_l1 [384, 128]", "gru.bias_ih_l1 [384]", "gru.bias_hh_l1 [384]",
+                      "classifier.weight [4, 128]", "classifier.bias [4]"}));
+  // Example inputs: 0-padded rows of lengths in [16, 64], none empty.
+  const Tensor ids = zoo::find_model("gru_classifier").example_input(zoo::Variant::kFull, 8, 3);
+  const std::vector<int64_t> lengths = zoo::GruClassifier::lengths_of(ids);
+  EXPECT_EQ(lengths.size(), 8u);
+  EXPECT_GT(*std::max_element(lengths.begin(), lengths.end()), *std::min_element(lengths.begin(), lengths.end()));
+  for (int64_t n : lengths) {
+    EXPECT_GE(n, 16);
+    EXPECT_LE(n, 64);
+  }
+  EXPECT_THROW_MSG(zoo::GruClassifier::lengths_of(dbrq::zeros({2, 3}, dbrq::DType::kS64)), dbrq::ValueError,
+                   "GruClassifier: sequence 0 is empty (its first token is the padding id 0)");
+  EXPECT_THROW_MSG(zoo::GruClassifier::lengths_of(dbrq::zeros({2, 3})), dbrq::ValueError,
+                   "GruClassifier: expected [batch, steps] s64 token ids, got [2, 3] f32");
+}
+
 // ---- registry and batch sizes ----
 
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
-            (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm"}));
+            (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
+                                      "gru_classifier"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -226,7 +258,8 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
-                         ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm"),
+                         ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
+                                           "gru_classifier"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -1,0 +1,302 @@
+// Static int8 of recurrent cells written by hand (Linear layers and elementwise ops, the way a
+// user writes a GRU / LSTM cell) and looped over the sequence by the model's own C++ loop, with
+// default_qconfig_mapping("onednn"). Control flow without limits folds the loop: the cell's first
+// call and every later call are the same records (a module called N times shares its records), so
+// a model calibrated at a few lengths runs int8 at any other length, with no op on an
+// uncalibrated path, within 25-30 dB of fp32.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "dbrq.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+using nn::Linear;
+using testing::sqnr_of;
+
+// r, z, n as PyTorch's GRUCell; h' = n + z * (h - n).
+struct GruCell : nn::CallableModule<GruCell> {
+  GruCell(int64_t input, int64_t hidden) : hidden_(hidden) {
+    ih = register_module("ih", std::make_shared<Linear>(input, 3 * hidden));
+    hh = register_module("hh", std::make_shared<Linear>(hidden, 3 * hidden));
+  }
+  Tensor forward(const Tensor& x, const Tensor& h) {
+    const int64_t H = hidden_;
+    const Tensor gi = (*ih)(x), gh = (*hh)(h);
+    const Tensor r = sigmoid(gi.narrow(1, 0, H) + gh.narrow(1, 0, H));
+    const Tensor z = sigmoid(gi.narrow(1, H, H) + gh.narrow(1, H, H));
+    const Tensor n = tanh(gi.narrow(1, 2 * H, H) + r * gh.narrow(1, 2 * H, H));
+    return n + z * (h - n);
+  }
+  std::shared_ptr<Linear> ih, hh;
+  int64_t hidden_;
+};
+
+// i, f, g, o as PyTorch's LSTMCell. Returns (h', c').
+struct LstmCell : nn::CallableModule<LstmCell> {
+  LstmCell(int64_t input, int64_t hidden) : hidden_(hidden) {
+    ih = register_module("ih", std::make_shared<Linear>(input, 4 * hidden));
+    hh = register_module("hh", std::make_shared<Linear>(hidden, 4 * hidden));
+  }
+  std::tuple<Tensor, Tensor> forward(const Tensor& x, const Tensor& h, const Tensor& c) {
+    const int64_t H = hidden_;
+    const Tensor gates = (*ih)(x) + (*hh)(h);
+    const Tensor i = sigmoid(gates.narrow(1, 0, H));
+    const Tensor f = sigmoid(gates.narrow(1, H, H));
+    const Tensor g = tanh(gates.narrow(1, 2 * H, H));
+    const Tensor o = sigmoid(gates.narrow(1, 3 * H, H));
+    Tensor c_next = f * c + i * g;
+    return {o * tanh(c_next), c_next};
+  }
+  std::shared_ptr<Linear> ih, hh;
+  int64_t hidden_;
+};
+
+// x [T, B, input] -> the last hidden state through a Linear head. The loop is the model's own.
+template <typename Cell>
+struct Sequence : nn::CallableModule<Sequence<Cell>> {
+  Sequence(int64_t input, int64_t hidden, int64_t classes) : hidden_(hidden) {
+    cell = this->register_module("cell", std::make_shared<Cell>(input, hidden));
+    head = this->register_module("head", std::make_shared<Linear>(hidden, classes));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor h = zeros({x.size(1), hidden_});
+    if constexpr (std::is_same_v<Cell, LstmCell>) {
+      Tensor c = zeros({x.size(1), hidden_});
+      for (int64_t t = 0; t < x.size(0); ++t) std::tie(h, c) = (*cell)(x.select(0, t), h, c);
+    } else {
+      for (int64_t t = 0; t < x.size(0); ++t) h = (*cell)(x.select(0, t), h);
+    }
+    return (*head)(h);
+  }
+  std::shared_ptr<Cell> cell;
+  std::shared_ptr<Linear> head;
+  int64_t hidden_;
+};
+
+// The same GRU with the cell's arithmetic inline in the looping module: the loop's first iteration
+// (h from zeros) and every later one (h from the previous step) are separate records of one module,
+// and every later iteration shares one record and its observers.
+struct InlineGru : nn::CallableModule<InlineGru> {
+  InlineGru(int64_t input, int64_t hidden, int64_t classes) : hidden_(hidden) {
+    ih = register_module("ih", std::make_shared<Linear>(input, 3 * hidden));
+    hh = register_module("hh", std::make_shared<Linear>(hidden, 3 * hidden));
+    head = register_module("head", std::make_shared<Linear>(hidden, classes));
+  }
+  Tensor forward(const Tensor& x) {
+    const int64_t H = hidden_;
+    Tensor h = zeros({x.size(1), H});
+    for (int64_t t = 0; t < x.size(0); ++t) {
+      const Tensor gi = (*ih)(x.select(0, t)), gh = (*hh)(h);
+      const Tensor r = sigmoid(gi.narrow(1, 0, H) + gh.narrow(1, 0, H));
+      const Tensor z = sigmoid(gi.narrow(1, H, H) + gh.narrow(1, H, H));
+      const Tensor n = tanh(gi.narrow(1, 2 * H, H) + r * gh.narrow(1, 2 * H, H));
+      h = n + z * (h - n);
+    }
+    return (*head)(h);
+  }
+  std::shared_ptr<Linear> ih, hh, head;
+  int64_t hidden_;
+};
+
+// How many records of `kind` the converted model has, and how many of them run int8.
+std::pair<int, int> count_int8(const nn::Module& m, OpKind kind) {
+  int all = 0, int8 = 0;
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    if (op.kind != kind) continue;
+    ++all;
+    if (op.role != "fp32" && op.executor.rfind("fp32", 0) == std::string::npos) ++int8;
+  }
+  return {all, int8};
+}
+
+template <typename Model>
+void calibrate_at_some_lengths_run_at_others(const char* name, double min_sqnr = 28.0) {
+  SCOPED_TRACE(name);
+  manual_seed(31);
+  Model model(16, 32, 5);
+  model.eval();
+  const int64_t batch = 4;
+  auto input = [&](int64_t steps, uint64_t seed) { return randn({steps, batch, 16}, seed); };
+  std::vector<Tensor> tests, refs;
+  for (int64_t steps : {1, 2, 4, 7, 11, 16, 24}) tests.push_back(input(steps, 500 + static_cast<uint64_t>(steps)));
+  for (const Tensor& x : tests) refs.push_back(model(x));
+
+  prepare(model, {input(3, 1)}, default_qconfig_mapping("onednn"));
+  auto records = [&] {
+    size_t n = 0;
+    for (const auto& [fqn, m] : model.named_modules()) {
+      if (AutoQuantizationState* s = quant_state_of(*m)) n += s->seen_ops().size();
+    }
+    return n;
+  };
+  const size_t traced = records();
+  for (int64_t steps : {3, 5, 8}) {
+    for (uint64_t k = 0; k < 4; ++k) model(input(steps, 100 * static_cast<uint64_t>(steps) + k));
+  }
+  // The loop folded: calibrating at other lengths added no record.
+  EXPECT_EQ(records(), traced);
+  convert(model);
+
+  double worst = 1e9;
+  for (size_t i = 0; i < tests.size(); ++i) {
+    const Tensor y = model(tests[i]);
+    const double s = sqnr_of(y, refs[i]);
+    worst = std::min(worst, s);
+    EXPECT_GT(s, min_sqnr) << "T=" << tests[i].size(0);
+    std::cout << "[ static   ] " << name << " T=" << tests[i].size(0) << ": int8 vs fp32 " << s << " dB\n";
+  }
+  EXPECT_EQ(uncalibrated_ops(model), 0);
+  if (std::getenv("DBRQ_PRINT_OPS") != nullptr) {
+    for (const QuantizedOpInfo& op : quantized_ops(model)) {
+      std::cout << op.module << " #" << op.index << " " << op.op << " (" << op.fqn << "): " << op.executor << "\n";
+    }
+  }
+  // Every projection (the cell's two, the head; the inline loop has a first-iteration record of
+  // hh too) runs int8 (static: u8 in and out), and so does every gate activation, add and product
+  // (a difference of two tensors, h - n, has no int8 kernel and runs fp32).
+  for (OpKind kind : {OpKind::kLinear, OpKind::kSigmoid, OpKind::kTanh, OpKind::kMul, OpKind::kAdd}) {
+    const auto [all, int8] = count_int8(model, kind);
+    EXPECT_GE(all, 1) << op_name(kind);
+    EXPECT_EQ(int8, all) << op_name(kind);
+  }
+  EXPECT_GE(count_int8(model, OpKind::kLinear).first, 3);
+  for (const QuantizedOpInfo& op : quantized_ops(model)) {
+    if (op.kind == OpKind::kLinear) {
+      EXPECT_FALSE(op.dynamic);
+    }
+  }
+  std::cout << "[ static   ] " << name << ": worst SQNR " << worst << " dB over T = 1..24 (calibrated at 3, 5, 8)\n";
+}
+
+TEST(RnnStaticCell, GruCellAnyLength) { calibrate_at_some_lengths_run_at_others<Sequence<GruCell>>("gru cell"); }
+
+TEST(RnnStaticCell, LstmCellAnyLength) { calibrate_at_some_lengths_run_at_others<Sequence<LstmCell>>("lstm cell"); }
+
+TEST(RnnStaticCell, InlineGruAnyLength) { calibrate_at_some_lengths_run_at_others<InlineGru>("inline gru"); }
+
+// Two-layer nn::GRU / nn::LSTM and a head on the last layer's final state.
+struct GruModel : nn::CallableModule<GruModel> {
+  GruModel(int64_t input, int64_t hidden, int64_t classes) {
+    gru = register_module("gru", std::make_shared<nn::GRU>(nn::GRUOptions(input, hidden).num_layers(2)));
+    head = register_module("head", std::make_shared<Linear>(hidden, classes));
+  }
+  Tensor forward(const Tensor& x) { return (*head)(std::get<1>((*gru)(x)).select(0, 1)); }
+  std::shared_ptr<nn::GRU> gru;
+  std::shared_ptr<Linear> head;
+};
+
+struct LstmModel : nn::CallableModule<LstmModel> {
+  LstmModel(int64_t input, int64_t hidden, int64_t classes) {
+    lstm = register_module("lstm", std::make_shared<nn::LSTM>(nn::LSTMOptions(input, hidden).num_layers(2)));
+    head = register_module("head", std::make_shared<Linear>(hidden, classes));
+  }
+  Tensor forward(const Tensor& x) { return (*head)(std::get<0>(std::get<1>((*lstm)(x))).select(0, 1)); }
+  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<Linear> head;
+};
+
+// nn::GRU and nn::LSTM themselves under a static mapping: they are composed modules, so their
+// projections and gate arithmetic quantize like the hand-written cells above (their layers share
+// the gate records, which look alike: one range per gate op for both layers; the input
+// projections and the hidden projections are one record per weight).
+TEST(RnnStaticCell, NnGruStatic) { calibrate_at_some_lengths_run_at_others<GruModel>("nn::GRU static", 26.0); }
+
+TEST(RnnStaticCell, NnLstmStatic) { calibrate_at_some_lengths_run_at_others<LstmModel>("nn::LSTM static", 26.0); }
+
+// Packed sequences under the static mapping. The layers' batch plumbing (sorting by length, the
+// state buffers, writing each step into the output) records nothing, so the recorded program is the
+// same whatever the batch: calibrated on unsorted packed batches of 6, the model runs batches of 1,
+// of equal lengths, sorted and unsorted, at other lengths, with no uncalibrated op (strict paths)
+// and the same accuracy as unpacked input. (Before, a batch of sorted lengths lost most of its
+// output: writes into the output went through views that converted to int8 copies, ~5 dB.)
+template <typename Rnn>
+struct PackedModel : nn::CallableModule<PackedModel<Rnn>> {
+  PackedModel(int64_t input, int64_t hidden) {
+    rnn = this->register_module("rnn",
+                                std::make_shared<Rnn>(nn::RNNOptions(input, hidden).num_layers(2).batch_first(true)));
+  }
+  // [B, T, input] -> (output [B, T, hidden], h_n of the last layer) concatenated along time.
+  Tensor forward(const Tensor& x) {
+    Tensor out, h_n;
+    if constexpr (std::is_same_v<Rnn, nn::LSTM>) {
+      const auto result = (*rnn)(x, std::optional<std::tuple<Tensor, Tensor>>(), lengths);
+      out = std::get<0>(result);
+      h_n = std::get<0>(std::get<1>(result));
+    } else {
+      std::tie(out, h_n) = (*rnn)(x, Tensor(), lengths);
+    }
+    const Tensor last = h_n.select(0, 1).unsqueeze(1);
+    return cat({out, last}, 1);
+  }
+  std::shared_ptr<Rnn> rnn;
+  std::vector<int64_t> lengths;
+};
+
+template <typename Rnn>
+void packed_batches_of_any_pattern(const char* name) {
+  SCOPED_TRACE(name);
+  manual_seed(41);
+  PackedModel<Rnn> model(8, 16), ref(8, 16);
+  model.eval();
+  ref.eval();
+  ref.load_state_dict(model.state_dict(), true);
+  struct Case {
+    const char* what;
+    std::vector<int64_t> lengths;  // empty: unpacked
+    int64_t steps;
+  };
+  const std::vector<Case> calibration = {{"", {3, 7, 5, 7, 1, 4}, 7},
+                                         {"", {6, 2, 6, 3, 5, 4}, 6},
+                                         {"", {8, 8, 2, 5, 1, 7}, 8},
+                                         {"", {4, 5, 3, 5, 2, 1}, 5}};
+  const std::vector<Case> tests = {{"batch of 1", {11}, 11},
+                                   {"batch of 1, shorter than padded", {4}, 9},
+                                   {"equal lengths", {10, 10, 10}, 10},
+                                   {"sorted", {12, 9, 9, 4, 1}, 12},
+                                   {"unsorted", {2, 13, 7, 13, 1, 9, 5}, 13},
+                                   {"unpacked", {}, 6}};
+  auto input = [](const Case& c, uint64_t seed) {
+    return randn({std::max<int64_t>(1, static_cast<int64_t>(c.lengths.size())), c.steps, 8}, seed);
+  };
+  std::vector<Tensor> refs;
+  for (size_t i = 0; i < tests.size(); ++i) {
+    ref.lengths = tests[i].lengths;
+    refs.push_back(ref(input(tests[i], 700 + i)));
+  }
+  model.lengths = calibration[0].lengths;
+  prepare(model, {input(calibration[0], 1)}, default_qconfig_mapping("onednn"));
+  for (size_t i = 0; i < calibration.size(); ++i) {
+    for (uint64_t k = 0; k < 3; ++k) {
+      model.lengths = calibration[i].lengths;
+      model(input(calibration[i], 10 * i + k));
+    }
+  }
+  ConvertOptions options;
+  options.strict_paths = true;
+  convert(model, options);
+  for (size_t i = 0; i < tests.size(); ++i) {
+    model.lengths = tests[i].lengths;
+    const double s = sqnr_of(model(input(tests[i], 700 + i)), refs[i]);
+    EXPECT_GT(s, 26.0) << tests[i].what;
+    std::cout << "[ packed   ] " << name << ", " << tests[i].what << ": int8 vs fp32 " << s << " dB\n";
+  }
+  EXPECT_EQ(uncalibrated_ops(model), 0);
+  for (OpKind kind : {OpKind::kLinear, OpKind::kSigmoid, OpKind::kTanh, OpKind::kMul, OpKind::kAdd}) {
+    const auto [all, int8] = count_int8(model, kind);
+    EXPECT_GE(all, 1) << op_name(kind);
+    EXPECT_EQ(int8, all) << op_name(kind);
+  }
+}
+
+TEST(RnnStaticCell, NnGruPackedAnyBatch) { packed_batches_of_any_pattern<nn::GRU>("nn::GRU packed"); }
+
+TEST(RnnStaticCell, NnLstmPackedAnyBatch) { packed_batches_of_any_pattern<nn::LSTM>("nn::LSTM packed"); }
+
+}  // namespace
+}  // namespace dbrq
