@@ -43,6 +43,18 @@ def rel_err(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
+def cpu_model():
+    """The CPU's model name (lscpu), for the record."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return "unknown CPU"
+
+
 def sqnr_db(x, ref):
     """Signal-to-quantization-noise ratio of x against ref in dB: 10 log10(sum ref^2 / sum (x - ref)^2)."""
     x, ref = x.float().reshape(-1), ref.float().reshape(-1)
@@ -267,8 +279,8 @@ def main():
     ap.add_argument("--overhead-bench", required=True)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prep-threads", type=int, default=2)
-    ap.add_argument("--only", default="fp32,int8,bert,decoder,overhead,prep",
-                    help="comma-separated subset of: fp32,int8,bert,decoder,overhead,prep")
+    ap.add_argument("--only", default="fp32,int8,bert,decoder,gru,overhead,prep",
+                    help="comma-separated subset of: fp32,int8,bert,decoder,gru,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
     ap.add_argument("--baseline-bench", default=None,
                     help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
@@ -284,6 +296,8 @@ def main():
     # (iterations, chunks) per measurement; probes of PyTorch variants use `probe` iterations.
     iters = {1: (12, 2) if q else (40, 4), 8: (6, 2) if q else (16, 4)}
     gen_iters = (6, 2) if q else (16, 4)  # decoder generations (PyTorch takes 0.3-2 s per generation)
+    # The GRU classifier runs in milliseconds: more iterations and chunks for stable medians.
+    gru_iters = {1: (60, 4) if q else (200, 8), 8: (30, 4) if q else (100, 8)}
     warmup, probe = (2, 2) if q else (3, 3)
     prep_reps = 2 if q else 5
     max_wait = args.max_wait if args.max_wait is not None else (5.0 if q else 30.0)
@@ -298,12 +312,14 @@ def main():
     work = args.workdir or tmp.name
     os.makedirs(work, exist_ok=True)
     torch.backends.quantized.engine = "onednn"
-    log(f"torch {torch.__version__}, {os.cpu_count()} cpus, threads {threads}, workdir {work}, "
+    cpu = cpu_model()
+    log(f"torch {torch.__version__}, {cpu}, {os.cpu_count()} cpus, threads {threads}, workdir {work}, "
         f"{'quick' if q else 'full'} run")
 
     # Weights and inputs, exported once; both sides compute with exactly these.
     models, inputs, files = {}, {}, {}
     names = ["resnet18", "mobilenet_v2", "bert_encoder"] + (["decoder_lm"] if "decoder" in only else [])
+    names += ["gru_classifier"] if "gru" in only else []
     for seed, name in enumerate(names):
         models[name] = tm.make_model(name, seed=10 + seed)
         inputs[name] = tm.make_inputs(name, seed=20 + seed)
@@ -534,6 +550,57 @@ def main():
             del fp32_v, dyn_v
             gc.collect()
 
+        # ---- GRU classifier: fp32, dynamic and static int8 ----------------------------------
+        if "gru" in only:
+            name = "gru_classifier"
+            torch_dyn = tm.gru_dynamic_int8(models[name])
+            for bs in (1, 8):
+                x = tm.timed_input(inputs[name], name, bs)
+                variants = tm.fp32_variants(name, models[name], x)
+                for t in threads:
+                    key = f"gru_bs{bs}_t{t}"
+                    log(key)
+                    quiet()
+                    d32 = DbrqSide(server, "dbrq fp32", model=name, mode="fp32", batch=bs, threads=t, **files[name])
+                    ddyn = DbrqSide(server, "dbrq dynamic", model=name, mode="dynamic", batch=bs, threads=t,
+                                    **files[name])
+                    d8 = DbrqSide(server, "dbrq static", model=name, mode="int8", batch=bs, threads=t, **files[name])
+                    for d in (d32, ddyn, d8):
+                        d.setup()
+                    note = ""
+                    if t == threads[0]:
+                        r = reference(name, bs)
+                        torch.set_num_threads(t)
+                        with torch.inference_mode():
+                            y_t = torch_dyn(x)
+                        y = {d.label: dbrq_output(server, d) for d in (d32, ddyn, d8)}
+                        note = (f"parity rel err {rel_err(y['dbrq fp32'], r):.1e}; int8 vs torch fp32: SQNR dbrq "
+                                f"dynamic {sqnr_db(y['dbrq dynamic'], r):.1f} dB, static "
+                                f"{sqnr_db(y['dbrq static'], r):.1f} dB, torch quantize_dynamic {sqnr_db(y_t, r):.1f} dB; ")
+                    ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in variants.items()], probe)
+                    td = TorchSide("torch dynamic", torch_dyn, x, t)
+                    n, c = gru_iters[bs]
+                    res = interleave([d32, ddyn, d8] + ts + [td], n, c, warmup, monitor, t)
+                    best = min((s.label for s in ts), key=lambda k: res[k])
+                    tokens = int(tm.GruClassifier.lengths_of(x).sum())
+                    report.add("gru", f"{key}_fp32", res["dbrq fp32"], res[best], "ms",
+                               note + f"{tokens} tokens; torch fp32 {best}", busy=res["busy"])
+                    report.add("gru", f"{key}_dynamic_int8", res["dbrq dynamic"], res["torch dynamic"], "ms",
+                               "dbrq default_dynamic_qconfig_mapping vs torch quantize_dynamic", busy=res["busy"])
+                    report.add("gru", f"{key}_static_int8_vs_torch_dynamic_int8", res["dbrq static"],
+                               res["torch dynamic"], "ms", "dbrq default_qconfig_mapping vs torch quantize_dynamic",
+                               busy=res["busy"])
+                    report.add("gru", f"{key}_dynamic_int8_vs_dbrq_fp32", res["dbrq dynamic"], res["dbrq fp32"], "ms",
+                               "torch column = dbrq fp32", busy=res["busy"])
+                    report.add("gru", f"{key}_static_int8_vs_dbrq_fp32", res["dbrq static"], res["dbrq fp32"], "ms",
+                               "torch column = dbrq fp32", busy=res["busy"])
+                    report.add("gru", f"{key}_torch_dynamic_int8_vs_torch_fp32", res["torch dynamic"], res[best], "ms",
+                               f"dbrq column = torch quantize_dynamic, torch column = torch fp32 {best}",
+                               busy=res["busy"])
+                del variants
+                gc.collect()
+            del torch_dyn
+
         # ---- prepare + calibrate + convert (issue 4) -----------------------------------------
         if "prep" in only:
             name, t = "resnet18", args.prep_threads
@@ -609,13 +676,13 @@ def main():
     print()
     contended = sorted(k for k, v in report.busy.items() if v > 0.5)
     print(f"dbrq vs PyTorch {torch.__version__} ({'quick' if q else 'full'} run, {elapsed:.0f} s, medians; "
-          f"{os.cpu_count()} cpus; [busy x] = mean runnable tasks of other processes during the row's "
+          f"{cpu}, {os.cpu_count()} cpus; [busy x] = mean runnable tasks of other processes during the row's "
           f"measurement; {len(contended)} of {len(report.busy)} rows had busy > 0.5)")
     report.print_table()
     result = dict(report.ratios)
     result.update(report.absolute)
     result["goals"] = report.goals
-    result["meta"] = {"mode": "quick" if q else "full", "torch": torch.__version__, "threads": threads,
+    result["meta"] = {"mode": "quick" if q else "full", "torch": torch.__version__, "cpu": cpu, "threads": threads,
                       "elapsed_s": round(elapsed, 1), "cpus": os.cpu_count(),
                       "waited_for_quiet_s": round(monitor.waited, 1),
                       "busy_by_key": report.busy, "contended_keys": contended}

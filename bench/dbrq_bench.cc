@@ -1,6 +1,6 @@
-// dbrq_bench: the dbrq side of bench/compare.sh. Times a zoo model (fp32 or int8) on given
-// weights and inputs, or the whole prepare + calibrate + convert pipeline, and prints one JSON
-// object per result on stdout.
+// dbrq_bench: the dbrq side of bench/compare.sh. Times a zoo model (fp32, static int8 or dynamic
+// int8) on given weights and inputs, or the whole prepare + calibrate + convert pipeline, and
+// prints one JSON object per result on stdout.
 //
 // One-shot use (flags):
 //
@@ -9,13 +9,19 @@
 //   bazel-out/k8-opt/bin/bench/dbrq_bench --model=bert_encoder --mode=fp32 --threads=2 --warmup=3
 //       --weights=w.safetensors --inputs=in.safetensors      (all on one line)
 //   bazel-out/k8-opt/bin/bench/dbrq_bench --model=resnet18 --mode=prep --threads=2 --reps=3
+//   bazel-out/k8-opt/bin/bench/dbrq_bench --model=gru_classifier --mode=dynamic --iters=50
+//
+// Modes: fp32; int8 (static: prepare, calibration batches, convert, default_qconfig_mapping
+// "onednn"); dynamic (prepare on the example, convert, default_dynamic_qconfig_mapping: nothing to
+// calibrate); prep (the static pipeline's time).
 //
 // Without --weights the model keeps its default initialization; without --inputs the zoo's
 // example_input() supplies the timed input (seed 0) and the calibration batches (seeds 100, 101;
 // decoder_lm: four one-sequence prompts, seeds 100..103).
-// With --inputs the timed input is the tensor "x_bs<batch>" (BERT: "ids_bs<batch>"), the example
-// for prepare() is "example" ("ids_example") and the calibration batches are "calib0", "calib1"
-// ("ids_calib0", "ids_calib1"); --input_key, --example_key and --calib_keys override them.
+// With --inputs the timed input is the tensor "x_bs<batch>" (token models: bert_encoder and
+// gru_classifier "ids_bs<batch>", decoder_lm "ids_prompt"), the example for prepare() is "example"
+// ("ids_example") and the calibration batches are "calib0", "calib1" ("ids_calib0", "ids_calib1");
+// --input_key, --example_key and --calib_keys override them.
 //
 // decoder_lm is timed generating: one timed run is DecoderLM::generate(prompt, new_tokens) (greedy,
 // no stop token; --new_tokens, default 96) on the prompt "ids_prompt" ([1, S] ids), and int8
@@ -29,7 +35,7 @@
 // in small chunks of iterations: one JSON command per stdin line, one JSON reply per stdout line.
 //
 //   {"cmd":"setup","model":"resnet18","mode":"int8","batch":1,"threads":1,"weights":..,"inputs":..}
-//       (decoder_lm also takes "new_tokens" and "int8_outputs")
+//       (mode fp32, int8 or dynamic; decoder_lm also takes "new_tokens" and "int8_outputs")
 //       -> {"ok":true,"setup_s":..,"input":"[1, 3, 224, 224]","quantize_s":..,"executors":{..}}
 //          (quantize_s only when this setup converted the model; executors, for int8, counts what
 //          convert() chose per op, e.g. {"int8 conv2d":20,..}). A model is cached per model, mode,
@@ -70,7 +76,9 @@ double ms_since(Clock::time_point t0) {
 
 bool is_bert(const std::string& model) { return model == "bert_encoder"; }
 bool is_decoder(const std::string& model) { return model == "decoder_lm"; }
-bool uses_token_ids(const std::string& model) { return is_bert(model) || is_decoder(model); }
+bool is_gru(const std::string& model) { return model == "gru_classifier"; }
+// Models whose inputs are token ids (input keys "ids_...").
+bool uses_token_ids(const std::string& model) { return is_bert(model) || is_decoder(model) || is_gru(model); }
 
 // Safetensors files are read once per process.
 const dbrq::NamedTensors& load_file(const std::string& path) {
@@ -107,7 +115,7 @@ struct DataSpec {
     d.new_tokens = c.value("new_tokens", int64_t{96});
     d.int8_outputs = c.value("int8_outputs", false);
     const std::string p = uses_token_ids(d.model) ? "ids_" : "";
-    const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
+    const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) || is_gru(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
     d.input_key = c.value("input_key", p + input);
     d.example_key = c.value("example_key", p + "example");
     const std::vector<std::string> calib =
@@ -164,14 +172,16 @@ struct Timings {
   double prepare_s = 0, calibrate_s = 0, convert_s = 0;
 };
 
-// prepare (one traced example run) + every calibration batch + convert, on `m` in place.
-Timings quantize(dbrq::nn::Module& m, const DataSpec& d) {
+// prepare (one traced example run) + every calibration batch + convert, on `m` in place. Dynamic:
+// prepare + convert (nothing to calibrate).
+Timings quantize(dbrq::nn::Module& m, const DataSpec& d, bool dynamic = false) {
   const zoo::ModelSpec& spec = d.spec();
   const Tensor example = d.example();
-  const std::vector<Tensor> calib = d.calibration();
+  const std::vector<Tensor> calib = dynamic ? std::vector<Tensor>() : d.calibration();
   Timings t;
   auto t0 = Clock::now();
-  dbrq::prepare(m, {example}, dbrq::default_qconfig_mapping("onednn"));
+  dbrq::prepare(m, {example},
+                dynamic ? dbrq::default_dynamic_qconfig_mapping() : dbrq::default_qconfig_mapping("onednn"));
   t.prepare_s = ms_since(t0) / 1e3;
   t0 = Clock::now();
   for (const Tensor& batch : calib) {
@@ -206,7 +216,9 @@ class Bench {
     const auto t0 = Clock::now();
     data_ = DataSpec::from(c);
     const std::string mode = c.value("mode", std::string("fp32"));
-    if (mode != "fp32" && mode != "int8") throw std::runtime_error("mode must be fp32 or int8, got " + mode);
+    if (mode != "fp32" && mode != "int8" && mode != "dynamic") {
+      throw std::runtime_error("mode must be fp32, int8 or dynamic, got " + mode);
+    }
     dbrq::set_num_threads(c.value("threads", 1));
     json reply = {{"ok", true}};
     const std::string key = data_.model + "/" + mode + (data_.int8_outputs ? "/int8_outputs" : "") + "/" +
@@ -214,14 +226,14 @@ class Bench {
     auto it = models_.find(key);
     if (it == models_.end()) {
       auto m = data_.make_fp32_model();
-      if (mode == "int8") {
-        const Timings t = quantize(*m, data_);
+      if (mode != "fp32") {
+        const Timings t = quantize(*m, data_, mode == "dynamic");
         reply["quantize_s"] = t.prepare_s + t.calibrate_s + t.convert_s;
       }
       it = models_.emplace(key, m).first;
     }
     model_ = it->second;
-    if (mode == "int8") reply["executors"] = count_executors(*model_);
+    if (mode != "fp32") reply["executors"] = count_executors(*model_);
     input_ = data_.input();
     reply["input"] = input_.shape_string();
     reply["setup_s"] = ms_since(t0) / 1e3;
@@ -308,10 +320,10 @@ int serve() {
 
 int usage() {
   std::cerr << "usage: dbrq_bench --serve\n"
-               "       dbrq_bench --model=NAME [--mode=fp32|int8|prep] [--batch=N] [--threads=N] [--iters=N]\n"
+               "       dbrq_bench --model=NAME [--mode=fp32|int8|dynamic|prep] [--batch=N] [--threads=N] [--iters=N]\n"
                "                  [--warmup=N] [--reps=N] [--weights=FILE] [--inputs=FILE] [--input_key=K]\n"
                "                  [--example_key=K] [--calib_keys=K1,K2,...] [--new_tokens=N] [--int8_outputs=0|1]\n"
-               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating)\n";
+               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating), gru_classifier\n";
   return 2;
 }
 

@@ -12,8 +12,14 @@ Run with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-tor
   encoder therefore has variants whose linears (and optionally its two attention matmuls) run on
   PyTorch's oneDNN path, torch._C._nn.mkldnn_linear on mkldnn tensors; compare.py times every
   variant and keeps PyTorch's fastest.
-- The encoder's classes, randomize_norms and the safetensors reader / writer come from
-  tools/torch_zoo.py, shared with the other PyTorch scripts.
+- gru_classifier (tools/torch_zoo.py) mirrors samples/zoo/gru_classifier.h: nn.Embedding, an
+  nn.GRU over pack_padded_sequence, nn.Linear. nn.GRU's matrix products also go through the
+  reference BLAS, so there is a second fp32 variant, GruOnOnednn: the same recurrence written as a
+  Python loop (dbrq's algorithm: all input projections in one product, then one product of the
+  hidden state per step, packed by length) on mkldnn_linear. Its dynamic int8 is
+  quantize_dynamic(model, dtype=torch.qint8) on the onednn engine (DynamicQuantizedGRU, Linear).
+- The encoder's classes, the GRU classifier, randomize_norms and the safetensors reader / writer
+  come from tools/torch_zoo.py, shared with the other PyTorch scripts.
 """
 
 import copy
@@ -28,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from torch_zoo import BertEncoder, BertSelfAttention, CausalSelfAttention, DecoderLM, randomize_norms  # noqa: E402,F401
+from torch_zoo import GruClassifier, gru_classifier_ids  # noqa: E402
 from torch_zoo import read_safetensors, write_safetensors  # noqa: E402,F401  (compare.py uses them)
 
 # samples/zoo/zoo.cc, Variant::kFull.
@@ -56,6 +63,10 @@ DECODER_FULL = {
 DECODER_PROMPT = 32      # timed prompt length
 DECODER_NEW_TOKENS = 96  # tokens generated per timed run (and per calibration prompt)
 DECODER_CALIB = (32, 24, 40, 16)  # calibration prompt lengths (longest cache: 40 + 96 positions)
+# samples/zoo/zoo.cc, Variant::kFull, and gru_example_seq_len.
+GRU_FULL = {"vocab_size": 10000, "embedding_dim": 128, "hidden_size": 128, "num_layers": 2, "num_classes": 4}
+GRU_STEPS = 64
+TOKEN_MODELS = ("bert_encoder", "gru_classifier", "decoder_lm")
 
 # ---------------------------------------------------------------------------------------------
 # oneDNN-backed linear algebra (PyTorch's own mkldnn ops)
@@ -106,6 +117,54 @@ def set_attention_matmul(model, fn):
 
 
 # ---------------------------------------------------------------------------------------------
+# the GRU classifier on oneDNN
+
+
+class GruOnOnednn(nn.Module):
+    """GruClassifier's forward with the GRU written out on mkldnn_linear (same weights, same
+    result to float rounding): per layer, every step's input projection in one product, then per
+    step one product of the hidden state of the sequences still running (sorted longest first),
+    the gates in PyTorch's GRUCell order."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        gru = model.gru
+        assert not gru.bidirectional and gru.bias
+        self.hidden = gru.hidden_size
+        self.weights = [[getattr(gru, f"{k}_l{layer}").detach().to_mkldnn()
+                         for k in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
+                        for layer in range(gru.num_layers)]
+
+    def forward(self, ids):
+        lengths = self.model.lengths_of(ids)
+        steps = int(lengths.max())
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order].tolist()
+        x = self.model.embedding(ids[order, :steps]).transpose(0, 1).contiguous()  # [T, B, E]
+        batch, hidden, lin = x.shape[1], self.hidden, torch._C._nn.mkldnn_linear
+        running = [sum(1 for n in sorted_lengths if n > t) for t in range(steps)]
+        for w_ih, b_ih, w_hh, b_hh in self.weights:
+            projected = lin(x.reshape(steps * batch, -1).to_mkldnn(), w_ih, b_ih).to_dense()
+            projected = projected.view(steps, batch, 3 * hidden)
+            h = torch.zeros(batch, hidden)
+            out = torch.zeros(steps, batch, hidden)
+            for t in range(steps):
+                n = running[t]
+                h_run, gi = h[:n], projected[t, :n]
+                gh = lin(h_run.to_mkldnn(), w_hh, b_hh).to_dense()
+                rz = torch.sigmoid(gi[:, :2 * hidden] + gh[:, :2 * hidden])
+                new = torch.tanh(gi[:, 2 * hidden:] + rz[:, :hidden] * gh[:, 2 * hidden:])
+                h_next = new + rz[:, hidden:] * (h_run - new)
+                h[:n] = h_next
+                out[t, :n] = h_next
+            x = out
+        h_last = torch.empty_like(h)
+        h_last[order] = h
+        return self.model.classifier(h_last)
+
+
+# ---------------------------------------------------------------------------------------------
 # models and data
 
 
@@ -119,6 +178,8 @@ def make_model(name, seed):
         m = BertEncoder(BERT_FULL)
     elif name == "decoder_lm":
         m = DecoderLM(DECODER_FULL)
+    elif name == "gru_classifier":
+        m = GruClassifier(**GRU_FULL)
     else:
         raise ValueError(f"unknown model {name}")
     randomize_norms(m, torch.Generator().manual_seed(seed + 1000), num_batches_tracked=100)
@@ -134,6 +195,12 @@ def make_inputs(name, seed):
         for i, n in enumerate(DECODER_CALIB):
             out[f"ids_calib{i}"] = ids(n)
         return out
+    if name == "gru_classifier":
+        # Batch 1: one sequence of the full 64 tokens; batch 8 and calibration: lengths 16..64.
+        full = torch.randint(1, GRU_FULL["vocab_size"], (1, GRU_STEPS), generator=g, dtype=torch.int64)
+        ids = lambda n: gru_classifier_ids(n, GRU_STEPS, GRU_FULL["vocab_size"], g)
+        return {"ids_bs1": full, "ids_bs8": ids(8), "ids_example": full.clone(), "ids_calib0": ids(8),
+                "ids_calib1": ids(8)}
     if name == "bert_encoder":
         ids = lambda n: torch.randint(0, BERT_FULL["vocab_size"], (n, BERT_SEQ), generator=g, dtype=torch.int64)
         calib = [ids(4), ids(4)]
@@ -145,18 +212,18 @@ def make_inputs(name, seed):
 
 
 def calibration(inputs, name):
-    p = "ids_" if name == "bert_encoder" else ""
+    p = "ids_" if name in TOKEN_MODELS else ""
     return [inputs[p + "calib0"], inputs[p + "calib1"]]
 
 
 def example(inputs, name):
-    return inputs["ids_example" if name == "bert_encoder" else "example"]
+    return inputs["ids_example" if name in TOKEN_MODELS else "example"]
 
 
 def timed_input(inputs, name, batch):
     if name == "decoder_lm":
         return inputs["ids_prompt"]
-    return inputs[f"ids_bs{batch}" if name == "bert_encoder" else f"x_bs{batch}"]
+    return inputs[f"ids_bs{batch}" if name in TOKEN_MODELS else f"x_bs{batch}"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +231,8 @@ def timed_input(inputs, name, batch):
 
 
 def fp32_variants(name, model, x):
+    if name == "gru_classifier":
+        return {"nn.GRU packed": (model, x), "loop on mkldnn_linear": (GruOnOnednn(model).eval(), x)}
     if name == "bert_encoder":
         lin = with_mkldnn_linears(model)
         both = set_attention_matmul(with_mkldnn_linears(model), matmul_onednn)
@@ -208,6 +277,12 @@ def fx_int8(model, example_input, calib, copy_model=True, timings=None):
 
 def int8_variants(q, x):
     return {"fx nchw": (q, x), "fx channels_last": (q, x.contiguous(memory_format=torch.channels_last))}
+
+
+def gru_dynamic_int8(model):
+    """quantize_dynamic (onednn) with its default spec: the GRU and the Linear head."""
+    torch.backends.quantized.engine = "onednn"
+    return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), dtype=torch.qint8)
 
 
 def dynamic_int8_variants(model, x):

@@ -109,7 +109,9 @@ struct Int8Entry {
 // the others in a small LRU list. Prepacked weights are shared between entries with equal layouts.
 class PrimitiveCacheImpl {
  public:
-  static constexpr size_t kCapacity = 16;
+  // A packed recurrence runs its hidden-state product at every running count of its batch (one
+  // shape each, every call): the cache holds them all for batches of up to 256 sequences.
+  static constexpr size_t kCapacity = 256;
 
   // `create` runs on a miss only (a template: a std::function would allocate per call).
   template <typename Create>

@@ -60,6 +60,31 @@ TEST(QLinear, DynamicVectorInput) { QLinearTester().dynamic(true).batch_dims({})
 
 TEST(QLinear, DynamicManyCalls) { QLinearTester().dynamic(true).calls(5).Test(); }
 
+// A packed recurrence's hidden-state product: a batch of 40 sequences of 40 lengths runs it at 40
+// row counts, every call; the kernel keeps a primitive for each (it held 16 and re-created them).
+TEST(QLinear, PrimitivePerRowCount) {
+  for (bool dynamic : {false, true}) {
+    kernels::QLinearOptions o;
+    o.weight = randn({24, 32}, 1);
+    o.bias = randn({24}, 2);
+    o.weight_qparams = QuantParams::per_tensor(0.02f, 0);
+    o.dynamic = dynamic;
+    if (!dynamic) {
+      o.src_qparams = QuantParams::per_tensor(0.05f, 128);
+      o.dst_qparams = QuantParams::per_tensor(0.1f, 128);
+    }
+    kernels::QLinear linear(std::move(o));
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t m = 40; m >= 1; --m) {
+        Tensor x = randn({m, 32}, static_cast<uint64_t>(m));
+        if (!dynamic) x = kernels::quantize(x, QuantParams::per_tensor(0.05f, 128), DType::kU8);
+        EXPECT_EQ(linear.run(x).size(0), m);
+      }
+    }
+    EXPECT_EQ(linear.num_primitives(), 40u) << (dynamic ? "dynamic" : "static");
+  }
+}
+
 // A recurrence's per-step product: one row, a new range (scale and zero point) every call.
 TEST(QLinear, DynamicOneRowManyCalls) {
   QLinearTester().dynamic(true).batch_dims({1}).input_channels(32).output_channels(24).calls(40).Test();
