@@ -654,9 +654,9 @@ def main():
         o = json.loads(out.strip().splitlines()[-1])
         busy = monitor.excess()
         report.add_value("overhead", "convert_overhead_ns_per_op", o["convert_overhead_ns_per_op"], "ns",
-                         f"{o['ops']} chained int8 adds on {o['numel']} elements ({o['int8_adds_converted']} converted): "
-                         f"model {o['int8_model_ns_per_op']:.0f} ns/op vs direct kernels::qadd "
-                         f"{o['int8_direct_ns_per_op']:.0f} ns/op", goal=500, busy=busy)
+                         f"{o['ops']} chained int8 adds on {o['numel']} elements (a loop: {o['int8_adds_converted']} "
+                         f"int8 records): model {o['int8_model_ns_per_op']:.0f} ns/op vs direct kernels::qadd "
+                         f"{o['int8_direct_ns_per_op']:.0f} ns/op", goal=100, busy=busy)
         report.add_value("overhead", "fp32_dispatch_overhead_ns_per_op", o["fp32_dispatch_overhead_ns_per_op"], "ns",
                          f"unprepared model {o['fp32_model_ns_per_op']:.0f} ns/op vs direct kernels::binary "
                          f"{o['fp32_direct_ns_per_op']:.0f} ns/op", busy=busy)
