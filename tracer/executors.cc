@@ -265,6 +265,10 @@ Tensor CatExec::run(const OpCall& call) {
 }
 
 Tensor ShareExec::run(const OpCall& call) {
+  // An fp32 input (a record that also sees fp32 tensors, e.g. the same view chain on an fp32 buffer
+  // of the user's): the op runs as written. A view stays a view of the user's tensor (a quantized
+  // copy would swallow writes through it), and whoever reads it quantizes it as it would have.
+  if (!call.input(0).is_quantized()) return call.run(call);
   const Tensor x = prepare_input(call.input(0), input_);
   if (def_.int8_share != nullptr) return def_.int8_share(x, params_.get());
   return run_on(call, x);  // shape ops, max pooling, dropout, identity: their eager kernels keep int8

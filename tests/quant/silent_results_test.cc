@@ -192,5 +192,40 @@ TEST(ViewAfterConv, MeansTheNchwViewFp32AndInt8) {
   EXPECT_GT(sqnr_of(m(x), expected), 20.0);
 }
 
+// ---- a view chain on an fp32 buffer sharing a record with the same chain on an int8 activation ----
+
+// select -> narrow on the linear's (int8) output and on a zeros buffer (fp32) are one record each
+// (same ops, same producer tags); the slice of the buffer is then written through copy_. After
+// convert the view of the buffer must still be a view: an int8 copy made the write vanish.
+struct ViewWrite : nn::CallableModule<ViewWrite> {
+  ViewWrite() { a = register_module("a", std::make_shared<Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) {
+    const Tensor y = (*a)(x);
+    const Tensor g = y.select(0, 0).narrow(0, 0, 4);
+    Tensor out = zeros({2, 8});
+    Tensor slot = out.select(0, 0).narrow(0, 0, 4);  // a view into out
+    slot.copy_(g);
+    return out;
+  }
+  std::shared_ptr<Linear> a;
+};
+
+TEST(SharedViewRecords, AViewOfAnFp32BufferStaysAViewAfterConvert) {
+  manual_seed(0);
+  ViewWrite m;
+  const Tensor x = randn({2, 8}, 1);
+  const Tensor ref = m(x);
+  prepare(m, {x});
+  for (uint64_t s = 0; s < 4; ++s) m(randn({2, 8}, 10 + s));
+  convert(m);
+  const Tensor y = m(x);
+  EXPECT_GT(sqnr_of(y, ref), 20.0);  // 4 int8 linear outputs, the rest exact zeros
+  const std::vector<float> row = testing::values(y);
+  float written = 0.0f;
+  for (int i = 0; i < 4; ++i) written += std::abs(row[static_cast<size_t>(i)]);
+  EXPECT_GT(written, 0.1f) << "the write through the view was lost";
+  for (int i = 4; i < 16; ++i) EXPECT_EQ(row[static_cast<size_t>(i)], 0.0f) << i;
+}
+
 }  // namespace
 }  // namespace dbrq
