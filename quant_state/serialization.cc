@@ -359,8 +359,10 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
   json producers = json::array();
   for (int64_t p : op.producers) producers.push_back(hex64(static_cast<uint64_t>(p)));
   j["producers"] = producers;
-  if (!op.params.empty()) {
-    const OpDef& def = op_def(op.kind);
+  const OpDef& def = op_def(op.kind);
+  // Parameters outside an op's identity and without a portable form (contiguous's memory format)
+  // play no part in the int8 program: the op runs with each call's own.
+  if (!op.params.empty() && (def.params_to_fields != nullptr || def.params_in_identity)) {
     DBRQ_ENSURE(def.params_to_fields != nullptr, UsageError, "save_quant_state: ", op_name(op.kind),
                 " has parameters without a portable form");
     json params = json::object();
