@@ -131,6 +131,8 @@ class QMatmul {
   ~QMatmul();
   Tensor run(const Tensor& a, const Tensor& b) const;
   std::string describe() const;
+  // oneDNN primitives created so far (dynamic calls of one shape share one).
+  size_t num_primitives() const;
 
  private:
   QuantParamsPtr a_, b_, dst_;

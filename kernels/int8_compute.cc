@@ -452,6 +452,8 @@ QMatmul::QMatmul(QuantParamsPtr a, QuantParamsPtr b, QuantParamsPtr dst, bool dy
 
 QMatmul::~QMatmul() = default;
 
+size_t QMatmul::num_primitives() const { return cache_->size(); }
+
 std::string QMatmul::describe() const { return dynamic_ ? "dynamic int8 matmul" : "int8 matmul (u8 x s8)"; }
 
 Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
@@ -492,15 +494,22 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   float bias_scale, op_scale;
   requant_scale(a.q_scale(), b.q_scale(), dynamic_ ? 0.f : dst_->scale(), &bias_scale, &op_scale);
   PrimitiveKey key("qmatmul");
-  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads())).add(op_scale);
-  key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
+  key.add(av.sizes()).add(b8.sizes()).add(static_cast<int64_t>(get_num_threads()));
+  // Dynamic calls have new scales and zero points every time: runtime values, one primitive.
+  if (!dynamic_) key.add(op_scale).add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
   auto entry = cache_->get(key, [&] {
     try {
       dnnl::primitive_attr attr = base_attr();
-      attr.set_output_scales(0, {op_scale});
-      if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
-      if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
-      if (!dynamic_ && dst_->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_->zero_point()});
+      if (dynamic_) {
+        attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+        attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+        attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {DNNL_RUNTIME_S32_VAL});
+      } else {
+        attr.set_output_scales(0, {op_scale});
+        if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
+        if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
+        if (dst_->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_->zero_point()});
+      }
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(av), desc_of(b8), desc_of(dst)), attr, cpu_engine());
       auto e = std::make_shared<Int8Entry>();
       e->prim = dnnl::matmul(pd);
@@ -513,10 +522,18 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
       rethrow_dnnl("creating an int8 matmul", err);
     }
   });
-  execute(entry->prim, entry->scratchpad_bytes,
-          {{DNNL_ARG_SRC, mem_of(entry->src_md, av)},
-           {DNNL_ARG_WEIGHTS, mem_of(entry->wei_md, b8)},
-           {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}});
+  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_md, av)},
+                   {DNNL_ARG_WEIGHTS, mem_of(entry->wei_md, b8)},
+                   {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
+  int32_t zps[2] = {a_zp, b_zp};
+  if (dynamic_) {
+    const dnnl::memory::desc one_f32 = plain_desc({1}, DType::kF32, tag::x);
+    const dnnl::memory::desc one_s32 = plain_desc({1}, DType::kS32, tag::x);
+    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, dnnl::memory(one_f32, cpu_engine(), &op_scale));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dnnl::memory(one_s32, cpu_engine(), &zps[0]));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, dnnl::memory(one_s32, cpu_engine(), &zps[1]));
+  }
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
   return dst.raw_view(final_sizes);
 }
 
