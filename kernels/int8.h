@@ -140,6 +140,9 @@ class QMatmul {
   bool dynamic_;
 };
 
+// oneDNN primitives the process-wide primitive cache has created so far (its misses).
+uint64_t primitives_created();
+
 // ---- elementwise and data movement on u8 ----
 
 // f32 -> u8/s8 (round half to even, saturate), written in `format` (kPreserve keeps x's layout).

@@ -509,6 +509,9 @@ QMatmul::QMatmul(QuantParamsPtr a, QuantParamsPtr b, QuantParamsPtr dst, bool dy
 
 QMatmul::~QMatmul() = default;
 
+
+uint64_t primitives_created() { return primitive_cache().misses(); }
+
 std::string QMatmul::describe() const { return dynamic_ ? "dynamic int8 matmul" : "int8 matmul (u8 x s8)"; }
 
 Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
@@ -571,18 +574,27 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   // The process-wide cache (as the f32 matmul): both operands are activations, so there are no
   // prepacked weights to keep per kernel, and attention over a growing key / value cache meets a
   // new shape on every generated token, which a small per-kernel cache would recreate each call.
+  // Dynamic calls have new scales and zero points every time: runtime values, one primitive.
   auto lookup = [&](const Tensor& bw) {
     PrimitiveKey key("qmatmul");
-    key.add(av).add(bw).add(static_cast<int64_t>(get_num_threads())).add(op_scale);
-    key.add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp)).add(static_cast<int64_t>(dst_zp));
-    key.add(static_cast<int64_t>(out_dt));
+    key.add(av).add(bw).add(static_cast<int64_t>(get_num_threads())).add(static_cast<int64_t>(out_dt));
+    if (!dynamic_) {
+      key.add(op_scale).add(static_cast<int64_t>(a_zp)).add(static_cast<int64_t>(b_zp));
+      key.add(static_cast<int64_t>(dst_zp));
+    }
     return primitive_cache().get_or_create(key, [&] {
       try {
         dnnl::primitive_attr attr = base_attr();
-        attr.set_output_scales(0, {op_scale});
-        if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
-        if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
-        if (dst_zp != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_zp});
+        if (dynamic_) {
+          attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+          attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+          attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {DNNL_RUNTIME_S32_VAL});
+        } else {
+          attr.set_output_scales(0, {op_scale});
+          if (a_zp != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zp});
+          if (b_zp != 0) attr.set_zero_points(DNNL_ARG_WEIGHTS, 0, {b_zp});
+          if (dst_zp != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dst_zp});
+        }
         dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(av), desc_of(bw), desc_of(dst)), attr,
                                         cpu_engine());
         auto e = std::make_shared<PrimitiveEntry>();
@@ -606,10 +618,18 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
     b8 = copy(b8, MemoryFormat::kContiguous, DType::kS8);
     entry = lookup(b8);
   }
-  execute(entry->prim, entry->scratchpad_bytes,
-          {{DNNL_ARG_SRC, mem_of(entry->src_desc, av)},
-           {DNNL_ARG_WEIGHTS, mem_of(entry->weights_desc, b8)},
-           {DNNL_ARG_DST, mem_of(entry->dst_desc, dst)}});
+  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_desc, av)},
+                   {DNNL_ARG_WEIGHTS, mem_of(entry->weights_desc, b8)},
+                   {DNNL_ARG_DST, mem_of(entry->dst_desc, dst)}};
+  int32_t zps[2] = {a_zp, b_zp};
+  if (dynamic_) {
+    const dnnl::memory::desc one_f32 = plain_desc({1}, DType::kF32, tag::x);
+    const dnnl::memory::desc one_s32 = plain_desc({1}, DType::kS32, tag::x);
+    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, dnnl::memory(one_f32, cpu_engine(), &op_scale));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dnnl::memory(one_s32, cpu_engine(), &zps[0]));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, dnnl::memory(one_s32, cpu_engine(), &zps[1]));
+  }
+  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
   return dst.raw_view(final_sizes);
 }
 

@@ -74,6 +74,22 @@ TEST(QMatmul, OneRowAgainstAGrowingCache) {
 
 TEST(QMatmul, Dynamic) { QMatmulTester().dynamic(true).iterations(3).Test(); }
 
+// Dynamic calls over inputs of different ranges: one primitive (in the process-wide cache), whose
+// runtime scale and zero points give exactly what a fresh kernel gives for each call.
+TEST(QMatmul, DynamicOnePrimitive) {
+  const uint64_t created = kernels::primitives_created();
+  kernels::QMatmul shared(nullptr, nullptr, nullptr, /*dynamic=*/true);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 12; ++i) {
+    // Ranges that move from call to call (so do the scales and zero points).
+    const Tensor a = make_f32({3, 8}, random_floats(rng, 24, -0.5 * i - 0.1, 0.2 * i + 1.0));
+    const Tensor b = make_f32({8, 5}, random_floats(rng, 40, -2.0 + 0.1 * i, 0.3 * i + 0.5));
+    const std::vector<float> expected = read_floats(kernels::QMatmul(nullptr, nullptr, nullptr, true).run(a, b));
+    EXPECT_EQ(read_floats(shared.run(a, b)), expected) << "call " << i;
+  }
+  EXPECT_EQ(kernels::primitives_created() - created, 1u);
+}
+
 TEST(QMatmul, DynamicBatched) { QMatmulTester().dynamic(true).a_shape({2, 3, 4}).b_shape({2, 4, 5}).Test(); }
 
 TEST(QMatmul, DynamicBroadcast) { QMatmulTester().dynamic(true).a_shape({2, 1, 3, 4}).b_shape({3, 4, 5}).Test(); }
