@@ -144,8 +144,9 @@ class Converter {
       // quant-state file: the file cannot hold it, and the model has not run the op since.
       DBRQ_ENSURE(!op.weights[i].missing, NotCalibratedError, "convert: ", op_name(op.kind), " (", op.fqn,
                   ") in module \"", s.fqn(), "\", op ", op.index, " takes a weight computed at run time (input ",
-                  op.inputs.size() + i + 1, ", not a parameter or buffer), which a quant-state file cannot hold, and the model has not "
-                  "run it since loading. Run the prepared model once on an input that takes this path before convert");
+                  op.inputs.size() + i + 1,
+                  ", not a parameter or buffer), which a quant-state file cannot hold, and the model has not run "
+                  "it since loading. Run the prepared model once on an input that takes this path before convert");
     }
     const OpDef& def = op_def(op.kind);
     if (op.fusion.fused() && op.fusion.position > 0) {
