@@ -47,6 +47,12 @@ std::set<int> observer_roots(ModelQuantState& m);
 std::set<int> observer_roots(const nn::Module& model);
 // Loads a committed golden file relative to the workspace root (Bazel runs tests from there).
 std::map<std::string, Tensor> load_golden(const std::string& path);
+
+// A path for a scratch file: $TEST_TMPDIR (Bazel's per-test directory) or /tmp, then `name`.
+std::string temp_file(const std::string& name);
+// A file's whole content ("" when it cannot be read); writes one, replacing it.
+std::string read_text(const std::string& path);
+void write_text(const std::string& path, const std::string& text);
 // A tensor from a golden map; fails with the list of available names when absent.
 Tensor golden(const std::map<std::string, Tensor>& g, const std::string& name);
 

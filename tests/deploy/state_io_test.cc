@@ -9,11 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,23 +26,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::expect_equal;
-
-std::string temp_file(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
+using testing::read_text;
+using testing::temp_file;
+using testing::write_text;
 
 // Replaces the first occurrence of `from` (which must be there) in a file's text.
 std::string edited(const std::string& text, const std::string& from, const std::string& to) {

@@ -8,11 +8,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,19 +23,9 @@ namespace {
 
 using json = nlohmann::json;
 using namespace control_flow_models;  // NOLINT: the models under test
+using testing::read_text;
 using testing::state_of;
-
-std::string temp_file(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using testing::temp_file;
 
 // Min/max activations: merged replicas give exactly the observers of one process.
 QConfigMapping min_max_mapping() {
