@@ -232,13 +232,25 @@ class Analyzer {
     in.inf_dtype = DType::kU8;
     const std::string& owner = state_of(g).fqn();
     if (in.num_origins() > 1) {
-      op.input_observers[k] = m_.ensure_slot(g, static_cast<int>(k), op.qconfig->activation, in.id, owner);
+      op.input_observers[k] = m_.ensure_slot(g, static_cast<int>(k), input_spec(op), in.id, owner);
       return;
     }
     Record& r = rec(in.id);
     if (r.inf_dtype == DType::kU8) return;
-    if (r.slot < 0) r.slot = m_.ensure_slot(g, static_cast<int>(k), op.qconfig->activation, in.id, owner);
+    if (r.slot < 0) r.slot = m_.ensure_slot(g, static_cast<int>(k), input_spec(op), in.id, owner);
     op.input_observers[k] = r.slot;
+  }
+
+  // The spec of an observer an op places at its input: its qconfig's activation, except where that
+  // is the op's own fixed output range (sigmoid, tanh, softmax under the default mapping). Such an
+  // input is observed as a producer's output would be: with the mapping's global activation spec
+  // (min-max if the mapping has none). Observing it with the fixed spec quantized the input into
+  // the output's range ([0, 1) for sigmoid) and clipped it.
+  ObserverSpec input_spec(const SeenOpInfo& op) const {
+    if (op.qconfig->activation.kind != ObserverKind::kFixedQParams) return op.qconfig->activation;
+    const QConfigPtr global = m_.mapping().global();
+    if (global != nullptr && global->activation.kind != ObserverKind::kFixedQParams) return global->activation;
+    return ObserverSpec::min_max();
   }
 
   void set_output(SeenOpInfo& op, DType dt, int slot) {
@@ -306,7 +318,7 @@ class Analyzer {
         op.inputs[0].inf_dtype = DType::kU8;
         if (op.inputs[0].num_origins() == 1) return set_output(op, DType::kU8, rec(op.inputs[0].id).slot);
         // Several origins: its own parameters, observed at its input.
-        const int slot = m_.ensure_slot(g, 0, op.qconfig->activation, op.inputs[0].id, owner);
+        const int slot = m_.ensure_slot(g, 0, input_spec(op), op.inputs[0].id, owner);
         op.input_observers[0] = slot;
         return set_output(op, DType::kU8, slot);
       }

@@ -227,5 +227,49 @@ TEST(SharedViewRecords, AViewOfAnFp32BufferStaysAViewAfterConvert) {
   for (int i = 4; i < 16; ++i) EXPECT_EQ(row[static_cast<size_t>(i)], 0.0f) << i;
 }
 
+// ---- the input of an op with fixed output parameters ------------------------------------------
+
+// sigmoid and tanh have fixed output parameters ([0, 1) and [-1, 1)), which the default mapping
+// gives as their qconfig's activation. An input with several origins (a branch: two producers
+// reach one record) gets its own observer, and that observer took the consumer's spec: the fixed
+// output range. The input was quantized into [0, 1) for sigmoid and [-1, 1) for tanh, and after
+// convert the outputs were clipped with no error (found when two GRU layers' gate adds fed one
+// sigmoid record: 18 dB). Input observers now take the activation spec a producer would use.
+struct GateOfBranch : nn::CallableModule<GateOfBranch> {
+  GateOfBranch() {
+    a = register_module("a", std::make_shared<Linear>(8, 8));
+    b = register_module("b", std::make_shared<Linear>(8, 8));
+  }
+  std::pair<Tensor, Tensor> forward(const Tensor& x) {
+    // Two add records (their producers differ) whose outputs carry one tag: one sigmoid record.
+    const Tensor y = mean(x).item<float>() > 0 ? (*a)(x) + x : (*b)(x) * 3.0 + x;
+    return {sigmoid(y), tanh(y)};
+  }
+  std::shared_ptr<Linear> a, b;
+};
+
+TEST(FixedQParamsInputs, AreObservedWithTheirOwnRange) {
+  manual_seed(9);
+  GateOfBranch m;
+  std::vector<Tensor> xs;
+  for (uint64_t i = 0; i < 8; ++i) xs.push_back(randn({4, 8}, 900 + i) * 2.0 + (i % 2 == 0 ? 0.5 : -0.5));
+  std::vector<std::pair<Tensor, Tensor>> refs;
+  for (const Tensor& x : xs) refs.push_back(m(x));
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  convert(m);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const auto y = m(xs[i]);
+    EXPECT_GT(sqnr_of(y.first, refs[i].first), 30.0) << "sigmoid after a branch " << i;
+    EXPECT_GT(sqnr_of(y.second, refs[i].second), 25.0) << "tanh after a branch " << i;
+  }
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    if (op.kind != OpKind::kSigmoid && op.kind != OpKind::kTanh) continue;
+    ASSERT_EQ(op.input_qparams.size(), 1u) << op.op << ": " << op.executor;
+    ASSERT_NE(op.input_qparams[0], nullptr) << op.op << ": " << op.executor;
+    EXPECT_GT(op.input_qparams[0]->scale(), 1.5 / 256) << op.op << ": its input has the fixed output range";
+  }
+}
+
 }  // namespace
 }  // namespace dbrq
