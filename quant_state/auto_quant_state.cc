@@ -96,6 +96,7 @@ void AutoQuantizationState::clear_program() {
   recorded_ = false;
   seen_ops_.clear();
   index_.clear();
+  pass_sources_.clear();
   next_hint_.clear();
   non_quant_ops_.clear();
   first_sequence_.clear();
@@ -194,8 +195,24 @@ SeenOpInfo& AutoQuantizationState::add_record(int64_t tag, OpKind kind, const Pr
   op.kind = kind;
   op.tag = tag;
   op.producers = producers;
+  op.out_tag = output_tag(tag, kind, producers);
+  if (op.out_tag != tag) pass_sources_.emplace(op.out_tag, source_of(producers[0]));
   index_.emplace(Key{tag, kind, producers}, index);
   return op;
+}
+
+bool AutoQuantizationState::passes_source(OpKind kind, const ProducerTags& producers) {
+  return producers.size() == 1 && !op_def(kind).params_in_identity;
+}
+
+int64_t AutoQuantizationState::source_of(int64_t producer) const {
+  auto it = pass_sources_.find(producer);
+  return it == pass_sources_.end() ? producer : it->second;
+}
+
+int64_t AutoQuantizationState::output_tag(int64_t tag, OpKind kind, const ProducerTags& producers) const {
+  if (!passes_source(kind, producers)) return tag;
+  return tag_finish(fingerprint_mix(static_cast<uint64_t>(tag), static_cast<uint64_t>(source_of(producers[0]))));
 }
 
 void AutoQuantizationState::remove_last_record() {

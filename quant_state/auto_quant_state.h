@@ -119,6 +119,13 @@ struct SeenOpInfo {
   // record's, an unrecorded op's, the module's input k, a child module's output j).
   int64_t tag = 0;
   ProducerTags producers;
+  // The tag its output carries (Tensor::trace_id): `tag`, except for an op that only passes its
+  // one input's values on (a view, contiguous, dropout, max pooling: OpDef::params_in_identity
+  // false), whose output carries its tag mixed with its source's: the tag of the nearest producer
+  // up its chain of such ops. So x.view(..).permute(..) of two different linears' outputs are
+  // different tensors to their consumers, and a loop that views a loop-carried tensor still folds
+  // (AutoQuantizationState::output_tag).
+  int64_t out_tag = 0;
   uint64_t params_fingerprint = 0;  // stable across processes (files)
   QConfigPtr qconfig;
   QuantRole role = QuantRole::kNone;  // as decided by the analysis (kNone: runs in fp32)
@@ -334,6 +341,11 @@ class AutoQuantizationState : public nn::ModuleExtension {
   SeenOpInfo& add_record(int64_t tag, OpKind kind, const ProducerTags& producers);
   // Removes the newest record (a failed call's; it must be the last one added).
   void remove_last_record();
+  // The tag the output of an op with this identity carries (SeenOpInfo::out_tag). An op that
+  // passes its source on mixes its tag with the source: the producer's source when the producer
+  // is itself such an op of this module, else the producer. Reads only, so it is safe after
+  // convert (an uncalibrated path); add_record remembers each pass-through output's source.
+  int64_t output_tag(int64_t tag, OpKind kind, const ProducerTags& producers) const;
   // The record that followed `index` last time (a lookup hint; racy reads are fine).
   int next_hint(int index) const;
   void set_next_hint(int index, int next) const;
@@ -376,6 +388,11 @@ class AutoQuantizationState : public nn::ModuleExtension {
   std::array<bool, static_cast<size_t>(OpKind::kNumOpKinds)> functional_seen_{};
   std::deque<SeenOpInfo> seen_ops_;
   absl::flat_hash_map<Key, int> index_;
+  static bool passes_source(OpKind kind, const ProducerTags& producers);
+  int64_t source_of(int64_t producer) const;
+
+  // Pass-through outputs' tags -> their source's tag (see output_tag).
+  absl::flat_hash_map<int64_t, int64_t> pass_sources_;
   mutable std::deque<std::atomic<int>> next_hint_;
   std::vector<NonQuantOpInfo> non_quant_ops_;
   std::vector<int> first_sequence_;

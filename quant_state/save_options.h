@@ -5,7 +5,7 @@
 namespace dbrq {
 
 // The version of the quant-state document save_quant_state writes.
-inline constexpr int kQuantStateVersion = 2;  // 2: the program as records with portable identity
+inline constexpr int kQuantStateVersion = 3;  // 2: records with portable identity; 3: pass-through ops pass on their source
 
 struct SaveQuantStateOptions {
   // Also store observer statistics (histograms, running ranges) so calibration can continue

@@ -8,7 +8,7 @@
 //   dbrq::load_quant_state(*model, "resnet18.qstate.json");
 //   dbrq::convert(*model);          // no calibration data needed; bit-identical to the original
 //
-// The document (format "dbrq.quant_state", version 2) holds the recorded program: per module with
+// The document (format "dbrq.quant_state", version 3) holds the recorded program: per module with
 // state (by fqn), every record (op kind, layer or module fqn, its portable identity: tag, producer
 // tags, parameters, scalar, weights by fqn; where each input came from: another record or a named
 // fp32 source; what the analysis made of it: role, fusion, observers), the ops left in fp32, and

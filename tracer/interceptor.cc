@@ -378,7 +378,12 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   }
   Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   const OpDef& def = op_def(call.kind);
-  out.set_trace_id(op_tag(call, top->leaf, def, def.activation_inputs(call.inputs.size()), true));
+  const size_t n_act = def.activation_inputs(call.inputs.size());
+  ProducerTags producers;
+  for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+    if (call.inputs[i]->defined()) producers.push_back(call.inputs[i]->trace_id());
+  }
+  out.set_trace_id(s.output_tag(op_tag(call, top->leaf, def, n_act, true), call.kind, producers));
   out.set_trace_origin(0);
   if (const Probes* p = probe_of_this_thread()) p->op(s, nullptr, call.kind, top->leaf != nullptr ? top->leaf->fqn() : s.fqn(), out);
   return out;
@@ -457,7 +462,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
       return o;
     });
   }
-  out.set_trace_id(tag);
+  out.set_trace_id(op.out_tag);
   const bool inner = phase == Phase::kConverted && op.fusion.fused() &&
                      op.fusion.position + 1 < static_cast<int>(op.fusion.members.size());
   out.set_trace_origin(op.outputs[0].id | (inner ? kInnerFusedBit : 0));

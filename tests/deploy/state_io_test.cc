@@ -161,7 +161,7 @@ class StateFile : public ::testing::Test {
 
 TEST_F(StateFile, DocumentHoldsWhatDeploymentNeeds) {
   const std::string text = read_text(saved("doc.qstate.json"));
-  for (const char* part : {"\"format\": \"dbrq.quant_state\"", "\"version\": 2", "\"model_type\": \"SmallCnn\"",
+  for (const char* part : {"\"format\": \"dbrq.quant_state\"", "\"version\": 3", "\"model_type\": \"SmallCnn\"",
                            "\"backend\": \"onednn\"", "\"seen_ops\"", "\"non_quant_ops\"", "\"observers\"",
                            "\"qparams\"", "\"scales\"", "\"zero_points\"", "\"fusion\"", "\"qconfig\"",
                            "\"conv1\"", "\"pattern\"", "\"observer\"", "\"kind\": \"Histogram\""}) {
@@ -295,10 +295,13 @@ TEST_F(StateFile, AModuleKeptInFp32IsAMismatch) {
 }
 
 TEST_F(StateFile, AnotherFileVersionIsAMismatch) {
-  const std::string changed = edited(read_text(saved("cnn.qstate.json")), "\"version\": 2", "\"version\": 7");
-  expect_load_error<StateMismatchError>(changed, {"file version 7", "this dbrq reads version 2"});
-  const std::string old = edited(read_text(saved("cnn.qstate.json")), "\"version\": 2", "\"version\": 1");
-  expect_load_error<StateMismatchError>(old, {"file version 1, this dbrq reads version 2 (calibrate again"});
+  const std::string changed = edited(read_text(saved("cnn.qstate.json")), "\"version\": 3", "\"version\": 7");
+  expect_load_error<StateMismatchError>(changed, {"file version 7", "this dbrq reads version 3"});
+  const std::string old = edited(read_text(saved("cnn.qstate.json")), "\"version\": 3", "\"version\": 1");
+  expect_load_error<StateMismatchError>(old, {"file version 1, this dbrq reads version 3 (calibrate again"});
+  // Format 2 identified pass-through ops' outputs by their own tag (docs/control_flow.md).
+  const std::string v2 = edited(read_text(saved("cnn.qstate.json")), "\"version\": 3", "\"version\": 2");
+  expect_load_error<StateMismatchError>(v2, {"file version 2, this dbrq reads version 3 (calibrate again"});
 }
 
 TEST_F(StateFile, AnotherBackendIsAMismatch) {
@@ -318,7 +321,7 @@ TEST_F(StateFile, MalformedDocumentsAreFileFormatErrors) {
       {"truncated", text.substr(0, text.size() / 2), "is not valid JSON"},
       {"array", "[1, 2, 3]", "is not a dbrq quant-state document"},
       {"other format", edited(text, "dbrq.quant_state", "something.else"), "is not a dbrq quant-state document"},
-      {"version as string", edited(text, "\"version\": 2", "\"version\": \"1\""), "is malformed"},
+      {"version as string", edited(text, "\"version\": 3", "\"version\": \"1\""), "is malformed"},
       {"no modules", edited(text, "\"modules\"", "\"moduls\""), "is malformed"},
       {"modules not an array", edited(text, "\"modules\": [", "\"modules\": {\"x\": ["), "is not valid JSON"},
       {"scales as string", edited(text, "\"scales\": [", "\"scales\": \"x\", \"was\": ["), "is malformed"},

@@ -130,7 +130,7 @@ const std::map<std::string, QuantStateExpectation>& quant_state_expectations() {
       {"bad_format.json", {-1, "FileFormatError", "is not a dbrq quant-state document"}},
       {"bad_not_object.json", {-1, "FileFormatError", "is not a dbrq quant-state document"}},
       {"bad_truncated.json", {-1, "FileFormatError", "is not valid JSON"}},
-      {"bad_version.json", {-1, "StateMismatchError", "file version 7, this dbrq reads version 2"}},
+      {"bad_version.json", {-1, "StateMismatchError", "file version 7, this dbrq reads version 3"}},
       {"bad_model_type.json", {-1, "StateMismatchError", "made for model ResNet18, this is TinyNet"}},
   };
   return m;
@@ -201,7 +201,7 @@ const std::map<std::string, std::function<void(const std::string&)>>& finding_ch
       // is empty; saving that model with include_observer_stats wrote each empty range as
       // [inf, -inf], which JSON stores as null, and the re-saved document was rejected ("type must
       // be number, but is null"). Fixed in quant_state_to_json: observers that saw nothing are
-      // saved without statistics. (The file is that seed in format version 2.)
+      // saved without statistics. (The file is that seed in format version 3.)
       {"quant_state-resave_unobserved_stats.json",
        [](const std::string& text) {
          auto m = fuzz::prepared_tiny_net(0);
