@@ -1,19 +1,52 @@
-// Vectorized inner loops for u8 quantization arithmetic (AVX-512 when the build targets it, plain
-// loops otherwise). Every vector path computes exactly what its scalar twin does: multiply in f32,
-// clamp in f32 (so huge values and NaN saturate instead of overflowing), round half to even.
-// Internal to kernels/.
+// Vectorized inner loops for u8 quantization arithmetic. Every vector path computes exactly what
+// its scalar twin does: multiply in f32, clamp in f32 (so huge values and NaN saturate instead of
+// overflowing), round half to even.
+//
+// Builds target a portable baseline (x86-64-v2, .bazelrc), so the AVX-512 loops are compiled with a
+// target attribute and chosen at run time: once per process, from the CPU (AVX512F + AVX512BW),
+// unless DBRQ_PORTABLE_KERNELS=1 is set or a test forces the portable loops (force_portable). The
+// result is bit-identical either way (tests/kernels/simd_dispatch_test). oneDNN dispatches its own
+// JIT code. Internal to kernels/.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define DBRQ_AVX512 1
+#define DBRQ_TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
 #endif
 
 namespace dbrq::kernels::simd {
+
+// Whether the CPU runs the AVX-512 loops (AVX512F and AVX512BW), detected once.
+inline bool cpu_has_avx512() {
+#ifdef DBRQ_AVX512
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Tests (and DBRQ_PORTABLE_KERNELS=1) take the portable loops on any CPU.
+inline std::atomic<bool>& portable_forced() {
+  static std::atomic<bool> forced{[] {
+    const char* v = std::getenv("DBRQ_PORTABLE_KERNELS");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }()};
+  return forced;
+}
+inline void force_portable(bool on) { portable_forced().store(on, std::memory_order_relaxed); }
+
+inline bool use_avx512() { return cpu_has_avx512() && !portable_forced().load(std::memory_order_relaxed); }
+
+// The name of the loops in use: "avx512" or "portable".
+inline const char* isa_name() { return use_avx512() ? "avx512" : "portable"; }
 
 // u8 code of real value v: clamp(round(v * inv) + zp, 0, 255).
 inline uint8_t quantize_one(float v, float inv, int32_t zp) {
@@ -24,10 +57,17 @@ inline uint8_t quantize_one(float v, float inv, int32_t zp) {
   return static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(r)) + zp);
 }
 
-// out[i] = quantize_one(in[i], inv, zp)
-inline void quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int32_t zp) {
-  int64_t i = 0;
 #ifdef DBRQ_AVX512
+// The AVX-512 loops: each handles a prefix of whole vectors and returns where it stopped; the
+// portable loop finishes from there. (GCC 12 reports its own intrinsics' deliberately undefined
+// pass-through operands (`__m512 __Y = __Y`) as maybe uninitialized under a target attribute.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+namespace avx512 {
+
+DBRQ_TARGET_AVX512 inline int64_t quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int32_t zp) {
+  int64_t i = 0;
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512 lo = _mm512_set1_ps(static_cast<float>(-zp)), hi = _mm512_set1_ps(static_cast<float>(255 - zp));
   const __m512i vzp = _mm512_set1_epi32(zp);
@@ -38,6 +78,70 @@ inline void quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int
     __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtusepi32_epi8(q));
   }
+  return i;
+}
+
+DBRQ_TARGET_AVX512 inline int64_t dequantize_u8(const uint8_t* in, float* out, int64_t n, float scale, float fzp) {
+  int64_t i = 0;
+  const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps(fzp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_sub_ps(v, vz), vs));
+  }
+  return i;
+}
+
+DBRQ_TARGET_AVX512 inline int64_t shift_u8_to_s8(const uint8_t* in, int8_t* out, int64_t n) {
+  int64_t i = 0;
+  const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (; i + 64 <= n; i += 64) {
+    _mm512_storeu_si512(out + i, _mm512_xor_si512(_mm512_loadu_si512(in + i), top));
+  }
+  return i;
+}
+
+DBRQ_TARGET_AVX512 inline int64_t dot_s16_u8(const int16_t* a, const uint8_t* b, int64_t n, int32_t b_zp,
+                                              int32_t* sum) {
+  int64_t i = 0;
+  const __m512i vzp = _mm512_set1_epi16(static_cast<int16_t>(b_zp));
+  __m512i acc = _mm512_setzero_si512();
+  for (; i + 32 <= n; i += 32) {
+    const __m512i vb = _mm512_sub_epi16(
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))), vzp);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_loadu_si512(a + i), vb));
+  }
+  *sum = _mm512_reduce_add_epi32(acc);
+  return i;
+}
+
+DBRQ_TARGET_AVX512 inline int64_t qadd_u8(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n, float sa,
+                                           float pa, float sb, float pb, bool relu, float inv, int32_t zp) {
+  int64_t i = 0;
+  const __m512 vsa = _mm512_set1_ps(sa), vpa = _mm512_set1_ps(pa), vsb = _mm512_set1_ps(sb), vpb = _mm512_set1_ps(pb);
+  const __m512 vinv = _mm512_set1_ps(inv), zero = _mm512_setzero_ps();
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(-zp)), hi = _mm512_set1_ps(static_cast<float>(255 - zp));
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 fa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))));
+    __m512 fb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))));
+    __m512 c = _mm512_add_ps(_mm512_fmadd_ps(vsa, fa, vpa), _mm512_fmadd_ps(vsb, fb, vpb));
+    if (relu) c = _mm512_max_ps(c, zero);
+    c = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(c, vinv), lo), hi);
+    __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtusepi32_epi8(q));
+  }
+  return i;
+}
+
+}  // namespace avx512
+#pragma GCC diagnostic pop
+#endif
+
+// out[i] = quantize_one(in[i], inv, zp)
+inline void quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int32_t zp) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::quantize_u8(in, out, n, inv, zp);
 #endif
   for (; i < n; ++i) out[i] = quantize_one(in[i], inv, zp);
 }
@@ -47,11 +151,7 @@ inline void dequantize_u8(const uint8_t* in, float* out, int64_t n, float scale,
   int64_t i = 0;
   const float fzp = static_cast<float>(zp);
 #ifdef DBRQ_AVX512
-  const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps(fzp);
-  for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_sub_ps(v, vz), vs));
-  }
+  if (use_avx512()) i = avx512::dequantize_u8(in, out, n, scale, fzp);
 #endif
   for (; i < n; ++i) out[i] = (static_cast<float>(in[i]) - fzp) * scale;
 }
@@ -60,10 +160,7 @@ inline void dequantize_u8(const uint8_t* in, float* out, int64_t n, float scale,
 inline void shift_u8_to_s8(const uint8_t* in, int8_t* out, int64_t n) {
   int64_t i = 0;
 #ifdef DBRQ_AVX512
-  const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (; i + 64 <= n; i += 64) {
-    _mm512_storeu_si512(out + i, _mm512_xor_si512(_mm512_loadu_si512(in + i), top));
-  }
+  if (use_avx512()) i = avx512::shift_u8_to_s8(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = static_cast<int8_t>(in[i] ^ 0x80);
 }
@@ -74,14 +171,7 @@ inline int32_t dot_s16_u8(const int16_t* a, const uint8_t* b, int64_t n, int32_t
   int64_t i = 0;
   int32_t sum = 0;
 #ifdef DBRQ_AVX512
-  const __m512i vzp = _mm512_set1_epi16(static_cast<int16_t>(b_zp));
-  __m512i acc = _mm512_setzero_si512();
-  for (; i + 32 <= n; i += 32) {
-    const __m512i vb = _mm512_sub_epi16(
-        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))), vzp);
-    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_loadu_si512(a + i), vb));
-  }
-  sum = _mm512_reduce_add_epi32(acc);
+  if (use_avx512()) i = avx512::dot_s16_u8(a, b, n, b_zp, &sum);
 #endif
   for (; i < n; ++i) sum += a[i] * (static_cast<int32_t>(b[i]) - b_zp);
   return sum;
@@ -99,19 +189,7 @@ inline void qadd_u8(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n,
                     float pb, bool relu, float inv, int32_t zp) {
   int64_t i = 0;
 #ifdef DBRQ_AVX512
-  const __m512 vsa = _mm512_set1_ps(sa), vpa = _mm512_set1_ps(pa), vsb = _mm512_set1_ps(sb), vpb = _mm512_set1_ps(pb);
-  const __m512 vinv = _mm512_set1_ps(inv), zero = _mm512_setzero_ps();
-  const __m512 lo = _mm512_set1_ps(static_cast<float>(-zp)), hi = _mm512_set1_ps(static_cast<float>(255 - zp));
-  const __m512i vzp = _mm512_set1_epi32(zp);
-  for (; i + 16 <= n; i += 16) {
-    __m512 fa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))));
-    __m512 fb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))));
-    __m512 c = _mm512_add_ps(_mm512_fmadd_ps(vsa, fa, vpa), _mm512_fmadd_ps(vsb, fb, vpb));
-    if (relu) c = _mm512_max_ps(c, zero);
-    c = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(c, vinv), lo), hi);
-    __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtusepi32_epi8(q));
-  }
+  if (use_avx512()) i = avx512::qadd_u8(a, b, out, n, sa, pa, sb, pb, relu, inv, zp);
 #endif
   for (; i < n; ++i) out[i] = qadd_one(a[i], b[i], sa, pa, sb, pb, relu, inv, zp);
 }

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "dbrq.h"
+#include "kernels/simd.h"
 #include "samples/zoo/zoo.h"
 #include "tests/test_util.h"
 
@@ -333,4 +335,40 @@ TEST(Int8E2e, ResNet18SqnrAtLeastFx) {
   }
 }
 
+
+// The library builds for a portable baseline and picks kernels/simd.h's AVX-512 loops at run time:
+// the converted ResNet-18 computes the same bytes with the portable loops (as on a CPU without
+// AVX-512, or with DBRQ_PORTABLE_KERNELS=1). Loop-level checks: tests/kernels/simd_dispatch_test.
+TEST(Int8E2e, PortableLoopsGiveTheSameBytes) {
+  if (!dbrq::kernels::simd::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU: one path only";
+  const E2eGolden g = load_e2e("e2e_resnet18");
+  const Tensor& calib = g.other.at("calib_codes");
+  const Tensor& evals = g.other.at("eval_codes");
+  auto model = std::make_shared<zoo::ResNet18>(zoo::resnet18_config(zoo::Variant::kTiny));
+  model->load_state_dict(g.weights, /*strict=*/true);
+  model->eval();
+  dbrq::prepare(*model, {images(calib, 0, 1)});
+  calibrate(*model, calib);
+  for (bool int8_outputs : {true, false}) {
+    dbrq::ConvertOptions options;
+    options.int8_outputs = int8_outputs;
+    dbrq::convert(*model, options);
+    const Tensor x = images(evals, 0, evals.size(0));
+    const Tensor fast = (*model)(x).contiguous();
+    dbrq::kernels::simd::force_portable(true);
+    const Tensor portable = (*model)(x).contiguous();
+    dbrq::kernels::simd::force_portable(false);
+    ASSERT_EQ(fast.dtype(), portable.dtype());
+    ASSERT_EQ(fast.nbytes(), portable.nbytes());
+    EXPECT_EQ(std::memcmp(fast.data_ptr(), portable.data_ptr(), fast.nbytes()), 0) << "int8_outputs " << int8_outputs;
+    if (!int8_outputs) break;
+    model = std::make_shared<zoo::ResNet18>(zoo::resnet18_config(zoo::Variant::kTiny));
+    model->load_state_dict(g.weights, /*strict=*/true);
+    model->eval();
+    dbrq::prepare(*model, {images(calib, 0, 1)});
+    calibrate(*model, calib);
+  }
+}
+
 }  // namespace
+

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The portable build (x86-64-v2, run-time kernel dispatch) against a -march=native build, same run.
+
+Usage: bench/portable_vs_native.sh [--rounds=N] [--iters=N]   (builds both, then runs this)
+
+Both dbrq_bench servers run the same model, mode, batch and thread count; their timing chunks
+alternate (portable, native, native, portable, ...) so that load on a busy machine hits both alike.
+Prints one row per case, the median time of each build and the ratio portable / native (goal:
+within 3%, i.e. <= 1.03), and a last line with every ratio as JSON.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+class Server:
+    def __init__(self, path):
+        self.p = subprocess.Popen([path, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  bufsize=1)
+
+    def call(self, **cmd):
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"dbrq_bench exited (command {cmd})")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise RuntimeError(f"dbrq_bench: {reply.get('error')} (command {cmd})")
+        return reply
+
+    def close(self):
+        try:
+            self.call(cmd="quit")
+        except Exception:
+            pass
+        self.p.kill()
+
+
+CASES = [
+    ("resnet18", "int8", 1), ("resnet18", "fp32", 1), ("mobilenet_v2", "int8", 1),
+    ("bert_encoder", "int8", 1), ("small_cnn", "int8", 8), ("gru_classifier", "dynamic", 8),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--portable", required=True)
+    ap.add_argument("--native", required=True)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    sides = {"portable": Server(args.portable), "native": Server(args.native)}
+    ratios = {}
+    print(f"{'case':34s} {'portable':>11s} {'native':>11s} {'ratio':>7s}")
+    try:
+        for model, mode, batch in CASES:
+            setup = dict(cmd="setup", model=model, mode=mode, batch=batch, threads=args.threads)
+            for s in sides.values():
+                s.call(**setup)
+                s.call(cmd="time", iters=2, warmup=1)
+            samples = {k: [] for k in sides}
+            for r in range(args.rounds):
+                order = ["portable", "native"] if r % 2 == 0 else ["native", "portable"]
+                for k in order:
+                    sides[k].call(**setup)
+                    samples[k] += sides[k].call(cmd="time", iters=args.iters, warmup=0)["samples_ms"]
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            name = f"{model}_{mode}_bs{batch}_t{args.threads}"
+            ratios[name] = med["portable"] / med["native"]
+            print(f"{name:34s} {med['portable']:9.3f}ms {med['native']:9.3f}ms {ratios[name]:7.3f}", flush=True)
+    finally:
+        for s in sides.values():
+            s.close()
+    worst = max(ratios.values())
+    print(f"worst ratio portable/native {worst:.3f} (goal <= 1.03: {'met' if worst <= 1.03 else 'missed'})")
+    print(json.dumps(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

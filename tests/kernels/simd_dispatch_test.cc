@@ -1,0 +1,130 @@
+// The portable loops of kernels/simd.h against its AVX-512 loops: bit-identical results for every
+// function, on lengths around the vector widths (tails), on every rounding tie, and on values that
+// saturate (huge, +-inf, NaN). The library builds for a portable baseline (x86-64-v2) and picks the
+// AVX-512 loops at run time; a CPU without AVX-512 (or DBRQ_PORTABLE_KERNELS=1) runs the portable
+// ones. The int8 model-level check (a converted CNN bit-identical both ways) is in
+// tests/int8/int8_e2e_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/simd.h"
+
+namespace dbrq::kernels::simd {
+namespace {
+
+class SimdDispatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cpu_has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: only the portable loops exist";
+  }
+  void TearDown() override { force_portable(false); }
+  std::mt19937 rng_{1234};
+  const std::vector<int64_t> lengths_ = {0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 1000, 4099};
+};
+
+TEST(SimdDispatchSwitch, ForcingThePortableLoopsIsObservable) {
+  force_portable(true);
+  EXPECT_STREQ(isa_name(), "portable");
+  EXPECT_FALSE(use_avx512());
+  force_portable(false);
+  EXPECT_STREQ(isa_name(), cpu_has_avx512() ? "avx512" : "portable");
+}
+
+std::vector<float> floats(std::mt19937& rng, int64_t n, float inv) {
+  std::uniform_real_distribution<float> u(-300.f, 300.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 3e38f, -3e38f, 0.f, -0.f};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = i % 11;
+    if (k < 7) {
+      v[static_cast<size_t>(i)] = specials[k];
+    } else if (k == 7) {
+      // an exact tie after scaling: (m + 0.5) / inv
+      v[static_cast<size_t>(i)] = (static_cast<float>(static_cast<int>(u(rng)) % 200) + 0.5f) / inv;
+    } else {
+      v[static_cast<size_t>(i)] = u(rng) / inv * 0.01f;
+    }
+  }
+  return v;
+}
+
+TEST_F(SimdDispatch, QuantizeIsBitIdentical) {
+  for (int64_t n : lengths_) {
+    for (int32_t zp : {0, 3, 128, 255}) {
+      const float inv = 1.f / 0.0371f;
+      const std::vector<float> in = floats(rng_, n, inv);
+      std::vector<uint8_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      force_portable(false);
+      quantize_u8(in.data(), a.data(), n, inv, zp);
+      force_portable(true);
+      quantize_u8(in.data(), b.data(), n, inv, zp);
+      EXPECT_EQ(a, b) << "n=" << n << " zp=" << zp;
+    }
+  }
+}
+
+TEST_F(SimdDispatch, DequantizeIsBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t n : lengths_) {
+    std::vector<uint8_t> in(static_cast<size_t>(n));
+    for (auto& x : in) x = static_cast<uint8_t>(byte(rng_));
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    force_portable(false);
+    dequantize_u8(in.data(), a.data(), n, 0.0123f, 77);
+    force_portable(true);
+    dequantize_u8(in.data(), b.data(), n, 0.0123f, 77);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&a[static_cast<size_t>(i)], &b[static_cast<size_t>(i)], sizeof(float)), 0) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST_F(SimdDispatch, ShiftAndDotAreBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255), s16(-255, 255);
+  for (int64_t n : lengths_) {
+    std::vector<uint8_t> u(static_cast<size_t>(n));
+    std::vector<int16_t> w(static_cast<size_t>(n));
+    for (auto& x : u) x = static_cast<uint8_t>(byte(rng_));
+    for (auto& x : w) x = static_cast<int16_t>(s16(rng_));
+    std::vector<int8_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    force_portable(false);
+    shift_u8_to_s8(u.data(), a.data(), n);
+    const int32_t da = dot_s16_u8(w.data(), u.data(), n, 131);
+    force_portable(true);
+    shift_u8_to_s8(u.data(), b.data(), n);
+    const int32_t db = dot_s16_u8(w.data(), u.data(), n, 131);
+    EXPECT_EQ(a, b) << "n=" << n;
+    EXPECT_EQ(da, db) << "n=" << n;
+    int64_t ref = 0;
+    for (int64_t i = 0; i < n; ++i) ref += w[static_cast<size_t>(i)] * (static_cast<int64_t>(u[static_cast<size_t>(i)]) - 131);
+    EXPECT_EQ(da, ref) << "n=" << n;
+  }
+}
+
+TEST_F(SimdDispatch, QuantizedAddIsBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t n : lengths_) {
+    for (bool relu : {false, true}) {
+      std::vector<uint8_t> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      for (auto& v : x) v = static_cast<uint8_t>(byte(rng_));
+      for (auto& v : y) v = static_cast<uint8_t>(byte(rng_));
+      std::vector<uint8_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      const float sa = 0.02f, pa = -0.02f * 100, sb = 0.05f, pb = -0.05f * 7, inv = 1.f / 0.06f;
+      force_portable(false);
+      qadd_u8(x.data(), y.data(), a.data(), n, sa, pa, sb, pb, relu, inv, 64);
+      force_portable(true);
+      qadd_u8(x.data(), y.data(), b.data(), n, sa, pa, sb, pb, relu, inv, 64);
+      EXPECT_EQ(a, b) << "n=" << n << " relu=" << relu;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dbrq::kernels::simd
