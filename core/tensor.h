@@ -169,6 +169,15 @@ class Tensor {
   Tensor select(int64_t dim, int64_t index) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
+  Tensor squeeze() const;  // every size-1 dim
+  Tensor expand(IntArrayRef sizes) const;
+  Tensor expand(std::initializer_list<int64_t> sizes) const {
+    return expand(IntArrayRef(sizes.begin(), sizes.size()));
+  }
+  Tensor repeat(IntArrayRef repeats) const;
+  Tensor repeat(std::initializer_list<int64_t> repeats) const {
+    return repeat(IntArrayRef(repeats.begin(), repeats.size()));
+  }
   Tensor contiguous(MemoryFormat format = MemoryFormat::kContiguous) const;
   Tensor clone() const;
   Tensor to(DType dtype) const;

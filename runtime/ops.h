@@ -84,6 +84,11 @@ enum class OpKind : uint16_t {
   // explicit (de)quantization
   kQuantize,
   kDequantize,
+  // op families of issue 12 (appended so earlier kinds keep their numbers)
+  kStack,     // joins like cat (one observer shared by the inputs and the output)
+  kExpand,    // shape ops: int8 passes through unchanged
+  kRepeat,
+  kPad,
   kNumOpKinds,
 };
 
@@ -180,6 +185,26 @@ Tensor permute(const Tensor& x, std::vector<int64_t> dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = false);
 Tensor identity(const Tensor& x);
+// Joins tensors of equal sizes along a new dim `dim` (in [-(x.dim()+1), x.dim()]). Converted: int8
+// like cat, every input brought to the output's parameters.
+Tensor stack(absl::Span<const Tensor> tensors, int64_t dim = 0);
+// x.squeeze(): drops every size-1 dim; x.squeeze(dim) / x.unsqueeze(dim) as the Tensor methods.
+Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+// A view with size-1 dims broadcast to `sizes` (stride 0; -1 keeps a dim; new leading dims may be
+// added). Like PyTorch, writing through the result is not supported.
+Tensor expand(const Tensor& x, std::vector<int64_t> sizes);
+// A copy tiled `repeats[i]` times along each dim (repeats may have more dims than x: leading ones).
+Tensor repeat(const Tensor& x, std::vector<int64_t> repeats);
+// F.pad: `pads` pairs (left, right) from the last dim backwards, as many as x has dims (negative
+// values crop in constant mode). reflect / replicate pad the last 1, 2 or 3 dims of a (C,) or
+// (N, C,) tensor, as PyTorch does; reflect needs each pad < that dim's size. A quantized input
+// keeps its parameters; constant mode fills with the code of `value`.
+enum class PadMode { kConstant = 0, kReflect = 1, kReplicate = 2 };
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, PadMode mode = PadMode::kConstant, double value = 0.0);
+// "constant", "reflect", "replicate" (ValueError otherwise; "circular" is not supported).
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, const std::string& mode, double value = 0.0);
 
 // ---- quantization ----
 // Affine quantization (round half to even, saturate) to u8 or s8.

@@ -396,6 +396,57 @@ def make_quant():
         put(name + ".dq", q.dequantize())
 
 
+# ---- issue 12 op families (appended: every earlier case keeps its random data) -----------------
+def make_shape_families():
+    a, b, c = randn(2, 3, 4), randn(2, 3, 4), randn(2, 3, 4)
+    put("stack.a", a)
+    put("stack.b", b)
+    put("stack.c", c)
+    for d in (0, 1, 3, -1, -4):
+        put("stack.d%s" % str(d).replace("-", "m"), torch.stack([a, b, c], d))
+    x4 = randn(2, 3, 5, 4)
+    put("stack4.x", x4)
+    put("stack4.out", torch.stack([x4, x4 * 2.0], 2))
+
+    s = randn(1, 3, 1, 4, 1)
+    put("squeeze.x", s)
+    put("squeeze.all", torch.squeeze(s))
+    put("squeeze.d2", torch.squeeze(s, 2))
+    put("squeeze.d1", torch.squeeze(s, 1))  # not size 1: unchanged
+    put("unsqueeze.d0", torch.unsqueeze(s, 0))
+    put("unsqueeze.dm1", torch.unsqueeze(s, -1))
+
+    e = randn(3, 1, 4)
+    put("expand.x", e)
+    put("expand.same", e.expand(3, 5, 4))
+    put("expand.lead", e.expand(2, 3, 5, -1))
+    put("expand.relu", torch.relu(e.expand(2, 3, 5, 4)))
+    put("expand.add", e.expand(3, 5, 4) + randn(3, 5, 4))
+
+    r = randn(2, 3, 2)
+    put("repeat.x", r)
+    put("repeat.same", r.repeat(2, 1, 3))
+    put("repeat.lead", r.repeat(2, 1, 2, 1))
+    put("repeat.zero", r.repeat(1, 0, 1))
+
+    p = randn(2, 3, 5, 6)
+    put("pad.x", p)
+    put("pad.const_last", F.pad(p, (1, 2)))
+    put("pad.const_2d", F.pad(p, (1, 2, 3, 0), value=0.75))
+    put("pad.const_4d", F.pad(p, (1, 0, 0, 1, 2, 1, 1, 1), value=-1.5))
+    put("pad.const_neg", F.pad(p, (-1, 2, 1, -2)))
+    put("pad.reflect_2d", F.pad(p, (2, 1, 3, 4), mode="reflect"))
+    put("pad.replicate_2d", F.pad(p, (2, 1, 3, 4), mode="replicate"))
+    p3 = randn(2, 4, 7)
+    put("pad.x3", p3)
+    put("pad.reflect_1d", F.pad(p3, (3, 2), mode="reflect"))
+    put("pad.replicate_1d", F.pad(p3, (0, 5), mode="replicate"))
+    p5 = randn(1, 2, 3, 4, 5)
+    put("pad.x5", p5)
+    put("pad.reflect_3d", F.pad(p5, (1, 2, 2, 1, 1, 1), mode="reflect"))
+    put("pad.replicate_3d", F.pad(p5, (1, 2, 2, 1, 1, 1), mode="replicate"))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -413,6 +464,7 @@ def main():
     make_reductions()
     make_embedding()
     make_quant()
+    make_shape_families()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

@@ -1,0 +1,149 @@
+// Issue 12's op families (stack, squeeze / unsqueeze, expand, repeat, pad) against PyTorch 1.13
+// reference outputs in golden/ops.safetensors (the cases make_op_goldens.py's make_shape_families
+// appends; parameters mirrored here next to each case name). Each op also runs on channels-last
+// and strided inputs, and on int8 codes where it passes them through.
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+constexpr double kTol = 1e-4;
+constexpr const char* kGoldenPath = "tests/ops/golden/ops.safetensors";
+
+const std::map<std::string, Tensor>& goldens() {
+  static const auto* g = new std::map<std::string, Tensor>(testing::load_golden(kGoldenPath));
+  return *g;
+}
+
+Tensor G(const std::string& name) { return testing::golden(goldens(), name); }
+
+void close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  testing::expect_close(actual, expected, kTol, what);
+}
+
+// The same values in a view whose last dim has stride 2 (not dense).
+Tensor strided(const Tensor& t) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes.back() *= 2;
+  Tensor big = full(sizes, -777.0, t.dtype());
+  Tensor view = big.slice(-1, 0, sizes.back(), 2);
+  view.copy_(t);
+  return view;
+}
+
+TEST(OpFamiliesGolden, Stack) {
+  const Tensor a = G("stack.a"), b = G("stack.b"), c = G("stack.c");
+  for (const auto& [name, dim] : std::vector<std::pair<std::string, int64_t>>{
+           {"d0", 0}, {"d1", 1}, {"d3", 3}, {"dm1", -1}, {"dm4", -4}}) {
+    close(stack({a, b, c}, dim), G("stack." + name), "stack " + name);
+    close(stack({strided(a), b, strided(c)}, dim), G("stack." + name), "stack strided " + name);
+  }
+  std::vector<Tensor> list = {a, b, c};
+  close(stack(list, 1), G("stack.d1"), "stack of a vector");
+  const Tensor x4 = G("stack4.x");
+  close(stack({x4, x4 * 2.0}, 2), G("stack4.out"), "stack 4-D");
+  const Tensor cl = x4.contiguous(MemoryFormat::kChannelsLast);
+  close(stack({cl, cl * 2.0}, 2), G("stack4.out"), "stack channels-last");
+}
+
+TEST(OpFamiliesGolden, SqueezeUnsqueeze) {
+  const Tensor x = G("squeeze.x");
+  close(x.squeeze(), G("squeeze.all"), "squeeze()");
+  close(squeeze(x), G("squeeze.all"), "squeeze(x)");
+  EXPECT_EQ(x.squeeze().sizes(), G("squeeze.all").sizes());
+  close(squeeze(x, 2), G("squeeze.d2"), "squeeze(x, 2)");
+  close(x.squeeze(1), G("squeeze.d1"), "squeeze(1) of a size-3 dim");
+  close(unsqueeze(x, 0), G("unsqueeze.d0"), "unsqueeze(x, 0)");
+  close(x.unsqueeze(-1), G("unsqueeze.dm1"), "unsqueeze(-1)");
+  close(strided(x).squeeze(), G("squeeze.all"), "squeeze() strided");
+  // A tensor of only size-1 dims squeezes to 0-D.
+  const Tensor one = full({1, 1, 1}, 2.5);
+  EXPECT_EQ(one.squeeze().dim(), 0);
+  EXPECT_EQ(one.squeeze().item<float>(), 2.5f);
+}
+
+TEST(OpFamiliesGolden, Expand) {
+  const Tensor x = G("expand.x");
+  const Tensor e = x.expand({3, 5, 4});
+  close(e, G("expand.same"), "expand");
+  EXPECT_EQ(e.stride(1), 0) << "expand is a view";
+  EXPECT_EQ(e.storage(), x.storage());
+  close(expand(x, {2, 3, 5, -1}), G("expand.lead"), "expand with a leading dim");
+  // Elementwise kernels and contiguous() read the stride-0 dims.
+  close(relu(x.expand({2, 3, 5, 4})), G("expand.relu"), "relu of an expanded view");
+  close(x.expand({2, 3, 5, 4}).contiguous(), G("expand.lead").expand({2, 3, 5, 4}).contiguous(), "contiguous");
+  close(strided(x).expand({3, 5, 4}), G("expand.same"), "expand strided");
+}
+
+TEST(OpFamiliesGolden, Repeat) {
+  const Tensor x = G("repeat.x");
+  close(x.repeat({2, 1, 3}), G("repeat.same"), "repeat");
+  close(repeat(x, {2, 1, 2, 1}), G("repeat.lead"), "repeat with a leading dim");
+  const Tensor z = x.repeat({1, 0, 1});
+  EXPECT_EQ(z.sizes(), G("repeat.zero").sizes());
+  EXPECT_EQ(z.numel(), 0);
+  close(strided(x).repeat({2, 1, 3}), G("repeat.same"), "repeat strided");
+  close(x.transpose(0, 2).contiguous().transpose(0, 2).repeat({2, 1, 3}), G("repeat.same"), "repeat col-major");
+}
+
+TEST(OpFamiliesGolden, Pad) {
+  const Tensor x = G("pad.x");
+  struct Case {
+    const char* name;
+    std::vector<int64_t> pads;
+    PadMode mode;
+    double value;
+  };
+  const Case cases[] = {
+      {"const_last", {1, 2}, PadMode::kConstant, 0.0},
+      {"const_2d", {1, 2, 3, 0}, PadMode::kConstant, 0.75},
+      {"const_4d", {1, 0, 0, 1, 2, 1, 1, 1}, PadMode::kConstant, -1.5},
+      {"const_neg", {-1, 2, 1, -2}, PadMode::kConstant, 0.0},
+      {"reflect_2d", {2, 1, 3, 4}, PadMode::kReflect, 0.0},
+      {"replicate_2d", {2, 1, 3, 4}, PadMode::kReplicate, 0.0},
+  };
+  for (const Case& c : cases) {
+    const Tensor want = G(std::string("pad.") + c.name);
+    close(pad(x, c.pads, c.mode, c.value), want, c.name);
+    close(pad(strided(x), c.pads, c.mode, c.value), want, std::string(c.name) + " strided");
+    const Tensor y = pad(x.contiguous(MemoryFormat::kChannelsLast), c.pads, c.mode, c.value);
+    close(y, want, std::string(c.name) + " channels-last");
+    EXPECT_TRUE(y.is_channels_last()) << c.name << ": a channels-last activation stays channels-last";
+  }
+  close(pad(x, {2, 1, 3, 4}, "reflect"), G("pad.reflect_2d"), "mode by name");
+  close(pad(x, {1, 2, 3, 0}, "constant", 0.75), G("pad.const_2d"), "constant by name");
+  const Tensor x3 = G("pad.x3");
+  close(pad(x3, {3, 2}, PadMode::kReflect), G("pad.reflect_1d"), "reflect 1-d");
+  close(pad(x3, {0, 5}, "replicate"), G("pad.replicate_1d"), "replicate 1-d");
+  const Tensor x5 = G("pad.x5");
+  close(pad(x5, {1, 2, 2, 1, 1, 1}, PadMode::kReflect), G("pad.reflect_3d"), "reflect 3-d");
+  close(pad(x5, {1, 2, 2, 1, 1, 1}, PadMode::kReplicate), G("pad.replicate_3d"), "replicate 3-d");
+}
+
+// int8 codes pass through stack / expand / repeat / pad with their parameters; a constant pad
+// fills with the code of its value (0.55 / 0.1 + 100 = 105.5 rounds half to even: 106).
+TEST(OpFamiliesGolden, QuantizedPassThrough) {
+  const auto qp = QuantParams::per_tensor(0.1f, 100);
+  const Tensor q = quantize_per_tensor(G("pad.x"), 0.1f, 100, DType::kU8);
+  const Tensor y = pad(q, {1, 1}, PadMode::kConstant, 0.55);
+  ASSERT_TRUE(y.is_quantized());
+  EXPECT_EQ(*y.qparams(), *qp);
+  EXPECT_EQ(y.at<uint8_t>({0, 0, 0, 0}), 106);
+  EXPECT_EQ(y.at<uint8_t>({1, 2, 4, 7}), 106);
+  EXPECT_EQ(y.at<uint8_t>({0, 1, 2, 3}), q.at<uint8_t>({0, 1, 2, 2}));
+  EXPECT_EQ(pad(q, {1, 1}).at<uint8_t>({0, 0, 0, 0}), 100) << "a zero fill is the zero point";
+  testing::expect_equal(dequantize(pad(q, {2, 1, 3, 4}, PadMode::kReflect)), pad(dequantize(q), {2, 1, 3, 4}, PadMode::kReflect),
+                        "reflect on codes");
+  testing::expect_equal(dequantize(q.repeat({1, 2, 1, 1})), dequantize(q).repeat({1, 2, 1, 1}), "repeat on codes");
+  testing::expect_equal(dequantize(q.narrow(3, 0, 1).expand({2, 3, 5, 4})),
+                        dequantize(q).narrow(3, 0, 1).expand({2, 3, 5, 4}), "expand on codes");
+  const Tensor s = stack({q, q}, 1);
+  ASSERT_TRUE(s.is_quantized());
+  testing::expect_equal(dequantize(s), stack({dequantize(q), dequantize(q)}, 1), "stack on codes");
+}
+
+}  // namespace
+}  // namespace dbrq
