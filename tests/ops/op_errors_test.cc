@@ -454,5 +454,77 @@ TEST(OpErrors, TensorCreation) {
   EXPECT_THROW_MSG(dtype_from_name("f16"), ValueError, "unknown dtype name \"f16\"");
 }
 
+// ---- issue 12 op families ------------------------------------------------------------------------
+
+TEST(OpErrors, Stack) {
+  EXPECT_THROW_MSG(stack({}, 0), ValueError, "stack: expects a non-empty list of tensors");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 4})}, 0), ShapeError,
+                   "stack: every tensor must have the same sizes, got [2, 3] at index 0 and [2, 4] at index 1");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 3})}, 3), IndexError,
+                   "stack: dim 3 is out of range for 2-D tensors (expected in [-3, 2])");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 3})}, -4), IndexError, "stack: dim -4 is out of range");
+  EXPECT_THROW_MSG(stack({f32({2}), Tensor()}, 0), ValueError, "stack: tensor is an undefined tensor");
+  EXPECT_THROW_MSG(stack({qu8({2}), f32({2})}, 0), DTypeError, "cat: tensors[1] has dtype f32 but tensors[0] has u8");
+  const Tensor pc = zeros({2, 3}, DType::kS8).with_qparams(QuantParams::per_channel({0.1f, 0.2f}, {0, 0}, 0));
+  EXPECT_THROW_MSG(stack({pc, pc}, 0), DTypeError, "stack: per-channel quantized tensors cannot be reshaped");
+}
+
+TEST(OpErrors, SqueezeUnsqueeze) {
+  EXPECT_THROW_MSG(Tensor().squeeze(), ValueError, "squeeze: input is an undefined tensor");
+  EXPECT_THROW_MSG(squeeze(f32({2, 1}), 2), IndexError, "dim 2 is out of range for a 2-D tensor");
+  EXPECT_THROW_MSG(unsqueeze(f32({2, 1}), 3), IndexError, "unsqueeze: dim 3 is out of range for a 2-D tensor");
+  const Tensor pc = zeros({1, 2}, DType::kS8).with_qparams(QuantParams::per_channel({0.1f, 0.2f}, {0, 0}, 1));
+  EXPECT_THROW_MSG(pc.squeeze(), DTypeError, "squeeze: per-channel quantized tensors cannot be reshaped");
+}
+
+TEST(OpErrors, Expand) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(x.expand({3}), ShapeError,
+                   "expand: the number of sizes provided (1) must be greater or equal to the number of dimensions in "
+                   "the tensor (2)");
+  EXPECT_THROW_MSG(x.expand({2, 4}), ShapeError,
+                   "expand: the expanded size of the tensor (4) must match the existing size (3) at non-singleton "
+                   "dimension 1. Target sizes: [2, 4]. Tensor sizes: [2, 3]");
+  EXPECT_THROW_MSG(expand(x, {-1, 2, 3}), ShapeError,
+                   "expand: size -1 is not allowed in a leading, non-existing dimension 0");
+  EXPECT_THROW_MSG(expand(f32({2, 1}), {2, -2}), ShapeError, "expand: sizes must be >= -1, got -2 at dim 1");
+  EXPECT_THROW_MSG(expand(Tensor(), {2}), ValueError, "expand: input is an undefined tensor");
+}
+
+TEST(OpErrors, Repeat) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(x.repeat({2}), ShapeError,
+                   "repeat: number of repeats (1) must be at least the number of dims of the tensor (2)");
+  EXPECT_THROW_MSG(repeat(x, {1, -1}), ValueError, "repeat: repeats must be >= 0, got -1 at dim 1");
+  EXPECT_THROW_MSG(repeat(Tensor(), {1}), ValueError, "repeat: input is an undefined tensor");
+  EXPECT_THROW_MSG(repeat(zeros({2}, DType::kBF16), {2}), DTypeError, "repeat: dtype bf16 is not supported");
+}
+
+TEST(OpErrors, Pad) {
+  const Tensor x = f32({1, 2, 3, 4});
+  EXPECT_THROW_MSG(pad(x, {1, 1, 1}), ValueError, "pad: the pads must come in (left, right) pairs, got 3 values");
+  EXPECT_THROW_MSG(pad(f32({3}), {1, 1, 1, 1}), ShapeError, "pad: 2 pairs of pads for a 1-D tensor of sizes [3]");
+  EXPECT_THROW_MSG(pad(x, {-3, -2}), ShapeError, "pad: dim 3 of size 4 with pads (-3, -2) would have a negative size");
+  EXPECT_THROW_MSG(pad(x, {4, 0, 0, 0}, PadMode::kReflect), ValueError,
+                   "pad: reflect mode needs pads smaller than the dim they pad, got (4, 0) for dim 3 of size 4");
+  EXPECT_THROW_MSG(pad(x, {0, 0, 3, 0}, "reflect"), ValueError,
+                   "pad: reflect mode needs pads smaller than the dim they pad, got (3, 0) for dim 2 of size 3");
+  EXPECT_THROW_MSG(pad(x, {-1, 0, 0, 0}, PadMode::kReplicate), ValueError,
+                   "pad: replicate mode needs pads >= 0, got (-1, 0) for dim 3");
+  EXPECT_THROW_MSG(pad(f32({4}), {1, 1}, PadMode::kReflect), ShapeError,
+                   "pad: reflect mode pads the last 1, 2 or 3 dims of a (C, ...) or (N, C, ...) tensor; got 1 pairs "
+                   "of pads for sizes [4]");
+  EXPECT_THROW_MSG(pad(x, {1, 1, 1, 1, 1, 1, 1, 1}, PadMode::kReplicate), ShapeError,
+                   "pad: replicate mode pads the last 1, 2 or 3 dims");
+  EXPECT_THROW_MSG(pad(zeros({1, 2, 0}), {1, 1}, PadMode::kReplicate), ShapeError,
+                   "pad: replicate mode cannot pad dim 2 of size 0");
+  EXPECT_THROW_MSG(pad(x, {1, 1}, "circular"), ValueError,
+                   "pad: mode must be \"constant\", \"reflect\" or \"replicate\", got \"circular\"");
+  EXPECT_THROW_MSG(pad(x, {1, 1}, static_cast<PadMode>(7)), ValueError, "pad: unknown mode 7");
+  EXPECT_THROW_MSG(pad(Tensor(), {1, 1}), ValueError, "pad: input is an undefined tensor");
+  // The input is untouched and usable after each error.
+  EXPECT_EQ(pad(x, {1, 1}).sizes(), IntArrayRef({1, 2, 3, 6}));
+}
+
 }  // namespace
 }  // namespace dbrq
