@@ -27,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dbrq.h"
@@ -471,6 +472,60 @@ TEST(Int8OpsGolden, Matmul) {
     kernels::QMatmul mm(qparams_of(n, "x"), qparams_of(n, "y"), qparams_of(n, "out"), /*dynamic=*/false);
     expect_codes(n, mm.run(qinput(n, "x"), qinput(n, "y")));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// issue 12 op families: stack (as CatExec runs it), clamp (the registry's int8 form: a clamp on
+// codes), pad and repeat (their eager kernels on codes, as ShareExec runs them)
+
+TEST(Int8OpsGolden, Stack) {
+  for (auto [n, dim] : {std::pair<const char*, int64_t>{"stack_requant", 1}, {"stack_last", -1}}) {
+    begin_case(n, "stack dim=" + std::to_string(dim));
+    const dbrq::tracer::InputSpec spec{qparams_of(n, "out"), MemoryFormat::kPreserve};
+    const Tensor a = dbrq::tracer::prepare_input(qinput(n, "x"), spec);
+    const Tensor b = dbrq::tracer::prepare_input(qinput(n, "y"), spec);
+    expect_codes(n, dbrq::stack({a, b}, dim));
+  }
+}
+
+TEST(Int8OpsGolden, Clamp) {
+  for (auto [n, desc, lo, hi] : {std::tuple<const char*, const char*, double, double>{"clamp", "clamp min=-1.5 max=2", -1.5, 2.0},
+                                 {"clamp_narrow", "clamp min=0.3 max=0.9", 0.3, 0.9}}) {
+    begin_case(n, desc);
+    const dbrq::OpDef& d = dbrq::op_def(OpKind::kClamp);
+    ASSERT_EQ(d.role, dbrq::QuantRole::kShare);
+    dbrq::ActivationParams p;
+    p.alpha = lo;
+    p.beta = hi;
+    expect_codes(n, d.int8_share(qinput(n, "x"), &p));
+  }
+}
+
+TEST(Int8OpsGolden, PadRepeat) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    std::vector<int64_t> pads;
+    dbrq::PadMode mode;
+    double value;
+    MemoryFormat format;
+  };
+  const Case cases[] = {
+      {"pad_constant", "pad pads=1,2,0,1 mode=constant value=0.55", {1, 2, 0, 1}, dbrq::PadMode::kConstant, 0.55,
+       MemoryFormat::kContiguous},
+      {"pad_constant_zero", "pad pads=2,2,2,2 mode=constant value=0", {2, 2, 2, 2}, dbrq::PadMode::kConstant, 0.0,
+       MemoryFormat::kChannelsLast},
+      {"pad_reflect", "pad pads=3,1,2,2 mode=reflect value=0", {3, 1, 2, 2}, dbrq::PadMode::kReflect, 0.0,
+       MemoryFormat::kContiguous},
+      {"pad_replicate", "pad pads=1,2,3,0 mode=replicate value=0", {1, 2, 3, 0}, dbrq::PadMode::kReplicate, 0.0,
+       MemoryFormat::kChannelsLast},
+  };
+  for (const Case& c : cases) {
+    begin_case(c.name, c.desc);
+    expect_codes(c.name, dbrq::pad(qinput(c.name, "x", c.format), c.pads, c.mode, c.value));
+  }
+  begin_case("repeat", "repeat repeats=1,2,1,3");
+  expect_codes("repeat", qinput("repeat", "x").repeat({1, 2, 1, 3}));
 }
 
 // Last (gtest runs tests in definition order): every case in the file was checked by a test above.

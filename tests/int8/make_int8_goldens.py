@@ -418,6 +418,29 @@ def make_op_goldens():
     unary_case("elu_alpha", "elu alpha=0.5", lambda q: torch.ops.quantized.elu(q, f32(0.027), 40, 0.5),
                scale=0.04, zp=100)
 
+    # ---- issue 12 op families: stack, clamp, pad, repeat ----
+    # stack as a converted model runs it: inputs brought to the output's parameters, then joined;
+    # PyTorch has no quantized stack, so the reference is its quantized cat of unsqueezed inputs.
+    for case, dim in [("stack_requant", 1), ("stack_last", -1)]:
+        qa = put_input(case, "x", rand_codes((2, 6, 5, 5)), f32(0.03), 90)
+        qb = put_input(case, "y", rand_codes((2, 6, 5, 5)), f32(0.05), 140)
+        d = dim if dim >= 0 else dim + 5
+        put_output(case, torch.ops.quantized.cat([qa.unsqueeze(d), qb.unsqueeze(d)], d, f32(0.04), 100))
+        meta[case] = f"stack dim={dim}"
+    unary_case("clamp", "clamp min=-1.5 max=2", lambda q: torch.clamp(q, -1.5, 2.0))
+    unary_case("clamp_narrow", "clamp min=0.3 max=0.9", lambda q: torch.clamp(q, 0.3, 0.9), scale=0.02, zp=30)
+    unary_case("pad_constant", "pad pads=1,2,0,1 mode=constant value=0.55", lambda q: F.pad(q, (1, 2, 0, 1), value=0.55))
+    unary_case("pad_constant_zero", "pad pads=2,2,2,2 mode=constant value=0", lambda q: F.pad(q, (2, 2, 2, 2)),
+               memory_format=torch.channels_last)
+    unary_case("pad_reflect", "pad pads=3,1,2,2 mode=reflect value=0",
+               lambda q: F.pad(q, (3, 1, 2, 2), mode="reflect"))
+    # PyTorch 1.13 has no quantized replication pad; replicating codes is exact, so the reference
+    # is its fp32 replicate pad of the dequantized input, quantized with the input's parameters.
+    unary_case("pad_replicate", "pad pads=1,2,3,0 mode=replicate value=0",
+               lambda q: torch.quantize_per_tensor(F.pad(q.dequantize(), (1, 2, 3, 0), mode="replicate"),
+                                                   q.q_scale(), q.q_zero_point(), torch.quint8))
+    unary_case("repeat", "repeat repeats=1,2,1,3", lambda q: q.repeat(1, 2, 1, 3))
+
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 
 
