@@ -89,6 +89,9 @@ enum class OpKind : uint16_t {
   kExpand,    // shape ops: int8 passes through unchanged
   kRepeat,
   kPad,
+  kPrelu,     // weighted: int8 through per-channel code tables (kernels::QPReLU)
+  kSoftplus,  // activations through 256-entry tables in int8
+  kMish,
   kNumOpKinds,
 };
 
@@ -161,6 +164,13 @@ Tensor clamp(const Tensor& x, double min_val, double max_val);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
+// x > 0 ? x : weight[c] * x, c the channel (dim 1); weight has 1 or size(1) elements. Converted:
+// int8 with the weight quantized by the qconfig's weight observer (per-channel code tables).
+Tensor prelu(const Tensor& x, const Tensor& weight);
+// log1p(exp(beta * x)) / beta, and x where beta * x > threshold. beta must be nonzero and finite.
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+// x * tanh(softplus(x)).
+Tensor mish(const Tensor& x);
 
 // ---- pooling ----
 // stride defaults to kernel_size (pass an empty list).

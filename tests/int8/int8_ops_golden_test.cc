@@ -528,6 +528,55 @@ TEST(Int8OpsGolden, PadRepeat) {
   expect_codes("repeat", qinput("repeat", "x").repeat({1, 2, 1, 3}));
 }
 
+// prelu: kernels::QPReLU (what convert builds) with PyTorch's per-tensor quint8 weight parameters.
+TEST(Int8OpsGolden, Prelu) {
+  for (auto [n, count] : {std::pair<const char*, int>{"prelu", 8}, {"prelu_one", 1}}) {
+    begin_case(n, "prelu weights=" + std::to_string(count));
+    // PyTorch's weights are quint8 with a zero point; dbrq's are s8 symmetric with the same scale:
+    // the same integers (q_w - zp_w), so the same arithmetic.
+    const QuantParamsPtr wq = qparams_of(n, "w");
+    std::vector<float> w;
+    std::vector<int32_t> centered;
+    for (int32_t code : g(std::string(n) + ".w_codes").to_vector<int32_t>()) {
+      centered.push_back(code - wq->zero_point());
+      w.push_back(static_cast<float>(code - wq->zero_point()) * wq->scale());
+    }
+    kernels::QWeightedOptions o;
+    o.weight = dbrq::from_vector<float>(w);
+    o.weight_qparams = QuantParams::per_tensor(wq->scale(), 0);
+    o.src_qparams = qparams_of(n, "x");
+    o.dst_qparams = qparams_of(n, "out");
+    kernels::QPReLU k(o);
+    EXPECT_EQ(k.quantized_weight().dtype(), DType::kS8);
+    EXPECT_EQ(k.quantized_weight().to_vector<int32_t>(), centered);
+    expect_codes(n, k.run(qinput(n, "x")));
+    expect_codes(n, k.run(qinput(n, "x", MemoryFormat::kChannelsLast)));
+  }
+}
+
+// softplus and mish: the tables convert() builds, against FX's dequantize -> fp32 -> quantize.
+TEST(Int8OpsGolden, SoftplusMish) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    OpKind kind;
+    double beta, threshold;
+  };
+  for (const Case& c : {Case{"softplus", "softplus beta=1 threshold=20 reference=fx_fma", OpKind::kSoftplus, 1.0, 20.0},
+                        Case{"softplus_beta", "softplus beta=2 threshold=3 reference=fx_fma", OpKind::kSoftplus, 2.0, 3.0},
+                        Case{"mish", "mish reference=fx_fma", OpKind::kMish, 0.0, 0.0}}) {
+    begin_case(c.name, c.desc);
+    dbrq::ActivationParams p;
+    p.alpha = c.beta;
+    p.beta = c.threshold;
+    ASSERT_EQ(dbrq::op_def(c.kind).role, dbrq::QuantRole::kLut);
+    const QuantParamsPtr in = qparams_of(c.name, "x"), out = qparams_of(c.name, "out");
+    const kernels::Eltwise e = dbrq::op_def(c.kind).eltwise(&p);
+    const kernels::Lut lut = kernels::make_lut(*in, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
+    expect_codes(c.name, kernels::apply_lut(qinput(c.name, "x"), lut, out));
+  }
+}
+
 // Last (gtest runs tests in definition order): every case in the file was checked by a test above.
 TEST(Int8OpsGolden, CoversEveryGoldenCase) {
   if (::testing::GTEST_FLAG(filter) != "*") GTEST_SKIP() << "only meaningful when every test runs";

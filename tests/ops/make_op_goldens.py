@@ -447,6 +447,27 @@ def make_shape_families():
     put("pad.replicate_3d", F.pad(p5, (1, 2, 2, 1, 1, 1), mode="replicate"))
 
 
+def make_activation_families():
+    x = randn(2, 3, 5, 4, scale=3.0)
+    put("act12.x", x)
+    w3 = torch.tensor([0.25, -0.5, 1.5])
+    put("prelu.w3", w3)
+    put("prelu.per_channel", F.prelu(x, w3))
+    put("prelu.one", F.prelu(x, torch.tensor([0.1])))
+    x2 = randn(6, 3, scale=2.0)
+    put("prelu.x2", x2)
+    put("prelu.out2", F.prelu(x2, w3))
+    put("softplus.default", F.softplus(x))
+    put("softplus.beta2", F.softplus(x, beta=2.0, threshold=5.0))
+    put("softplus.beta_half", F.softplus(x, beta=0.5, threshold=1.0))
+    put("mish.out", F.mish(x))
+    # Far tails: softplus's threshold switch and mish's saturation.
+    t = torch.linspace(-30.0, 30.0, 121)
+    put("act12.tails", t)
+    put("softplus.tails", F.softplus(t))
+    put("mish.tails", F.mish(t))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -465,6 +486,7 @@ def main():
     make_embedding()
     make_quant()
     make_shape_families()
+    make_activation_families()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

@@ -1,5 +1,6 @@
 // Error paths of every eager op: each bad input raises the documented dbrq error type with a message
 // that names the op and the offending value, and leaves its arguments untouched and usable.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -524,6 +525,20 @@ TEST(OpErrors, Pad) {
   EXPECT_THROW_MSG(pad(Tensor(), {1, 1}), ValueError, "pad: input is an undefined tensor");
   // The input is untouched and usable after each error.
   EXPECT_EQ(pad(x, {1, 1}).sizes(), IntArrayRef({1, 2, 3, 6}));
+}
+
+TEST(OpErrors, PreluSoftplusMish) {
+  EXPECT_THROW_MSG(prelu(f32({2, 3, 4}), f32({2})), ShapeError,
+                   "prelu: weight has 2 elements but the input has 3 channels (dim 1 of [2, 3, 4]); it needs 1 or 3");
+  EXPECT_THROW_MSG(prelu(f32({2, 3}), f32({3, 1})), ShapeError, "prelu: weight must be 1-D, got sizes [3, 1]");
+  EXPECT_THROW_MSG(prelu(u8({2, 3}), f32({3})), DTypeError, "prelu: input must have dtype f32");
+  EXPECT_THROW_MSG(prelu(f32({2, 3}), Tensor()), ValueError, "prelu: weight is an undefined tensor");
+  EXPECT_THROW_MSG(nn::PReLU(0), ValueError, "PReLU: num_parameters must be >= 1, got 0");
+  EXPECT_THROW_MSG(softplus(f32({2}), 0.0), ValueError, "softplus: beta must be nonzero and finite, got 0");
+  EXPECT_THROW_MSG(softplus(f32({2}), 1.0, std::nan("")), ValueError, "softplus: threshold must not be NaN");
+  EXPECT_THROW_MSG(softplus(u8({2})), DTypeError, "softplus: input must have dtype f32");
+  EXPECT_THROW_MSG(mish(u8({2})), DTypeError, "mish: input must have dtype f32");
+  EXPECT_THROW_MSG(mish(Tensor()), ValueError, "mish: input");
 }
 
 }  // namespace

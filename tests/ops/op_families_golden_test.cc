@@ -145,5 +145,38 @@ TEST(OpFamiliesGolden, QuantizedPassThrough) {
   testing::expect_equal(dequantize(s), stack({dequantize(q), dequantize(q)}, 1), "stack on codes");
 }
 
+TEST(OpFamiliesGolden, Prelu) {
+  const Tensor x = G("act12.x"), w3 = G("prelu.w3");
+  close(prelu(x, w3), G("prelu.per_channel"), "prelu per channel");
+  close(prelu(x.contiguous(MemoryFormat::kChannelsLast), w3), G("prelu.per_channel"), "prelu channels-last");
+  close(prelu(strided(x), w3), G("prelu.per_channel"), "prelu strided");
+  close(prelu(x, from_vector<float>({0.1f})), G("prelu.one"), "prelu one weight");
+  close(prelu(G("prelu.x2"), w3), G("prelu.out2"), "prelu 2-D");
+  nn::PReLU layer(3);
+  EXPECT_EQ(layer.weight.to_vector<float>(), std::vector<float>(3, 0.25f)) << "init 0.25";
+  layer.weight.copy_(w3);
+  close(layer(x), G("prelu.per_channel"), "PReLU layer");
+  EXPECT_EQ(layer.to_string(), "PReLU(num_parameters=3)");
+  EXPECT_EQ(nn::PReLU().num_parameters(), 1);
+}
+
+TEST(OpFamiliesGolden, SoftplusMish) {
+  const Tensor x = G("act12.x"), t = G("act12.tails");
+  close(softplus(x), G("softplus.default"), "softplus");
+  close(softplus(x, 2.0, 5.0), G("softplus.beta2"), "softplus beta 2 threshold 5");
+  close(softplus(x, 0.5, 1.0), G("softplus.beta_half"), "softplus beta 0.5 threshold 1");
+  close(softplus(x.contiguous(MemoryFormat::kChannelsLast)), G("softplus.default"), "softplus channels-last");
+  close(softplus(t), G("softplus.tails"), "softplus tails");
+  close(mish(x), G("mish.out"), "mish");
+  close(mish(strided(x)), G("mish.out"), "mish strided");
+  close(mish(t), G("mish.tails"), "mish tails");
+  nn::Softplus sp(2.0, 5.0);
+  close(sp(x), G("softplus.beta2"), "Softplus layer");
+  EXPECT_EQ(sp.to_string(), "Softplus(beta=2, threshold=5)");
+  nn::Mish m;
+  close(m(x), G("mish.out"), "Mish layer");
+  EXPECT_EQ(m.to_string(), "Mish()");
+}
+
 }  // namespace
 }  // namespace dbrq

@@ -1,6 +1,7 @@
 // Issue 12's op families in a prepared and converted model: stack, pad, clamp, expand and repeat
-// run int8 (stack like cat, the rest sharing their input's parameters), the model stays close to
-// fp32, and a new batch size works after convert. fp32 and int8 parity with PyTorch are in the op
+// run int8 (stack like cat, the rest sharing their input's parameters); prelu runs int8 with its
+// weight quantized like a conv's, softplus and mish through tables; the model stays close to fp32,
+// and a new batch size works after convert. fp32 and int8 parity with PyTorch are in the op
 // goldens (tests/ops, tests/int8).
 #include <gtest/gtest.h>
 
@@ -74,6 +75,58 @@ TEST(OpFamilies, PrepareCalibrateConvertRunsInt8) {
   EXPECT_GT(testing::sqnr_of(m(x3), ref(x3)), 25.0);
 }
 
+struct ActivationsNet : nn::CallableModule<ActivationsNet> {
+  ActivationsNet() {
+    conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    act = register_module("act", std::make_shared<nn::PReLU>(8));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(8));
+    conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 1));
+    sp = register_module("sp", std::make_shared<nn::Softplus>(2.0, 5.0));
+    mi = register_module("mi", std::make_shared<nn::Mish>());
+    act1 = register_module("act1", std::make_shared<nn::PReLU>());
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*bn)((*act)((*conv1)(x)));  // prelu ends the chain: bn after it does not fold into it
+    y = (*sp)((*conv2)(y) * 1.0);
+    return (*act1)((*mi)(y));
+  }
+  std::shared_ptr<Conv2d> conv1, conv2;
+  std::shared_ptr<nn::PReLU> act, act1;
+  std::shared_ptr<nn::BatchNorm2d> bn;
+  std::shared_ptr<nn::Softplus> sp;
+  std::shared_ptr<nn::Mish> mi;
+};
+
+TEST(OpFamilies, PreluSoftplusMishRunInt8) {
+  manual_seed(5);
+  ActivationsNet ref;
+  manual_seed(5);
+  ActivationsNet m;
+  // Distinct slopes per channel, some negative, so a wrong channel or sign shows.
+  const Tensor slopes = from_vector<float>({0.25f, -0.3f, 0.5f, 0.1f, 0.8f, -0.1f, 0.05f, 0.4f});
+  ref.act->weight.copy_(slopes);
+  m.act->weight.copy_(slopes);
+  testing::randomize_bn(*ref.bn, 3);
+  testing::randomize_bn(*m.bn, 3);
+  const Tensor x = randn({2, 3, 8, 8}, 1);
+  const Tensor expected = ref(x);
+  prepare(m, {x});
+  EXPECT_EQ(testing::display_kinds(testing::state_of(m)),
+            (std::vector<std::string>{"conv2d", "prelu", "batch_norm", "conv2d", "mul", "softplus", "mish", "prelu"}));
+  for (int i = 0; i < 8; ++i) m(randn({2, 3, 8, 8}, 40 + i));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_EQ(ops.size(), 8u);
+  EXPECT_EQ(ops[1].executor, "int8 prelu (8 per-channel tables)");
+  ASSERT_TRUE(ops[1].weight_qparams != nullptr);
+  EXPECT_TRUE(ops[1].weight_qparams->is_per_channel()) << "the qconfig's per-channel s8 weights";
+  EXPECT_EQ(ops[2].role, "fp32") << "batch_norm after prelu neither folds nor runs int8: " << ops[2].executor;
+  EXPECT_EQ(ops[5].executor, "int8 softplus (256-entry table)");
+  EXPECT_EQ(ops[6].executor, "int8 mish (256-entry table)");
+  EXPECT_EQ(ops[7].executor, "int8 prelu (1 table)");
+  EXPECT_GT(testing::sqnr_of(m(x), expected), 25.0);
+}
+
 TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kStack), "stack");
   EXPECT_STREQ(op_name(OpKind::kExpand), "expand");
@@ -81,6 +134,11 @@ TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kPad), "pad");
   EXPECT_EQ(op_def(OpKind::kStack).role, QuantRole::kCat);
   EXPECT_EQ(op_def(OpKind::kPad).role, QuantRole::kShare);
+  EXPECT_STREQ(op_name(OpKind::kPrelu), "prelu");
+  EXPECT_STREQ(op_name(OpKind::kSoftplus), "softplus");
+  EXPECT_STREQ(op_name(OpKind::kMish), "mish");
+  EXPECT_EQ(op_def(OpKind::kPrelu).role, QuantRole::kWeighted);
+  EXPECT_EQ(op_def(OpKind::kPrelu).num_activation_inputs, 1);
 }
 
 }  // namespace
