@@ -175,6 +175,12 @@ class Tensor {
     return expand(IntArrayRef(sizes.begin(), sizes.size()));
   }
   Tensor repeat(IntArrayRef repeats) const;
+  // condition ? *this : other (ops.h where).
+  Tensor where(const Tensor& condition, const Tensor& other) const;
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor sqrt() const;
+  Tensor exp() const;
   Tensor repeat(std::initializer_list<int64_t> repeats) const {
     return repeat(IntArrayRef(repeats.begin(), repeats.size()));
   }

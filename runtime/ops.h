@@ -92,6 +92,10 @@ enum class OpKind : uint16_t {
   kPrelu,     // weighted: int8 through per-channel code tables (kernels::QPReLU)
   kSoftplus,  // activations through 256-entry tables in int8
   kMish,
+  kWhere,     // fp32 math (int8 arguments dequantized)
+  kPow,
+  kSqrt,
+  kExp,
   kNumOpKinds,
 };
 
@@ -215,6 +219,18 @@ enum class PadMode { kConstant = 0, kReflect = 1, kReplicate = 2 };
 Tensor pad(const Tensor& x, std::vector<int64_t> pads, PadMode mode = PadMode::kConstant, double value = 0.0);
 // "constant", "reflect", "replicate" (ValueError otherwise; "circular" is not supported).
 Tensor pad(const Tensor& x, std::vector<int64_t> pads, const std::string& mode, double value = 0.0);
+
+// ---- math (fp32; NumPy broadcasting; converted models run them in fp32) ----
+// condition ? input : other, elementwise. dbrq has no bool dtype: condition is a mask of any
+// unquantized u8, s8, s32, s64 or f32 tensor, nonzero meaning true.
+Tensor where(const Tensor& condition, const Tensor& input, const Tensor& other);
+Tensor where(const Tensor& condition, const Tensor& input, double other);
+Tensor where(const Tensor& condition, double input, const Tensor& other);
+Tensor pow(const Tensor& x, double exponent);
+Tensor pow(double base, const Tensor& exponent);
+Tensor pow(const Tensor& x, const Tensor& exponent);
+Tensor sqrt(const Tensor& x);
+Tensor exp(const Tensor& x);
 
 // ---- quantization ----
 // Affine quantization (round half to even, saturate) to u8 or s8.

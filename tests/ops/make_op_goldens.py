@@ -468,6 +468,32 @@ def make_activation_families():
     put("mish.tails", F.mish(t))
 
 
+def make_math_families():
+    a, b = randn(2, 3, 4), randn(3, 1)
+    mask = (torch.rand(2, 1, 4) < 0.5).to(torch.uint8)
+    put("where.a", a)
+    put("where.b", b)
+    put("where.mask", mask)
+    put("where.out", torch.where(mask.bool(), a, b))
+    put("where.scalar_other", torch.where(mask.bool(), a, torch.tensor(-2.5)))
+    put("where.scalar_input", torch.where(mask.bool(), torch.tensor(0.75), a))
+    x = torch.rand(2, 3, 4) * 3.0 + 0.1  # positive: fractional powers
+    e = randn(3, 4)
+    put("pow.x", x)
+    put("pow.e", e)
+    put("pow.sq", torch.pow(x, 2.0))
+    put("pow.half", torch.pow(x, 0.5))
+    put("pow.neg", torch.pow(x, -1.5))
+    put("pow.tensor", torch.pow(x, e))
+    put("pow.base", torch.pow(2.0, e))
+    s = randn(2, 3, 4)
+    put("pow.signed", s)
+    put("pow.signed_cube", torch.pow(s, 3.0))
+    put("sqrt.out", torch.sqrt(x))
+    put("exp.x", s)
+    put("exp.out", torch.exp(s))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -487,6 +513,7 @@ def main():
     make_quant()
     make_shape_families()
     make_activation_families()
+    make_math_families()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

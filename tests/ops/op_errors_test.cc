@@ -541,5 +541,21 @@ TEST(OpErrors, PreluSoftplusMish) {
   EXPECT_THROW_MSG(mish(Tensor()), ValueError, "mish: input");
 }
 
+TEST(OpErrors, WherePowSqrtExp) {
+  const Tensor m = u8({2, 3}), a = f32({2, 3});
+  EXPECT_THROW_MSG(where(m, a, f32({4})), ShapeError, "where");
+  EXPECT_THROW_MSG(where(qu8({2, 3}), a, a), DTypeError,
+                   "where: condition must be a mask (unquantized u8, s8, s32, s64 or f32; nonzero is true), got a "
+                   "quantized u8");
+  EXPECT_THROW_MSG(where(m, u8({2, 3}), a), DTypeError, "where: input must have dtype f32");
+  EXPECT_THROW_MSG(where(m, a, u8({2, 3})), DTypeError, "where: other must have dtype f32");
+  EXPECT_THROW_MSG(where(Tensor(), a, a), ValueError, "where: condition is an undefined tensor");
+  EXPECT_THROW_MSG(pow(a, f32({4})), ShapeError, "pow");
+  EXPECT_THROW_MSG(pow(u8({2}), 2.0), DTypeError, "pow: input must have dtype f32");
+  EXPECT_THROW_MSG(pow(2.0, u8({2})), DTypeError, "pow: exponent must have dtype f32");
+  EXPECT_THROW_MSG(sqrt(u8({2})), DTypeError, "sqrt: input must have dtype f32");
+  EXPECT_THROW_MSG(exp(Tensor()), ValueError, "exp: input");
+}
+
 }  // namespace
 }  // namespace dbrq

@@ -1,7 +1,8 @@
-// Issue 12's op families (stack, squeeze / unsqueeze, expand, repeat, pad) against PyTorch 1.13
-// reference outputs in golden/ops.safetensors (the cases make_op_goldens.py's make_shape_families
-// appends; parameters mirrored here next to each case name). Each op also runs on channels-last
+// Issue 12's op families (stack, squeeze / unsqueeze, expand, repeat, pad, prelu, softplus, mish,
+// where, pow, sqrt, exp) against PyTorch 1.13 reference outputs in golden/ops.safetensors (the
+// cases make_op_goldens.py's make_*_families append; parameters mirrored here next to each case). Each op also runs on channels-last
 // and strided inputs, and on int8 codes where it passes them through.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,34 @@ TEST(OpFamiliesGolden, SoftplusMish) {
   nn::Mish m;
   close(m(x), G("mish.out"), "Mish layer");
   EXPECT_EQ(m.to_string(), "Mish()");
+}
+
+TEST(OpFamiliesGolden, Where) {
+  const Tensor a = G("where.a"), b = G("where.b"), mask = G("where.mask");
+  ASSERT_EQ(mask.dtype(), DType::kU8);
+  close(where(mask, a, b), G("where.out"), "where broadcast");
+  close(a.where(mask, b), G("where.out"), "Tensor::where");
+  close(where(mask, strided(a), b), G("where.out"), "where strided");
+  close(where(mask.to(DType::kF32), a, b), G("where.out"), "where with an f32 mask");
+  close(where(mask, a, -2.5), G("where.scalar_other"), "where scalar other");
+  close(where(mask, 0.75, a), G("where.scalar_input"), "where scalar input");
+}
+
+TEST(OpFamiliesGolden, PowSqrtExp) {
+  const Tensor x = G("pow.x"), e = G("pow.e"), s = G("pow.signed");
+  close(pow(x, 2.0), G("pow.sq"), "pow 2");
+  close(x.pow(0.5), G("pow.half"), "pow 0.5");
+  close(pow(x, -1.5), G("pow.neg"), "pow -1.5");
+  close(pow(x, e), G("pow.tensor"), "pow tensor");
+  close(x.pow(e), G("pow.tensor"), "Tensor::pow tensor");
+  close(pow(strided(x), e), G("pow.tensor"), "pow strided");
+  close(pow(2.0, e), G("pow.base"), "scalar ^ tensor");
+  close(pow(s, 3.0), G("pow.signed_cube"), "pow of negatives, integral exponent");
+  close(sqrt(x), G("sqrt.out"), "sqrt");
+  close(x.sqrt(), G("sqrt.out"), "Tensor::sqrt");
+  close(exp(G("exp.x")), G("exp.out"), "exp");
+  close(strided(G("exp.x")).exp(), G("exp.out"), "exp strided");
+  EXPECT_TRUE(std::isnan(sqrt(from_vector<float>({-1.f})).item<float>())) << "sqrt of a negative is NaN, as PyTorch";
 }
 
 }  // namespace

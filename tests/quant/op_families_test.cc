@@ -127,6 +127,51 @@ TEST(OpFamilies, PreluSoftplusMishRunInt8) {
   EXPECT_GT(testing::sqnr_of(m(x), expected), 25.0);
 }
 
+// where, pow, sqrt and exp are fp32 ops: after convert their int8 arguments are dequantized and
+// they run in fp32, and the conv after them quantizes their result again.
+struct MathNet : nn::CallableModule<MathNet> {
+  MathNet() {
+    conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+    conv2 = register_module("conv2", std::make_shared<Conv2d>(4, 4, 1));
+  }
+  Tensor forward(const Tensor& x, const Tensor& mask) {
+    Tensor y = (*conv1)(x);
+    Tensor z = sqrt(pow(y, 2.0) + 1.0) + exp(y * 0.1);
+    return (*conv2)(where(mask, z, y));
+  }
+  std::shared_ptr<Conv2d> conv1, conv2;
+};
+
+TEST(OpFamilies, MathOpsRunFp32OnDequantizedInputs) {
+  manual_seed(8);
+  MathNet ref;
+  manual_seed(8);
+  MathNet m;
+  const Tensor x = randn({2, 3, 6, 6}, 1);
+  const Tensor mask = randn({1, 1, 6, 6}, 2).to(DType::kF32);
+  const Tensor expected = ref(x, mask);
+  prepare(m, {x, mask});
+  for (int i = 0; i < 6; ++i) m(randn({2, 3, 6, 6}, 50 + i), mask);
+  convert(m);
+  // quantized_ops lists the quantizeable ops: the two convs, int8 in and out; the math ops between
+  // them are not among them (they run in fp32 on conv1's dequantized output).
+  int convs = 0;
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    EXPECT_NE(op.kind, OpKind::kWhere);
+    EXPECT_NE(op.kind, OpKind::kPow);
+    EXPECT_NE(op.kind, OpKind::kSqrt);
+    EXPECT_NE(op.kind, OpKind::kExp);
+    if (op.kind != OpKind::kConv2d) continue;
+    ++convs;
+    EXPECT_EQ(op.output_dtype, DType::kU8);
+    EXPECT_EQ(op.input_dtypes.at(0), DType::kU8);
+  }
+  EXPECT_EQ(convs, 2);
+  EXPECT_EQ(op_def(OpKind::kWhere).role, QuantRole::kNone);
+  EXPECT_EQ(op_def(OpKind::kPow).role, QuantRole::kNone);
+  EXPECT_GT(testing::sqnr_of(m(x, mask), expected), 25.0);
+}
+
 TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kStack), "stack");
   EXPECT_STREQ(op_name(OpKind::kExpand), "expand");
