@@ -23,6 +23,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -181,6 +182,11 @@ class Tensor {
   Tensor pow(const Tensor& exponent) const;
   Tensor sqrt() const;
   Tensor exp() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
   Tensor repeat(std::initializer_list<int64_t> repeats) const {
     return repeat(IntArrayRef(repeats.begin(), repeats.size()));
   }

@@ -15,6 +15,7 @@
 #include <array>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/op_params.h"
@@ -96,6 +97,12 @@ enum class OpKind : uint16_t {
   kPow,
   kSqrt,
   kExp,
+  kMax,          // fp32 indexing; max(x, dim) dispatches kMax (values) then kArgmax (indices)
+  kArgmax,
+  kTopk,         // topk dispatches kTopk (values) then kTopkIndices
+  kTopkIndices,
+  kIndexSelect,
+  kGather,
   kNumOpKinds,
 };
 
@@ -231,6 +238,17 @@ Tensor pow(double base, const Tensor& exponent);
 Tensor pow(const Tensor& x, const Tensor& exponent);
 Tensor sqrt(const Tensor& x);
 Tensor exp(const Tensor& x);
+
+// ---- indexing (fp32 values; indices are s64, PyTorch's int64; converted models run them in fp32) ----
+// Values and indices of the maximum along dim (the first on ties; NaN counts as the largest).
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+// The k largest (or smallest) along dim, values and indices; always sorted (sorted=false allowed).
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+// index: 1-D s64 (or s32). Any element dtype; quantized inputs keep their parameters.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// out[i][j][k] = x[index[i][j][k]][j][k] for dim 0, etc.; index: s64 (or s32), x's rank.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 
 // ---- quantization ----
 // Affine quantization (round half to even, saturate) to u8 or s8.

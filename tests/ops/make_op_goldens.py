@@ -494,6 +494,35 @@ def make_math_families():
     put("exp.out", torch.exp(s))
 
 
+def make_indexing_families():
+    x = randn(3, 5, 4)
+    put("idx.x", x)
+    v, i = torch.max(x, 1)
+    put("max.d1.values", v)
+    put("max.d1.indices", i)
+    v, i = torch.max(x, -1, keepdim=True)
+    put("max.dm1k.values", v)
+    put("max.dm1k.indices", i)
+    put("argmax.d0", torch.argmax(x, 0))
+    put("argmax.d2k", torch.argmax(x, 2, keepdim=True))
+    v, i = torch.topk(x, 3, 1)
+    put("topk.k3d1.values", v)
+    put("topk.k3d1.indices", i)
+    v, i = torch.topk(x, 2, -1, largest=False)
+    put("topk.k2small.values", v)
+    put("topk.k2small.indices", i)
+    sel = torch.tensor([4, 0, 2, 2], dtype=torch.int64)
+    put("index_select.index", sel)
+    put("index_select.d1", torch.index_select(x, 1, sel))
+    put("index_select.d2", torch.index_select(x, 2, torch.tensor([3, 1], dtype=torch.int64)))
+    gi = torch.randint(0, 5, (3, 2, 4), dtype=torch.int64)
+    put("gather.index", gi)
+    put("gather.d1", torch.gather(x, 1, gi))
+    gi0 = torch.randint(0, 3, (2, 5, 3), dtype=torch.int64)
+    put("gather.index0", gi0)
+    put("gather.d0", torch.gather(x, 0, gi0))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -514,6 +543,7 @@ def main():
     make_shape_families()
     make_activation_families()
     make_math_families()
+    make_indexing_families()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

@@ -557,5 +557,27 @@ TEST(OpErrors, WherePowSqrtExp) {
   EXPECT_THROW_MSG(exp(Tensor()), ValueError, "exp: input");
 }
 
+TEST(OpErrors, Indexing) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(argmax(x, 2), IndexError, "dim 2 is out of range for a 2-D tensor");
+  EXPECT_THROW_MSG(max(f32({2, 0}), 1), ShapeError, "max: cannot reduce dim 1 of size 0 (sizes [2, 0])");
+  EXPECT_THROW_MSG(argmax(u8({2}), 0), DTypeError, "argmax: input must have dtype f32");
+  EXPECT_THROW_MSG(topk(x, 4, 1), ValueError, "topk: k (4) is out of range for dim 1 of size 3");
+  EXPECT_THROW_MSG(topk(x, -1, 1), ValueError, "topk: k (-1) is out of range");
+  EXPECT_THROW_MSG(index_select(x, 1, from_vector<int64_t>({3})), IndexError,
+                   "index_select: index 3 is out of range for dim 1 of size 3");
+  EXPECT_THROW_MSG(index_select(x, 1, from_vector<int64_t>({-1})), IndexError, "index_select: index -1 is out of range");
+  EXPECT_THROW_MSG(index_select(x, 1, f32({2})), DTypeError, "index_select: index must be s64 (or s32), got f32");
+  EXPECT_THROW_MSG(index_select(x, 1, zeros({1, 1}, DType::kS64)), ShapeError,
+                   "index_select: index must be 1-D, got sizes [1, 1]");
+  EXPECT_THROW_MSG(gather(x, 1, zeros({2}, DType::kS64)), ShapeError,
+                   "gather: index must have as many dims as the input (2), got sizes [2]");
+  EXPECT_THROW_MSG(gather(x, 1, zeros({3, 1}, DType::kS64)), ShapeError,
+                   "gather: index sizes [3, 1] exceed the input's [2, 3] at dim 0");
+  EXPECT_THROW_MSG(gather(x, 0, full({1, 1}, 2.0, DType::kS64)), IndexError,
+                   "gather: index 2 is out of range for dim 0 of size 2");
+  EXPECT_THROW_MSG(gather(Tensor(), 0, zeros({1}, DType::kS64)), ValueError, "gather: input is an undefined tensor");
+}
+
 }  // namespace
 }  // namespace dbrq

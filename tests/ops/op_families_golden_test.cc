@@ -1,9 +1,10 @@
 // Issue 12's op families (stack, squeeze / unsqueeze, expand, repeat, pad, prelu, softplus, mish,
-// where, pow, sqrt, exp) against PyTorch 1.13 reference outputs in golden/ops.safetensors (the
+// where, pow, sqrt, exp, max, argmax, topk, index_select, gather) against PyTorch 1.13 reference outputs in golden/ops.safetensors (the
 // cases make_op_goldens.py's make_*_families append; parameters mirrored here next to each case). Each op also runs on channels-last
 // and strided inputs, and on int8 codes where it passes them through.
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -205,6 +206,51 @@ TEST(OpFamiliesGolden, PowSqrtExp) {
   close(exp(G("exp.x")), G("exp.out"), "exp");
   close(strided(G("exp.x")).exp(), G("exp.out"), "exp strided");
   EXPECT_TRUE(std::isnan(sqrt(from_vector<float>({-1.f})).item<float>())) << "sqrt of a negative is NaN, as PyTorch";
+}
+
+TEST(OpFamiliesGolden, MaxArgmaxTopk) {
+  const Tensor x = G("idx.x");
+  for (const auto& [name, dim, keep] : std::vector<std::tuple<std::string, int64_t, bool>>{{"d1", 1, false}, {"dm1k", -1, true}}) {
+    const auto [v, i] = max(x, dim, keep);
+    close(v, G("max." + name + ".values"), "max values " + name);
+    ASSERT_EQ(i.dtype(), DType::kS64);
+    testing::expect_equal(i, G("max." + name + ".indices"), "max indices " + name);
+    testing::expect_equal(std::get<1>(strided(x).max(dim, keep)), G("max." + name + ".indices"), "max strided " + name);
+  }
+  testing::expect_equal(argmax(x, 0), G("argmax.d0"), "argmax 0");
+  testing::expect_equal(x.argmax(2, true), G("argmax.d2k"), "argmax 2 keepdim");
+  {
+    const auto [v, i] = topk(x, 3, 1);
+    close(v, G("topk.k3d1.values"), "topk values");
+    testing::expect_equal(i, G("topk.k3d1.indices"), "topk indices");
+  }
+  {
+    const auto [v, i] = x.topk(2, -1, /*largest=*/false);
+    close(v, G("topk.k2small.values"), "topk smallest values");
+    testing::expect_equal(i, G("topk.k2small.indices"), "topk smallest indices");
+  }
+  // NaN is the largest, as in PyTorch.
+  const Tensor nan = from_vector<float>({1.f, std::nanf(""), 3.f});
+  EXPECT_EQ(argmax(nan, 0).item<int64_t>(), 1);
+}
+
+TEST(OpFamiliesGolden, IndexSelectGather) {
+  const Tensor x = G("idx.x"), sel = G("index_select.index");
+  ASSERT_EQ(sel.dtype(), DType::kS64);
+  close(index_select(x, 1, sel), G("index_select.d1"), "index_select 1");
+  close(strided(x).index_select(1, sel), G("index_select.d1"), "index_select strided");
+  close(index_select(x, 2, from_vector<int64_t>({3, 1})), G("index_select.d2"), "index_select 2");
+  close(index_select(x, 2, from_vector<int32_t>({3, 1})), G("index_select.d2"), "index_select s32 index");
+  close(gather(x, 1, G("gather.index")), G("gather.d1"), "gather 1");
+  close(x.gather(0, G("gather.index0")), G("gather.d0"), "gather 0");
+  close(gather(strided(x), 1, G("gather.index")), G("gather.d1"), "gather strided");
+  // Codes and parameters pass through on a quantized input.
+  const Tensor q = quantize_per_tensor(x, 0.05f, 128, DType::kU8);
+  const Tensor qs = index_select(q, 1, sel);
+  ASSERT_TRUE(qs.is_quantized());
+  testing::expect_equal(dequantize(qs), index_select(dequantize(q), 1, sel), "index_select on codes");
+  testing::expect_equal(dequantize(gather(q, 1, G("gather.index"))), gather(dequantize(q), 1, G("gather.index")),
+                        "gather on codes");
 }
 
 }  // namespace

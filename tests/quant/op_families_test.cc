@@ -172,6 +172,39 @@ TEST(OpFamilies, MathOpsRunFp32OnDequantizedInputs) {
   EXPECT_GT(testing::sqnr_of(m(x, mask), expected), 25.0);
 }
 
+// max / argmax / topk / index_select / gather on a converted conv's int8 output: fp32 on the
+// dequantized codes (not recorded as quantizeable ops).
+struct IndexingNet : nn::CallableModule<IndexingNet> {
+  IndexingNet() { conv = register_module("conv", std::make_shared<Conv2d>(3, 6, 3, 1, 1)); }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*conv)(x);
+    Tensor v = std::get<0>(y.max(1, true)) + std::get<0>(y.topk(2, 1)).narrow(1, 1, 1);
+    Tensor s = y.index_select(1, from_vector<int64_t>({5, 0})).narrow(1, 0, 1);
+    return v + s + y.gather(1, zeros({2, 1, 6, 6}, DType::kS64));
+  }
+  std::shared_ptr<Conv2d> conv;
+};
+
+TEST(OpFamilies, IndexingOpsRunFp32OnDequantizedInputs) {
+  manual_seed(4);
+  IndexingNet ref;
+  manual_seed(4);
+  IndexingNet m;
+  const Tensor x = randn({2, 3, 6, 6}, 1);
+  const Tensor expected = ref(x);
+  prepare(m, {x});
+  for (int i = 0; i < 6; ++i) m(randn({2, 3, 6, 6}, 60 + i));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_FALSE(ops.empty());
+  EXPECT_EQ(ops[0].kind, OpKind::kConv2d);
+  EXPECT_EQ(ops[0].output_dtype, DType::kU8);
+  for (const QuantizedOpInfo& op : ops) {
+    EXPECT_TRUE(op.kind != OpKind::kMax && op.kind != OpKind::kTopk && op.kind != OpKind::kGather) << op.op;
+  }
+  EXPECT_GT(testing::sqnr_of(m(x), expected), 25.0);
+}
+
 TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kStack), "stack");
   EXPECT_STREQ(op_name(OpKind::kExpand), "expand");
@@ -184,6 +217,10 @@ TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kMish), "mish");
   EXPECT_EQ(op_def(OpKind::kPrelu).role, QuantRole::kWeighted);
   EXPECT_EQ(op_def(OpKind::kPrelu).num_activation_inputs, 1);
+  for (OpKind k : {OpKind::kMax, OpKind::kArgmax, OpKind::kTopk, OpKind::kTopkIndices, OpKind::kIndexSelect,
+                   OpKind::kGather, OpKind::kWhere, OpKind::kPow, OpKind::kSqrt, OpKind::kExp}) {
+    EXPECT_EQ(op_def(k).role, QuantRole::kNone) << op_name(k);
+  }
 }
 
 }  // namespace
