@@ -72,6 +72,7 @@ uint64_t fingerprint(const DimParams& p) { return fingerprint_fields(p); }
 uint64_t fingerprint(const ShapeParams& p) { return fingerprint_fields(p); }
 uint64_t fingerprint(const ActivationParams& p) { return fingerprint_fields(p); }
 uint64_t fingerprint(const DropoutParams& p) { return fingerprint_fields(p); }
+uint64_t fingerprint(const PadParams& p) { return fingerprint_fields(p); }
 uint64_t fingerprint(const ConvertParams& p) {
   uint64_t h = fingerprint_mix(kFingerprintSeed, static_cast<uint64_t>(p.dtype));
   h = fingerprint_mix(h, static_cast<uint64_t>(p.memory_format));
@@ -92,6 +93,7 @@ bool operator==(const DimParams& a, const DimParams& b) { return fields_equal(a,
 bool operator==(const ShapeParams& a, const ShapeParams& b) { return fields_equal(a, b); }
 bool operator==(const ActivationParams& a, const ActivationParams& b) { return fields_equal(a, b); }
 bool operator==(const DropoutParams& a, const DropoutParams& b) { return fields_equal(a, b); }
+bool operator==(const PadParams& a, const PadParams& b) { return fields_equal(a, b); }
 bool operator==(const ConvertParams& a, const ConvertParams& b) {
   return a.dtype == b.dtype && a.memory_format == b.memory_format && a.qparams == b.qparams && a.value == b.value;
 }

@@ -115,6 +115,19 @@ struct DropoutParams {
   }
 };
 
+// pad: F.pad's pads (last dim first: left, right, then the dim before, ...), mode and fill value.
+struct PadParams {
+  DimVector pads;
+  int64_t mode = 0;     // PadMode as int: 0 constant, 1 reflect, 2 replicate
+  double value = 0.0;   // constant mode's fill (a quantized input fills with its code)
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("pads", p.pads);
+    f("mode", p.mode);
+    f("value", p.value);
+  }
+};
+
 struct QuantParams;
 
 struct ConvertParams {
@@ -138,6 +151,7 @@ uint64_t fingerprint(const DimParams& p);
 uint64_t fingerprint(const ShapeParams& p);
 uint64_t fingerprint(const ActivationParams& p);
 uint64_t fingerprint(const DropoutParams& p);
+uint64_t fingerprint(const PadParams& p);
 uint64_t fingerprint(const ConvertParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
@@ -174,6 +188,7 @@ bool operator==(const DimParams& a, const DimParams& b);
 bool operator==(const ShapeParams& a, const ShapeParams& b);
 bool operator==(const ActivationParams& a, const ActivationParams& b);
 bool operator==(const DropoutParams& a, const DropoutParams& b);
+bool operator==(const PadParams& a, const PadParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------

@@ -23,6 +23,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -169,6 +170,26 @@ class Tensor {
   Tensor select(int64_t dim, int64_t index) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
+  Tensor squeeze() const;  // every size-1 dim
+  Tensor expand(IntArrayRef sizes) const;
+  Tensor expand(std::initializer_list<int64_t> sizes) const {
+    return expand(IntArrayRef(sizes.begin(), sizes.size()));
+  }
+  Tensor repeat(IntArrayRef repeats) const;
+  // condition ? *this : other (ops.h where).
+  Tensor where(const Tensor& condition, const Tensor& other) const;
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor sqrt() const;
+  Tensor exp() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor repeat(std::initializer_list<int64_t> repeats) const {
+    return repeat(IntArrayRef(repeats.begin(), repeats.size()));
+  }
   Tensor contiguous(MemoryFormat format = MemoryFormat::kContiguous) const;
   Tensor clone() const;
   Tensor to(DType dtype) const;

@@ -25,5 +25,11 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 inline float elu(float x, float alpha) { return x > 0.f ? x : alpha * std::expm1(x); }
+// PyTorch's softplus: x where beta * x > threshold, else log1p(exp(beta * x)) / beta.
+inline float softplus(float x, float beta, float threshold) {
+  return x * beta > threshold ? x : std::log1p(std::exp(x * beta)) / beta;
+}
+// PyTorch's mish: x * tanh(softplus(x)) (beta 1, threshold 20).
+inline float mish(float x) { return x * std::tanh(softplus(x, 1.f, 20.f)); }
 
 }  // namespace dbrq::kernels::math

@@ -30,6 +30,8 @@ struct Eltwise {
     kHardswish,
     kHardsigmoid,  // no oneDNN 2.6 algorithm: eager loop only, never a post-op
     kElu,          // alpha
+    kSoftplus,     // alpha: beta, beta: threshold (PyTorch's softplus); eager loop only, never a post-op
+    kMish,         // x * tanh(softplus(x))
   };
   Alg alg = Alg::kRelu;
   float alpha = 0.f, beta = 0.f;
@@ -61,6 +63,9 @@ void binary_scalar_inplace(BinaryAlg alg, Tensor& a, double scalar);
 
 // Activations (f32): oneDNN's eltwise primitive, or PyTorch's formula where oneDNN differs.
 Tensor eltwise(const Eltwise& e, const Tensor& x);
+// PyTorch's prelu: x > 0 ? x : weight[c] * x, c the channel (dim 1; one weight for inputs under 2-D).
+// weight: f32 with 1 or size(1) elements.
+Tensor prelu(const Tensor& x, const Tensor& weight);
 void eltwise_inplace(const Eltwise& e, Tensor& x);
 
 Tensor softmax(const Tensor& x, int64_t dim, bool log);

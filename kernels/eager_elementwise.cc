@@ -237,9 +237,13 @@ bool dnnl_eltwise(const Eltwise& e, dnnl::algorithm* out) {
     case Eltwise::Alg::kElu:
       *out = A::eltwise_elu;
       return true;
+    case Eltwise::Alg::kMish:
+      *out = A::eltwise_mish;
+      return true;
     case Eltwise::Alg::kHardswish:
     case Eltwise::Alg::kHardsigmoid:
-      return false;  // PyTorch's exact formulas (oneDNN 2.6 has no hardsigmoid)
+    case Eltwise::Alg::kSoftplus:
+      return false;  // PyTorch's exact formulas (oneDNN 2.6 has no hardsigmoid, no softplus beta / threshold)
   }
   return false;
 }
@@ -252,6 +256,8 @@ void run_eltwise(const Eltwise& e, const Tensor& src, const Tensor& dst) {
     parallel_for(src.numel(), kGrain, [&](int64_t begin, int64_t end) {
       if (e.alg == Eltwise::Alg::kHardsigmoid) {
         for (int64_t i = begin; i < end; ++i) out[i] = math::hardsigmoid(in[i]);
+      } else if (e.alg == Eltwise::Alg::kSoftplus) {
+        for (int64_t i = begin; i < end; ++i) out[i] = math::softplus(in[i], e.alpha, e.beta);
       } else {
         for (int64_t i = begin; i < end; ++i) out[i] = math::hardswish(in[i]);
       }
@@ -299,6 +305,10 @@ const char* eltwise_name(const Eltwise& e) {
       return "hardsigmoid";
     case Eltwise::Alg::kElu:
       return "elu";
+    case Eltwise::Alg::kSoftplus:
+      return "softplus";
+    case Eltwise::Alg::kMish:
+      return "mish";
   }
   return "?";
 }
@@ -325,6 +335,10 @@ float eltwise_reference(const Eltwise& e, float x) {
       return math::hardsigmoid(x);
     case Eltwise::Alg::kElu:
       return math::elu(x, e.alpha);
+    case Eltwise::Alg::kSoftplus:
+      return math::softplus(x, e.alpha, e.beta);
+    case Eltwise::Alg::kMish:
+      return math::mish(x);
   }
   return x;
 }
@@ -347,6 +361,34 @@ void eltwise_inplace(const Eltwise& e, Tensor& x) {
   }
   x.mutable_data_ptr();  // version bump
   run_eltwise(e, x, x);
+}
+
+Tensor prelu(const Tensor& x_in, const Tensor& weight) {
+  check_float("prelu", "input", x_in);
+  check_float("prelu", "weight", weight);
+  DBRQ_ENSURE(weight.dim() <= 1, ShapeError, "prelu: weight must be 1-D, got sizes ", weight.shape_string());
+  const int64_t channels = x_in.dim() >= 2 ? x_in.size(1) : 1;
+  DBRQ_ENSURE(weight.numel() == 1 || weight.numel() == channels, ShapeError, "prelu: weight has ", weight.numel(),
+              " elements but the input has ", channels, " channels (dim 1 of ", x_in.shape_string(),
+              "); it needs 1 or ", channels);
+  const std::vector<float> w = weight.to_vector<float>();
+  const Tensor x = dense(x_in);
+  Tensor dst = Tensor::empty_like(x, DType::kF32);
+  const float* in = x.data<float>();
+  float* out = dst.mutable_data<float>();
+  // The channel of memory index i: innermost in channels-last memory, else (i / inner) % C.
+  const bool one = w.size() == 1;
+  const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
+  int64_t inner = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
+  const int64_t c = channels;
+  parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float a = one ? w[0] : w[static_cast<size_t>(cl ? i % c : (i / inner) % c)];
+      out[i] = in[i] > 0.f ? in[i] : a * in[i];
+    }
+  });
+  return dst;
 }
 
 }  // namespace dbrq::kernels

@@ -96,6 +96,28 @@ class QConv2d final : public QWeighted {
 
 using QLinearOptions = QWeightedOptions;
 
+// prelu on int8: one 256-entry table per weight (channel), from the weight quantized to s8 with
+// weight_qparams (symmetric, per-tensor or per-channel). The negative side is PyTorch's
+// quantized::prelu arithmetic ((q - zp_x) * w_q times i_s * w_s * (1 / o_s), rounded to nearest);
+// the positive side multiplies by exactly 1, where PyTorch uses 1.0 quantized with the weight's
+// parameters (which saturates, wrongly, when the weight range excludes 1).
+// weight: f32 [C] or [1]; bias and post ops unused.
+class QPReLU final : public QWeighted {
+ public:
+  explicit QPReLU(QWeightedOptions options);
+  // x: u8 with src_qparams, C channels in dim 1 (any C when there is one weight).
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return o_.weight_qparams; }
+  std::string describe() const override;
+
+ private:
+  QWeightedOptions o_;
+  Tensor qweight_;
+  std::vector<std::array<uint8_t, 256>> tables_;  // one per weight element
+};
+
 // linear on int8: oneDNN matmul (it takes the source zero point, which inner product does not).
 class QLinear final : public QWeighted {
  public:

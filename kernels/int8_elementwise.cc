@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/int8.h"
 #include "kernels/loops.h"
@@ -281,6 +282,69 @@ Tensor qsoftmax(const Tensor& x, int64_t dim, const QuantParamsPtr& out) {
   Tensor real = dequantize(x);
   Tensor y = softmax(real, dim, false);
   return quantize_to(y, out, DType::kU8, MemoryFormat::kPreserve);
+}
+
+QPReLU::QPReLU(QWeightedOptions options) : o_(std::move(options)) {
+  check_float("prelu", "weight", o_.weight);
+  DBRQ_ENSURE(o_.weight.dim() <= 1 && o_.weight.numel() >= 1, ShapeError, "int8 prelu: weight must be 1-D, got sizes ",
+              o_.weight.shape_string());
+  DBRQ_ENSURE(o_.weight_qparams != nullptr && o_.src_qparams != nullptr && o_.dst_qparams != nullptr, ValueError,
+              "int8 prelu: needs weight, input and output quantization parameters");
+  DBRQ_ENSURE(!o_.src_qparams->is_per_channel() && !o_.dst_qparams->is_per_channel(), ValueError,
+              "int8 prelu: input and output parameters must be per-tensor");
+  for (int32_t zp : o_.weight_qparams->zero_points) {
+    DBRQ_ENSURE(zp == 0, ValueError, "int8 prelu: weights must be symmetric (zero point 0), got zero point ", zp);
+  }
+  const Tensor w1 = o_.weight.dim() == 1 ? o_.weight : o_.weight.raw_as_strided({1}, {1}, o_.weight.storage_offset());
+  qweight_ = quantize(w1, o_.weight_qparams, DType::kS8);
+  const float i_s = o_.src_qparams->scale(), o_inv = 1.0f / o_.dst_qparams->scale();
+  const int32_t i_zp = o_.src_qparams->zero_point(), o_zp = o_.dst_qparams->zero_point();
+  const float pos = i_s * o_inv;
+  const int64_t n = qweight_.numel();
+  tables_.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    const bool pc = o_.weight_qparams->is_per_channel();
+    const float w_s = pc ? o_.weight_qparams->scales[c] : o_.weight_qparams->scale();
+    const int32_t qw = qweight_.data<int8_t>()[c];
+    const float neg = i_s * w_s * o_inv;  // PyTorch's multiplier, in its order
+    for (int q = 0; q < 256; ++q) {
+      const int32_t d = q - i_zp;
+      const float y = d > 0 ? static_cast<float>(d) * pos : static_cast<float>(d * qw) * neg;
+      const float r = std::nearbyint(y) + static_cast<float>(o_zp);
+      tables_[c][q] = static_cast<uint8_t>(std::min(std::max(r, 0.f), 255.f));
+    }
+  }
+}
+
+Tensor QPReLU::run(const Tensor& x_in, const Tensor*, const Tensor*) const {
+  check_u8("int8 prelu", x_in);
+  const int64_t channels = x_in.dim() >= 2 ? x_in.size(1) : 1;
+  const int64_t n = static_cast<int64_t>(tables_.size());
+  DBRQ_ENSURE(n == 1 || n == channels, ShapeError, "prelu: weight has ", n, " elements but the input has ", channels,
+              " channels (dim 1 of ", x_in.shape_string(), "); it needs 1 or ", channels);
+  if (n == 1) return apply_lut(x_in, tables_[0], o_.dst_qparams);
+  const Tensor x = dense(x_in);
+  Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(o_.dst_qparams);
+  const uint8_t* in = x.data<uint8_t>();
+  uint8_t* out = dst.mutable_data<uint8_t>();
+  const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
+  int64_t inner = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);
+  parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t c = cl ? i % channels : (i / inner) % channels;
+      out[i] = tables_[static_cast<size_t>(c)][in[i]];
+    }
+  });
+  return dst;
+}
+
+Tensor QPReLU::empty_output(const Tensor& x) const {
+  return Tensor::empty_like(x, DType::kU8).with_qparams(o_.dst_qparams);
+}
+
+std::string QPReLU::describe() const {
+  return absl::StrCat("int8 prelu (", tables_.size(), tables_.size() == 1 ? " table" : " per-channel tables", ")");
 }
 
 }  // namespace dbrq::kernels

@@ -23,7 +23,10 @@ dnnl::algorithm eltwise_algorithm(const Eltwise& e) {
       return A::eltwise_swish;
     case Eltwise::Alg::kElu:
       return A::eltwise_elu;
+    case Eltwise::Alg::kMish:
+      return A::eltwise_mish;
     case Eltwise::Alg::kHardsigmoid:
+    case Eltwise::Alg::kSoftplus:
       break;
   }
   DBRQ_CHECK(false, eltwise_name(e), " has no oneDNN post-op");

@@ -268,6 +268,9 @@ BackendConfig BackendConfig::onednn() {
   };
   for (const OpDef& w : ops.all()) {
     if (w.role == QuantRole::kWeighted) {
+      // A weighted op with no fusion site (prelu) ends every chain: nothing fuses after it and
+      // batch norm does not fold into it.
+      if (w.fusion_site == 0) continue;
       for (OpKind act : activations_after(w.fusion_site)) {
         b.add_fusion_pattern({w.kind, act});
         for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn, act});

@@ -77,6 +77,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias)
   if (with_bias) bias = register_parameter("bias", init_uniform({out_features}, in_features));
 }
 
+PReLU::PReLU(int64_t num_parameters, double init) : Layer("PReLU"), num_parameters_(num_parameters) {
+  DBRQ_ENSURE(num_parameters >= 1, ValueError, "PReLU: num_parameters must be >= 1, got ", num_parameters);
+  weight = register_parameter("weight", full({num_parameters}, init));
+}
+
 std::string Linear::extra_repr() const {
   return absl::StrCat("in_features=", in_features_, ", out_features=", out_features_,
                       ", bias=", bias.defined() ? "True" : "False");

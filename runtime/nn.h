@@ -201,6 +201,37 @@ class ELU final : public Layer<ELU> {
   double alpha_;
 };
 
+// weight: num_parameters values (1, or the input's channels), initialized to `init`.
+class PReLU final : public Layer<PReLU> {
+ public:
+  explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+  Tensor forward(const Tensor& x) { return prelu(x, weight); }
+  int64_t num_parameters() const { return num_parameters_; }
+  std::string extra_repr() const override { return absl::StrCat("num_parameters=", num_parameters_); }
+
+  Tensor weight;  // [num_parameters]
+
+ private:
+  int64_t num_parameters_;
+};
+
+class Softplus final : public Layer<Softplus> {
+ public:
+  explicit Softplus(double beta = 1.0, double threshold = 20.0)
+      : Layer("Softplus"), beta_(beta), threshold_(threshold) {}
+  Tensor forward(const Tensor& x) { return softplus(x, beta_, threshold_); }
+  std::string extra_repr() const override { return absl::StrCat("beta=", beta_, ", threshold=", threshold_); }
+
+ private:
+  double beta_, threshold_;
+};
+
+class Mish final : public Layer<Mish> {
+ public:
+  Mish() : Layer("Mish") {}
+  Tensor forward(const Tensor& x) { return mish(x); }
+};
+
 class Hardswish final : public Layer<Hardswish> {
  public:
   Hardswish() : Layer("Hardswish") {}

@@ -15,6 +15,7 @@
 #include <array>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/op_params.h"
@@ -84,6 +85,24 @@ enum class OpKind : uint16_t {
   // explicit (de)quantization
   kQuantize,
   kDequantize,
+  // op families of issue 12 (appended so earlier kinds keep their numbers)
+  kStack,     // joins like cat (one observer shared by the inputs and the output)
+  kExpand,    // shape ops: int8 passes through unchanged
+  kRepeat,
+  kPad,
+  kPrelu,     // weighted: int8 through per-channel code tables (kernels::QPReLU)
+  kSoftplus,  // activations through 256-entry tables in int8
+  kMish,
+  kWhere,     // fp32 math (int8 arguments dequantized)
+  kPow,
+  kSqrt,
+  kExp,
+  kMax,          // fp32 indexing; max(x, dim) dispatches kMax (values) then kArgmax (indices)
+  kArgmax,
+  kTopk,         // topk dispatches kTopk (values) then kTopkIndices
+  kTopkIndices,
+  kIndexSelect,
+  kGather,
   kNumOpKinds,
 };
 
@@ -156,6 +175,13 @@ Tensor clamp(const Tensor& x, double min_val, double max_val);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
+// x > 0 ? x : weight[c] * x, c the channel (dim 1); weight has 1 or size(1) elements. Converted:
+// int8 with the weight quantized by the qconfig's weight observer (per-channel code tables).
+Tensor prelu(const Tensor& x, const Tensor& weight);
+// log1p(exp(beta * x)) / beta, and x where beta * x > threshold. beta must be nonzero and finite.
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+// x * tanh(softplus(x)).
+Tensor mish(const Tensor& x);
 
 // ---- pooling ----
 // stride defaults to kernel_size (pass an empty list).
@@ -180,6 +206,49 @@ Tensor permute(const Tensor& x, std::vector<int64_t> dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = false);
 Tensor identity(const Tensor& x);
+// Joins tensors of equal sizes along a new dim `dim` (in [-(x.dim()+1), x.dim()]). Converted: int8
+// like cat, every input brought to the output's parameters.
+Tensor stack(absl::Span<const Tensor> tensors, int64_t dim = 0);
+// x.squeeze(): drops every size-1 dim; x.squeeze(dim) / x.unsqueeze(dim) as the Tensor methods.
+Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+// A view with size-1 dims broadcast to `sizes` (stride 0; -1 keeps a dim; new leading dims may be
+// added). Like PyTorch, writing through the result is not supported.
+Tensor expand(const Tensor& x, std::vector<int64_t> sizes);
+// A copy tiled `repeats[i]` times along each dim (repeats may have more dims than x: leading ones).
+Tensor repeat(const Tensor& x, std::vector<int64_t> repeats);
+// F.pad: `pads` pairs (left, right) from the last dim backwards, as many as x has dims (negative
+// values crop in constant mode). reflect / replicate pad the last 1, 2 or 3 dims of a (C,) or
+// (N, C,) tensor, as PyTorch does; reflect needs each pad < that dim's size. A quantized input
+// keeps its parameters; constant mode fills with the code of `value`.
+enum class PadMode { kConstant = 0, kReflect = 1, kReplicate = 2 };
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, PadMode mode = PadMode::kConstant, double value = 0.0);
+// "constant", "reflect", "replicate" (ValueError otherwise; "circular" is not supported).
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, const std::string& mode, double value = 0.0);
+
+// ---- math (fp32; NumPy broadcasting; converted models run them in fp32) ----
+// condition ? input : other, elementwise. dbrq has no bool dtype: condition is a mask of any
+// unquantized u8, s8, s32, s64 or f32 tensor, nonzero meaning true.
+Tensor where(const Tensor& condition, const Tensor& input, const Tensor& other);
+Tensor where(const Tensor& condition, const Tensor& input, double other);
+Tensor where(const Tensor& condition, double input, const Tensor& other);
+Tensor pow(const Tensor& x, double exponent);
+Tensor pow(double base, const Tensor& exponent);
+Tensor pow(const Tensor& x, const Tensor& exponent);
+Tensor sqrt(const Tensor& x);
+Tensor exp(const Tensor& x);
+
+// ---- indexing (fp32 values; indices are s64, PyTorch's int64; converted models run them in fp32) ----
+// Values and indices of the maximum along dim (the first on ties; NaN counts as the largest).
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+// The k largest (or smallest) along dim, values and indices; always sorted (sorted=false allowed).
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+// index: 1-D s64 (or s32). Any element dtype; quantized inputs keep their parameters.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// out[i][j][k] = x[index[i][j][k]][j][k] for dim 0, etc.; index: s64 (or s32), x's rank.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 
 // ---- quantization ----
 // Affine quantization (round half to even, saturate) to u8 or s8.

@@ -1,13 +1,16 @@
 // The activation family: unary elementwise functions (relu, relu6, hardtanh, clamp, leaky_relu,
 // sigmoid, tanh, hardsigmoid, hardswish, silu, gelu, elu) and the normalizing reductions softmax and
-// log_softmax.
+// log_softmax; issue 12's prelu, softplus and mish.
 //
 // Each unary activation is one kernels::Eltwise (oneDNN's vocabulary): that runs it eagerly, makes it
 // a post-op when fused after a conv or linear, and (through kernels::eltwise_reference, PyTorch's
 // formula) fills its int8 code table and is what the tests compare against. Its int8 form follows
 // from its role: relu and the clamps keep their input's parameters (kShare, a clamp on codes);
 // sigmoid-like ops have fixed output parameters; the rest go through a 256-entry table (kLut).
+#include <cmath>
 #include <limits>
+#include <memory>
+#include <utility>
 
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
@@ -57,6 +60,16 @@ Tensor int8_softmax(const Tensor& x, const void* p, const QuantParamsPtr& out) {
 
 const ActivationParams kRelu6Params{0.0, 6.0, false};
 
+Tensor run_prelu(const OpCall& c) {
+  check_defined("prelu", "input", c.input(0));
+  check_defined("prelu", "weight", c.input(1));
+  return kernels::prelu(c.input(0), c.input(1));
+}
+
+std::unique_ptr<kernels::QWeighted> make_qprelu(kernels::QWeightedOptions o, const void*) {
+  return std::make_unique<kernels::QPReLU>(std::move(o));
+}
+
 }  // namespace
 
 Tensor relu(const Tensor& x) { return unary_op(OpKind::kRelu, x); }
@@ -95,6 +108,20 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
               "gelu: approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
   const ActivationParams p{0.0, 0.0, approximate == "tanh"};
   return unary_op(OpKind::kGelu, x, &p);
+}
+
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  DBRQ_ENSURE(beta != 0.0 && std::isfinite(beta), ValueError, "softplus: beta must be nonzero and finite, got ", beta);
+  DBRQ_ENSURE(!std::isnan(threshold), ValueError, "softplus: threshold must not be NaN");
+  const ActivationParams p{beta, threshold, false};
+  return unary_op(OpKind::kSoftplus, x, &p);
+}
+
+Tensor mish(const Tensor& x) { return unary_op(OpKind::kMish, x); }
+
+Tensor prelu(const Tensor& x, const Tensor& weight) {
+  const Tensor* in[] = {&x, &weight};
+  return ops::call(OpKind::kPrelu, in, nullptr, run_prelu);
 }
 
 Tensor softmax(const Tensor& x, int64_t dim) {
@@ -203,6 +230,25 @@ void register_activation_ops(OpRegistry& r) {
       [](const void* p) { return Eltwise{A::kElu, static_cast<float>(act(p).alpha), 0.f}; }, QuantRole::kLut);
   elu.with_params<ActivationParams>();
   elu.fuses_after = kAfterConv | kAfterLinear;
+
+  // Issue 12: softplus (PyTorch's beta / threshold: an eager loop, never a post-op) and mish, both
+  // int8 through a table; prelu is weighted (its weight quantized like a conv's) and runs int8
+  // through per-channel tables. Nothing fuses after prelu, and batch norm does not fold into it.
+  define_activation(
+      r, OpKind::kSoftplus, "softplus",
+      [](const void* p) {
+        return Eltwise{A::kSoftplus, static_cast<float>(act(p).alpha), static_cast<float>(act(p).beta)};
+      },
+      QuantRole::kLut)
+      .with_params<ActivationParams>();
+  define_activation(
+      r, OpKind::kMish, "mish", [](const void*) { return Eltwise{A::kMish}; }, QuantRole::kLut);
+  OpDef& prelu = r.define(OpKind::kPrelu, "prelu");
+  prelu.run = run_prelu;
+  prelu.infer_sizes = same_sizes;
+  prelu.num_activation_inputs = 1;
+  prelu.role = QuantRole::kWeighted;
+  prelu.int8_weighted = make_qprelu;
 
   OpDef& softmax = r.define(OpKind::kSoftmax, "softmax").with_params<DimParams>();
   softmax.run = run_softmax;

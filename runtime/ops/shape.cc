@@ -1,9 +1,11 @@
 // The shape family: cat and the ops that only change how a tensor's elements are viewed or laid
 // out (flatten, reshape / view, permute, transpose, narrow / slice, select, unsqueeze, squeeze,
-// contiguous), plus dropout and identity. Their eager kernels take every dtype and keep quantization
-// parameters, so int8 passes through them unchanged (kShare); cat shares one observer between its
-// inputs and its output (kCat).
+// contiguous), plus dropout and identity, and issue 12's stack, expand, repeat and pad. Their eager
+// kernels take every dtype and keep quantization parameters, so int8 passes through them unchanged
+// (kShare); cat and stack share one observer between their inputs and their output (kCat).
+#include <cstring>
 #include <random>
+#include <utility>
 
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
@@ -17,6 +19,9 @@ void check_not_per_channel(const char* op, const Tensor& x) {
   DBRQ_ENSURE(!(x.is_quantized() && x.qparams()->is_per_channel()), DTypeError, op,
               ": per-channel quantized tensors cannot be reshaped; dequantize first");
 }
+
+// ShapeParams::length of squeeze() (every size-1 dim); squeeze(dim) keeps it 0.
+constexpr int64_t kSqueezeAll = 1;
 
 Tensor reshape_impl(const Tensor& x, IntArrayRef target_in) {
   check_defined("reshape", "input", x);
@@ -144,6 +149,17 @@ Tensor run_unsqueeze(const OpCall& c) {
 Tensor run_squeeze(const OpCall& c) {
   const Tensor& x = c.input(0);
   check_defined("squeeze", "input", x);
+  if (c.p<ShapeParams>().length == kSqueezeAll) {
+    // squeeze(): every size-1 dim. The channel axis of per-channel parameters may move.
+    DimVector sizes, strides;
+    for (int64_t k = 0; k < x.dim(); ++k) {
+      if (x.size(k) == 1) continue;
+      sizes.push_back(x.size(k));
+      strides.push_back(x.stride(k));
+    }
+    if (static_cast<int64_t>(sizes.size()) != x.dim()) check_not_per_channel("squeeze", x);
+    return x.raw_as_strided(sizes, strides, x.storage_offset());
+  }
   const int64_t d = x.wrap_dim(c.p<ShapeParams>().start);
   if (x.size(d) != 1) return x.raw_as_strided(x.sizes(), x.strides(), x.storage_offset());
   check_not_per_channel("squeeze", x);
@@ -188,6 +204,245 @@ Tensor run_dropout(const OpCall& c) {
 Tensor run_cat(const OpCall& c) { return kernels::cat(c.inputs, c.p<DimParams>().dims[0]); }
 
 DimVector cat_sizes(const OpCall& c) { return cat_output_sizes(c.inputs, c.p<DimParams>().dims[0]); }
+
+
+// ---- stack, expand, repeat, pad ----
+
+// x with a size-1 dim inserted at d (a view).
+Tensor unsqueeze_view(const Tensor& x, int64_t d) {
+  DimVector sizes(x.sizes().begin(), x.sizes().end()), strides(x.strides().begin(), x.strides().end());
+  const int64_t st = d < x.dim() ? x.stride(d) * x.size(d) : 1;
+  sizes.insert(sizes.begin() + d, 1);
+  strides.insert(strides.begin() + d, st);
+  return x.raw_as_strided(sizes, strides, x.storage_offset());
+}
+
+Tensor run_stack(const OpCall& c) {
+  DBRQ_ENSURE(!c.inputs.empty(), ValueError, "stack: expects a non-empty list of tensors");
+  for (size_t i = 0; i < c.inputs.size(); ++i) check_defined("stack", "tensor", *c.inputs[i]);
+  const Tensor& first = *c.inputs[0];
+  const int64_t n = first.dim() + 1;
+  int64_t d = c.p<DimParams>().dims[0];
+  DBRQ_ENSURE(d >= -n && d < n, IndexError, "stack: dim ", d, " is out of range for ", first.dim(),
+              "-D tensors (expected in [", -n, ", ", n - 1, "])");
+  if (d < 0) d += n;
+  absl::InlinedVector<Tensor, 8> views;
+  absl::InlinedVector<const Tensor*, 8> ptrs;
+  views.reserve(c.inputs.size());
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Tensor& t = *c.inputs[i];
+    DBRQ_ENSURE(t.sizes() == first.sizes(), ShapeError, "stack: every tensor must have the same sizes, got ",
+                first.shape_string(), " at index 0 and ", t.shape_string(), " at index ", i);
+    check_not_per_channel("stack", t);
+    views.push_back(unsqueeze_view(t, d));
+  }
+  for (const Tensor& v : views) ptrs.push_back(&v);
+  return kernels::cat(ptrs, d);
+}
+
+DimVector stack_sizes(const OpCall& c) {
+  const Tensor& first = *c.inputs.at(0);
+  int64_t d = c.p<DimParams>().dims[0];
+  if (d < 0) d += first.dim() + 1;
+  DimVector sizes(first.sizes().begin(), first.sizes().end());
+  sizes.insert(sizes.begin() + d, static_cast<int64_t>(c.inputs.size()));
+  return sizes;
+}
+
+// The dtypes the copying kernels (repeat, pad) move: any element of 1, 4 or 8 bytes.
+void check_copyable(const char* op, const Tensor& x) {
+  DBRQ_ENSURE(x.dtype() != DType::kBF16, DTypeError, op, ": dtype ", dtype_name(x.dtype()), " is not supported");
+}
+
+// dst[o] = src[maps[0][o0], maps[1][o1], ...]: each map gives, per output index of its dim, the
+// source index, or -1 for "write `fill`" (pad's constant). src and dst have as many dims as maps;
+// any strides.
+void gather_by_maps(const Tensor& src, Tensor& dst, const std::vector<std::vector<int64_t>>& maps, const void* fill) {
+  const int64_t nd = dst.dim();
+  const size_t es = dst.element_size();
+  const char* sbase = static_cast<const char*>(src.data_ptr());
+  char* dbase = static_cast<char*>(dst.mutable_data_ptr());
+  if (dst.numel() == 0) return;
+  if (nd == 0) {
+    std::memcpy(dbase, sbase, es);
+    return;
+  }
+  const int64_t last = nd - 1, n_last = dst.size(last);
+  const int64_t s_last = src.stride(last), d_last = dst.stride(last);
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  while (true) {
+    // Offsets of the outer dims; a -1 anywhere outside the last dim fills the whole row.
+    int64_t soff = 0, doff = 0;
+    bool fill_row = false;
+    for (int64_t k = 0; k < last; ++k) {
+      const int64_t si = maps[k][idx[k]];
+      fill_row = fill_row || si < 0;
+      soff += si * src.stride(k);
+      doff += idx[k] * dst.stride(k);
+    }
+    const std::vector<int64_t>& m = maps[last];
+    for (int64_t o = 0; o < n_last; ++o) {
+      char* dp = dbase + static_cast<size_t>(doff + o * d_last) * es;
+      if (fill_row || m[o] < 0) {
+        std::memcpy(dp, fill, es);
+      } else {
+        std::memcpy(dp, sbase + static_cast<size_t>(soff + m[o] * s_last) * es, es);
+      }
+    }
+    int64_t k = last - 1;
+    for (; k >= 0; --k) {
+      if (++idx[k] < dst.size(k)) break;
+      idx[k] = 0;
+    }
+    if (k < 0) return;
+  }
+}
+
+Tensor run_expand(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  check_defined("expand", "input", x);
+  const DimVector& target = c.p<ShapeParams>().sizes;
+  const int64_t n = static_cast<int64_t>(target.size());
+  DBRQ_ENSURE(n >= x.dim(), ShapeError, "expand: the number of sizes provided (", n,
+              ") must be greater or equal to the number of dimensions in the tensor (", x.dim(), ")");
+  const int64_t lead = n - x.dim();
+  DimVector sizes(static_cast<size_t>(n)), strides(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t want = target[i];
+    if (i < lead) {
+      DBRQ_ENSURE(want >= 0, ShapeError, "expand: size -1 is not allowed in a leading, non-existing dimension ", i);
+      sizes[i] = want;
+      strides[i] = 0;
+      continue;
+    }
+    const int64_t j = i - lead, have = x.size(j);
+    DBRQ_ENSURE(want >= -1, ShapeError, "expand: sizes must be >= -1, got ", want, " at dim ", i);
+    if (want == -1 || want == have) {
+      sizes[i] = have;
+      strides[i] = x.stride(j);
+      continue;
+    }
+    DBRQ_ENSURE(have == 1, ShapeError, "expand: the expanded size of the tensor (", want,
+                ") must match the existing size (", have, ") at non-singleton dimension ", i, ". Target sizes: ",
+                shape_to_string(target), ". Tensor sizes: ", x.shape_string());
+    sizes[i] = want;
+    strides[i] = 0;
+  }
+  check_not_per_channel("expand", x);
+  return x.raw_as_strided(sizes, strides, x.storage_offset());
+}
+
+Tensor run_repeat(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  check_defined("repeat", "input", x);
+  check_copyable("repeat", x);
+  const DimVector& reps = c.p<ShapeParams>().sizes;
+  const int64_t n = static_cast<int64_t>(reps.size());
+  DBRQ_ENSURE(n >= x.dim(), ShapeError, "repeat: number of repeats (", n,
+              ") must be at least the number of dims of the tensor (", x.dim(), ")");
+  for (int64_t i = 0; i < n; ++i) {
+    DBRQ_ENSURE(reps[i] >= 0, ValueError, "repeat: repeats must be >= 0, got ", reps[i], " at dim ", i);
+  }
+  check_not_per_channel("repeat", x);
+  // x with leading size-1 dims up to n dims; each output index reads index % size.
+  Tensor src = x;
+  while (src.dim() < n) src = unsqueeze_view(src, 0);
+  DimVector out(static_cast<size_t>(n));
+  std::vector<std::vector<int64_t>> maps(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = src.size(i) * reps[i];
+    maps[i].resize(static_cast<size_t>(out[i]));
+    for (int64_t o = 0; o < out[i]; ++o) maps[i][o] = o % src.size(i);
+  }
+  Tensor dst = Tensor::empty(out, x.dtype()).with_qparams(x.qparams_ptr());
+  gather_by_maps(src, dst, maps, nullptr);
+  return dst;
+}
+
+const char* pad_mode_name(int64_t mode) {
+  switch (mode) {
+    case 0:
+      return "constant";
+    case 1:
+      return "reflect";
+    case 2:
+      return "replicate";
+  }
+  return "unknown";
+}
+
+Tensor run_pad(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  check_defined("pad", "input", x);
+  check_copyable("pad", x);
+  const PadParams& p = c.p<PadParams>();
+  const int64_t np = static_cast<int64_t>(p.pads.size());
+  DBRQ_ENSURE(p.mode >= 0 && p.mode <= 2, ValueError, "pad: unknown mode ", p.mode);
+  DBRQ_ENSURE(np % 2 == 0, ValueError, "pad: the pads must come in (left, right) pairs, got ", np, " values");
+  DBRQ_ENSURE(np / 2 <= x.dim(), ShapeError, "pad: ", np / 2, " pairs of pads for a ", x.dim(), "-D tensor of sizes ",
+              x.shape_string());
+  const char* mode = pad_mode_name(p.mode);
+  if (p.mode != 0) {
+    // PyTorch pads the last k = 1, 2 or 3 dims of a (C, ...) or (N, C, ...) tensor in these modes.
+    const int64_t k = np / 2;
+    DBRQ_ENSURE(k >= 1 && k <= 3 && (x.dim() == k + 1 || x.dim() == k + 2), ShapeError, "pad: ", mode,
+                " mode pads the last 1, 2 or 3 dims of a (C, ...) or (N, C, ...) tensor; got ", k,
+                " pairs of pads for sizes ", x.shape_string());
+  }
+  check_not_per_channel("pad", x);
+  const int64_t nd = x.dim();
+  DimVector out(x.sizes().begin(), x.sizes().end());
+  std::vector<std::vector<int64_t>> maps(static_cast<size_t>(nd));
+  for (int64_t d = 0; d < nd; ++d) {
+    const int64_t pair = nd - 1 - d;  // pads[0..1] are the last dim's
+    const int64_t n = x.size(d);
+    const int64_t left = pair < np / 2 ? p.pads[2 * pair] : 0, right = pair < np / 2 ? p.pads[2 * pair + 1] : 0;
+    if (p.mode == 0) {
+      DBRQ_ENSURE(n + left + right >= 0, ShapeError, "pad: dim ", d, " of size ", n, " with pads (", left, ", ", right,
+                  ") would have a negative size");
+    } else {
+      DBRQ_ENSURE(left >= 0 && right >= 0, ValueError, "pad: ", mode, " mode needs pads >= 0, got (", left, ", ",
+                  right, ") for dim ", d);
+      if (p.mode == 1) {
+        DBRQ_ENSURE(left < n && right < n, ValueError, "pad: reflect mode needs pads smaller than the dim they pad, got (",
+                    left, ", ", right, ") for dim ", d, " of size ", n);
+      } else {
+        DBRQ_ENSURE(n > 0 || left + right == 0, ShapeError, "pad: replicate mode cannot pad dim ", d, " of size 0");
+      }
+    }
+    out[d] = n + left + right;
+    maps[d].resize(static_cast<size_t>(out[d]));
+    for (int64_t o = 0; o < out[d]; ++o) {
+      int64_t i = o - left;
+      if (i < 0 || i >= n) {
+        if (p.mode == 0) {
+          i = -1;
+        } else if (p.mode == 1) {
+          i = i < 0 ? -i : 2 * (n - 1) - i;
+        } else {
+          i = i < 0 ? 0 : n - 1;
+        }
+      }
+      maps[d][o] = i;
+    }
+  }
+  // The fill as one element of x's dtype: a quantized tensor's code of `value` (PyTorch fills a
+  // quantized tensor through quantize).
+  alignas(8) unsigned char fill[8] = {};
+  if (p.mode == 0) {
+    if (x.is_quantized()) {
+      const Tensor v = kernels::quantize(full({1}, p.value), x.qparams_ptr(), x.dtype());
+      std::memcpy(fill, v.data_ptr(), x.element_size());
+    } else {
+      const Tensor v = full({1}, p.value, x.dtype());
+      std::memcpy(fill, v.data_ptr(), x.element_size());
+    }
+  }
+  const MemoryFormat fmt = nd == 4 && x.is_channels_last() ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+  Tensor dst = Tensor::empty(out, x.dtype(), fmt).with_qparams(x.qparams_ptr());
+  gather_by_maps(x, dst, maps, fill);
+  return dst;
+}
 
 }  // namespace
 
@@ -301,6 +556,58 @@ Tensor Tensor::squeeze(int64_t dim) const {
   return ops::call(OpKind::kSqueeze, in, &p, run_squeeze);
 }
 
+Tensor Tensor::squeeze() const {
+  ShapeParams p;
+  p.length = kSqueezeAll;
+  const Tensor* in[] = {this};
+  return ops::call(OpKind::kSqueeze, in, &p, run_squeeze);
+}
+
+Tensor squeeze(const Tensor& x) { return x.squeeze(); }
+Tensor squeeze(const Tensor& x, int64_t dim) { return x.squeeze(dim); }
+Tensor unsqueeze(const Tensor& x, int64_t dim) { return x.unsqueeze(dim); }
+
+Tensor stack(absl::Span<const Tensor> tensors, int64_t dim) {
+  absl::InlinedVector<const Tensor*, 8> in;
+  in.reserve(tensors.size());
+  for (const Tensor& t : tensors) in.push_back(&t);
+  DimParams p;
+  p.dims = {dim};
+  OpCall c;
+  c.kind = OpKind::kStack;
+  c.inputs = absl::MakeConstSpan(in);
+  c.params = &p;
+  c.run = run_stack;
+  return dispatch(c);
+}
+
+Tensor Tensor::expand(IntArrayRef sizes) const { return sizes_op(OpKind::kExpand, *this, sizes, run_expand); }
+Tensor Tensor::repeat(IntArrayRef repeats) const { return sizes_op(OpKind::kRepeat, *this, repeats, run_repeat); }
+Tensor expand(const Tensor& x, std::vector<int64_t> sizes) { return x.expand(sizes); }
+Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) { return x.repeat(repeats); }
+
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, PadMode mode, double value) {
+  PadParams p;
+  p.pads.assign(pads.begin(), pads.end());
+  p.mode = static_cast<int64_t>(mode);
+  p.value = value;
+  const Tensor* in[] = {&x};
+  return ops::call(OpKind::kPad, in, &p, run_pad);
+}
+
+Tensor pad(const Tensor& x, std::vector<int64_t> pads, const std::string& mode, double value) {
+  PadMode m = PadMode::kConstant;
+  if (mode == "reflect") {
+    m = PadMode::kReflect;
+  } else if (mode == "replicate") {
+    m = PadMode::kReplicate;
+  } else {
+    DBRQ_ENSURE(mode == "constant", ValueError, "pad: mode must be \"constant\", \"reflect\" or \"replicate\", got \"",
+                mode, "\"");
+  }
+  return pad(x, std::move(pads), m, value);
+}
+
 Tensor Tensor::contiguous(MemoryFormat format) const {
   ConvertParams p;
   p.memory_format = static_cast<int>(format);
@@ -348,6 +655,23 @@ void register_shape_ops(OpRegistry& r) {
   OpDef& identity = r.define(OpKind::kIdentity, "identity");
   identity.run = run_identity;
   identity.role = QuantRole::kShare;
+  // Issue 12's shape family. stack joins like cat (kCat: the converted op brings every input to
+  // the output's parameters); expand is a view and repeat / pad copy codes, so int8 passes through
+  // them with its parameters (a quantized constant pad fills with the code of its value).
+  OpDef& stack = r.define(OpKind::kStack, "stack").with_params<DimParams>();
+  stack.run = run_stack;
+  stack.infer_sizes = stack_sizes;
+  stack.role = QuantRole::kCat;
+  stack.params_in_identity = false;
+
+  for (const auto& v : {std::pair<OpKind, OpFn>{OpKind::kExpand, run_expand}, {OpKind::kRepeat, run_repeat}}) {
+    OpDef& d = r.define(v.first, v.first == OpKind::kExpand ? "expand" : "repeat").with_params<ShapeParams>();
+    d.run = v.second;
+    d.role = QuantRole::kShare;
+  }
+  OpDef& pad = r.define(OpKind::kPad, "pad").with_params<PadParams>();
+  pad.run = run_pad;
+  pad.role = QuantRole::kShare;
 }
 
 }  // namespace ops

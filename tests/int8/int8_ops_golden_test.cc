@@ -27,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dbrq.h"
@@ -470,6 +471,109 @@ TEST(Int8OpsGolden, Matmul) {
     begin_case(n, "matmul reference=fx");
     kernels::QMatmul mm(qparams_of(n, "x"), qparams_of(n, "y"), qparams_of(n, "out"), /*dynamic=*/false);
     expect_codes(n, mm.run(qinput(n, "x"), qinput(n, "y")));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// issue 12 op families: stack (as CatExec runs it), clamp (the registry's int8 form: a clamp on
+// codes), pad and repeat (their eager kernels on codes, as ShareExec runs them)
+
+TEST(Int8OpsGolden, Stack) {
+  for (auto [n, dim] : {std::pair<const char*, int64_t>{"stack_requant", 1}, {"stack_last", -1}}) {
+    begin_case(n, "stack dim=" + std::to_string(dim));
+    const dbrq::tracer::InputSpec spec{qparams_of(n, "out"), MemoryFormat::kPreserve};
+    const Tensor a = dbrq::tracer::prepare_input(qinput(n, "x"), spec);
+    const Tensor b = dbrq::tracer::prepare_input(qinput(n, "y"), spec);
+    expect_codes(n, dbrq::stack({a, b}, dim));
+  }
+}
+
+TEST(Int8OpsGolden, Clamp) {
+  for (auto [n, desc, lo, hi] : {std::tuple<const char*, const char*, double, double>{"clamp", "clamp min=-1.5 max=2", -1.5, 2.0},
+                                 {"clamp_narrow", "clamp min=0.3 max=0.9", 0.3, 0.9}}) {
+    begin_case(n, desc);
+    const dbrq::OpDef& d = dbrq::op_def(OpKind::kClamp);
+    ASSERT_EQ(d.role, dbrq::QuantRole::kShare);
+    dbrq::ActivationParams p;
+    p.alpha = lo;
+    p.beta = hi;
+    expect_codes(n, d.int8_share(qinput(n, "x"), &p));
+  }
+}
+
+TEST(Int8OpsGolden, PadRepeat) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    std::vector<int64_t> pads;
+    dbrq::PadMode mode;
+    double value;
+    MemoryFormat format;
+  };
+  const Case cases[] = {
+      {"pad_constant", "pad pads=1,2,0,1 mode=constant value=0.55", {1, 2, 0, 1}, dbrq::PadMode::kConstant, 0.55,
+       MemoryFormat::kContiguous},
+      {"pad_constant_zero", "pad pads=2,2,2,2 mode=constant value=0", {2, 2, 2, 2}, dbrq::PadMode::kConstant, 0.0,
+       MemoryFormat::kChannelsLast},
+      {"pad_reflect", "pad pads=3,1,2,2 mode=reflect value=0", {3, 1, 2, 2}, dbrq::PadMode::kReflect, 0.0,
+       MemoryFormat::kContiguous},
+      {"pad_replicate", "pad pads=1,2,3,0 mode=replicate value=0", {1, 2, 3, 0}, dbrq::PadMode::kReplicate, 0.0,
+       MemoryFormat::kChannelsLast},
+  };
+  for (const Case& c : cases) {
+    begin_case(c.name, c.desc);
+    expect_codes(c.name, dbrq::pad(qinput(c.name, "x", c.format), c.pads, c.mode, c.value));
+  }
+  begin_case("repeat", "repeat repeats=1,2,1,3");
+  expect_codes("repeat", qinput("repeat", "x").repeat({1, 2, 1, 3}));
+}
+
+// prelu: kernels::QPReLU (what convert builds) with PyTorch's per-tensor quint8 weight parameters.
+TEST(Int8OpsGolden, Prelu) {
+  for (auto [n, count] : {std::pair<const char*, int>{"prelu", 8}, {"prelu_one", 1}}) {
+    begin_case(n, "prelu weights=" + std::to_string(count));
+    // PyTorch's weights are quint8 with a zero point; dbrq's are s8 symmetric with the same scale:
+    // the same integers (q_w - zp_w), so the same arithmetic.
+    const QuantParamsPtr wq = qparams_of(n, "w");
+    std::vector<float> w;
+    std::vector<int32_t> centered;
+    for (int32_t code : g(std::string(n) + ".w_codes").to_vector<int32_t>()) {
+      centered.push_back(code - wq->zero_point());
+      w.push_back(static_cast<float>(code - wq->zero_point()) * wq->scale());
+    }
+    kernels::QWeightedOptions o;
+    o.weight = dbrq::from_vector<float>(w);
+    o.weight_qparams = QuantParams::per_tensor(wq->scale(), 0);
+    o.src_qparams = qparams_of(n, "x");
+    o.dst_qparams = qparams_of(n, "out");
+    kernels::QPReLU k(o);
+    EXPECT_EQ(k.quantized_weight().dtype(), DType::kS8);
+    EXPECT_EQ(k.quantized_weight().to_vector<int32_t>(), centered);
+    expect_codes(n, k.run(qinput(n, "x")));
+    expect_codes(n, k.run(qinput(n, "x", MemoryFormat::kChannelsLast)));
+  }
+}
+
+// softplus and mish: the tables convert() builds, against FX's dequantize -> fp32 -> quantize.
+TEST(Int8OpsGolden, SoftplusMish) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    OpKind kind;
+    double beta, threshold;
+  };
+  for (const Case& c : {Case{"softplus", "softplus beta=1 threshold=20 reference=fx_fma", OpKind::kSoftplus, 1.0, 20.0},
+                        Case{"softplus_beta", "softplus beta=2 threshold=3 reference=fx_fma", OpKind::kSoftplus, 2.0, 3.0},
+                        Case{"mish", "mish reference=fx_fma", OpKind::kMish, 0.0, 0.0}}) {
+    begin_case(c.name, c.desc);
+    dbrq::ActivationParams p;
+    p.alpha = c.beta;
+    p.beta = c.threshold;
+    ASSERT_EQ(dbrq::op_def(c.kind).role, dbrq::QuantRole::kLut);
+    const QuantParamsPtr in = qparams_of(c.name, "x"), out = qparams_of(c.name, "out");
+    const kernels::Eltwise e = dbrq::op_def(c.kind).eltwise(&p);
+    const kernels::Lut lut = kernels::make_lut(*in, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
+    expect_codes(c.name, kernels::apply_lut(qinput(c.name, "x"), lut, out));
   }
 }
 

@@ -418,6 +418,56 @@ def make_op_goldens():
     unary_case("elu_alpha", "elu alpha=0.5", lambda q: torch.ops.quantized.elu(q, f32(0.027), 40, 0.5),
                scale=0.04, zp=100)
 
+    # ---- issue 12 op families: stack, clamp, pad, repeat ----
+    # stack as a converted model runs it: inputs brought to the output's parameters, then joined;
+    # PyTorch has no quantized stack, so the reference is its quantized cat of unsqueezed inputs.
+    for case, dim in [("stack_requant", 1), ("stack_last", -1)]:
+        qa = put_input(case, "x", rand_codes((2, 6, 5, 5)), f32(0.03), 90)
+        qb = put_input(case, "y", rand_codes((2, 6, 5, 5)), f32(0.05), 140)
+        d = dim if dim >= 0 else dim + 5
+        put_output(case, torch.ops.quantized.cat([qa.unsqueeze(d), qb.unsqueeze(d)], d, f32(0.04), 100))
+        meta[case] = f"stack dim={dim}"
+    unary_case("clamp", "clamp min=-1.5 max=2", lambda q: torch.clamp(q, -1.5, 2.0))
+    unary_case("clamp_narrow", "clamp min=0.3 max=0.9", lambda q: torch.clamp(q, 0.3, 0.9), scale=0.02, zp=30)
+    unary_case("pad_constant", "pad pads=1,2,0,1 mode=constant value=0.55", lambda q: F.pad(q, (1, 2, 0, 1), value=0.55))
+    unary_case("pad_constant_zero", "pad pads=2,2,2,2 mode=constant value=0", lambda q: F.pad(q, (2, 2, 2, 2)),
+               memory_format=torch.channels_last)
+    unary_case("pad_reflect", "pad pads=3,1,2,2 mode=reflect value=0",
+               lambda q: F.pad(q, (3, 1, 2, 2), mode="reflect"))
+    # PyTorch 1.13 has no quantized replication pad; replicating codes is exact, so the reference
+    # is its fp32 replicate pad of the dequantized input, quantized with the input's parameters.
+    unary_case("pad_replicate", "pad pads=1,2,3,0 mode=replicate value=0",
+               lambda q: torch.quantize_per_tensor(F.pad(q.dequantize(), (1, 2, 3, 0), mode="replicate"),
+                                                   q.q_scale(), q.q_zero_point(), torch.quint8))
+    unary_case("repeat", "repeat repeats=1,2,1,3", lambda q: q.repeat(1, 2, 1, 3))
+    # prelu: PyTorch's quantized::prelu with per-tensor quint8 weights. The weight scale is a power
+    # of two that represents 1.0 exactly: PyTorch's positive side multiplies by 1.0 quantized with
+    # the weight's parameters (wrong when that saturates; dbrq multiplies by exactly 1), and
+    # (q_w - zp_w) stays within s8, dbrq's symmetric weight type.
+    for case, w, os_, oz in [("prelu", [0.25, -0.5, 1.5, 0.1, 0.0, 1.9, -1.0, 0.75], 0.043, 110),
+                             ("prelu_one", [0.3], 0.03, 100)]:
+        qw = torch.quantize_per_tensor(torch.tensor(w), 1.0 / 64, 128, torch.quint8)
+        put(f"{case}.w_codes", qw.int_repr())
+        put_qparams(case, "w", 1.0 / 64, 128)
+        qx = put_input(case, "x", all_codes((2, 8, 8, 8)), f32(0.05), 120)
+        put_output(case, torch.ops.quantized.prelu(qx, qw, f32(os_), oz))
+        meta[case] = f"prelu weights={len(w)}"
+    # softplus and mish have no quantized PyTorch op: the reference is FX's lowering (dequantize,
+    # fp32 op, quantize with the output's MinMax parameters), with the input dequantized as
+    # PyTorch's quantized activation kernels do (fma(scale, q, scale * -zp), one rounding), which
+    # is what dbrq's 256-entry tables use for every activation.
+    for case, desc, fn in [("softplus", "softplus beta=1 threshold=20 reference=fx_fma", F.softplus),
+                           ("softplus_beta", "softplus beta=2 threshold=3 reference=fx_fma",
+                            lambda t: F.softplus(t, beta=2.0, threshold=3.0)),
+                           ("mish", "mish reference=fx_fma", F.mish)]:
+        qx = put_input(case, "x", all_codes((2, 8, 8, 8)), f32(0.05), 120)
+        s_in = torch.tensor(qx.q_scale(), dtype=torch.float32)
+        premul = (s_in * -qx.q_zero_point()).double()
+        ref = fn((s_in.double() * qx.int_repr().double() + premul).float())
+        os_, oz = minmax_qparams(ref)
+        put_output(case, torch.quantize_per_tensor(ref, f32(os_), oz, torch.quint8))
+        meta[case] = desc
+
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 
 

@@ -65,6 +65,8 @@ const std::map<std::string, std::vector<ActivationCase>>& activation_cases() {
       {"silu", {no_params()}},
       {"gelu", {with("approximate none", 0.0, 0.0, false), with("approximate tanh", 0.0, 0.0, true)}},
       {"elu", {with("alpha 1", 1.0, 0.0), with("alpha 0.5", 0.5, 0.0)}},
+      {"softplus", {with("beta 1 threshold 20", 1.0, 20.0), with("beta 2 threshold 3", 2.0, 3.0)}},
+      {"mish", {no_params()}},
   };
   return *cases;
 }

@@ -1,5 +1,6 @@
 // Error paths of every eager op: each bad input raises the documented dbrq error type with a message
 // that names the op and the offending value, and leaves its arguments untouched and usable.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -452,6 +453,130 @@ TEST(OpErrors, TensorCreation) {
   EXPECT_THROW_MSG(Tensor::empty_strided({2, 3}, {1}), ShapeError, "empty_strided: 2 sizes but 1 strides");
   EXPECT_THROW_MSG(Tensor::empty_strided({2, 3}, {3, -1}), ShapeError, "empty_strided: strides must be >= 0");
   EXPECT_THROW_MSG(dtype_from_name("f16"), ValueError, "unknown dtype name \"f16\"");
+}
+
+// ---- issue 12 op families ------------------------------------------------------------------------
+
+TEST(OpErrors, Stack) {
+  EXPECT_THROW_MSG(stack({}, 0), ValueError, "stack: expects a non-empty list of tensors");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 4})}, 0), ShapeError,
+                   "stack: every tensor must have the same sizes, got [2, 3] at index 0 and [2, 4] at index 1");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 3})}, 3), IndexError,
+                   "stack: dim 3 is out of range for 2-D tensors (expected in [-3, 2])");
+  EXPECT_THROW_MSG(stack({f32({2, 3}), f32({2, 3})}, -4), IndexError, "stack: dim -4 is out of range");
+  EXPECT_THROW_MSG(stack({f32({2}), Tensor()}, 0), ValueError, "stack: tensor is an undefined tensor");
+  EXPECT_THROW_MSG(stack({qu8({2}), f32({2})}, 0), DTypeError, "cat: tensors[1] has dtype f32 but tensors[0] has u8");
+  const Tensor pc = zeros({2, 3}, DType::kS8).with_qparams(QuantParams::per_channel({0.1f, 0.2f}, {0, 0}, 0));
+  EXPECT_THROW_MSG(stack({pc, pc}, 0), DTypeError, "stack: per-channel quantized tensors cannot be reshaped");
+}
+
+TEST(OpErrors, SqueezeUnsqueeze) {
+  EXPECT_THROW_MSG(Tensor().squeeze(), ValueError, "squeeze: input is an undefined tensor");
+  EXPECT_THROW_MSG(squeeze(f32({2, 1}), 2), IndexError, "dim 2 is out of range for a 2-D tensor");
+  EXPECT_THROW_MSG(unsqueeze(f32({2, 1}), 3), IndexError, "unsqueeze: dim 3 is out of range for a 2-D tensor");
+  const Tensor pc = zeros({1, 2}, DType::kS8).with_qparams(QuantParams::per_channel({0.1f, 0.2f}, {0, 0}, 1));
+  EXPECT_THROW_MSG(pc.squeeze(), DTypeError, "squeeze: per-channel quantized tensors cannot be reshaped");
+}
+
+TEST(OpErrors, Expand) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(x.expand({3}), ShapeError,
+                   "expand: the number of sizes provided (1) must be greater or equal to the number of dimensions in "
+                   "the tensor (2)");
+  EXPECT_THROW_MSG(x.expand({2, 4}), ShapeError,
+                   "expand: the expanded size of the tensor (4) must match the existing size (3) at non-singleton "
+                   "dimension 1. Target sizes: [2, 4]. Tensor sizes: [2, 3]");
+  EXPECT_THROW_MSG(expand(x, {-1, 2, 3}), ShapeError,
+                   "expand: size -1 is not allowed in a leading, non-existing dimension 0");
+  EXPECT_THROW_MSG(expand(f32({2, 1}), {2, -2}), ShapeError, "expand: sizes must be >= -1, got -2 at dim 1");
+  EXPECT_THROW_MSG(expand(Tensor(), {2}), ValueError, "expand: input is an undefined tensor");
+}
+
+TEST(OpErrors, Repeat) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(x.repeat({2}), ShapeError,
+                   "repeat: number of repeats (1) must be at least the number of dims of the tensor (2)");
+  EXPECT_THROW_MSG(repeat(x, {1, -1}), ValueError, "repeat: repeats must be >= 0, got -1 at dim 1");
+  EXPECT_THROW_MSG(repeat(Tensor(), {1}), ValueError, "repeat: input is an undefined tensor");
+  EXPECT_THROW_MSG(repeat(zeros({2}, DType::kBF16), {2}), DTypeError, "repeat: dtype bf16 is not supported");
+}
+
+TEST(OpErrors, Pad) {
+  const Tensor x = f32({1, 2, 3, 4});
+  EXPECT_THROW_MSG(pad(x, {1, 1, 1}), ValueError, "pad: the pads must come in (left, right) pairs, got 3 values");
+  EXPECT_THROW_MSG(pad(f32({3}), {1, 1, 1, 1}), ShapeError, "pad: 2 pairs of pads for a 1-D tensor of sizes [3]");
+  EXPECT_THROW_MSG(pad(x, {-3, -2}), ShapeError, "pad: dim 3 of size 4 with pads (-3, -2) would have a negative size");
+  EXPECT_THROW_MSG(pad(x, {4, 0, 0, 0}, PadMode::kReflect), ValueError,
+                   "pad: reflect mode needs pads smaller than the dim they pad, got (4, 0) for dim 3 of size 4");
+  EXPECT_THROW_MSG(pad(x, {0, 0, 3, 0}, "reflect"), ValueError,
+                   "pad: reflect mode needs pads smaller than the dim they pad, got (3, 0) for dim 2 of size 3");
+  EXPECT_THROW_MSG(pad(x, {-1, 0, 0, 0}, PadMode::kReplicate), ValueError,
+                   "pad: replicate mode needs pads >= 0, got (-1, 0) for dim 3");
+  EXPECT_THROW_MSG(pad(f32({4}), {1, 1}, PadMode::kReflect), ShapeError,
+                   "pad: reflect mode pads the last 1, 2 or 3 dims of a (C, ...) or (N, C, ...) tensor; got 1 pairs "
+                   "of pads for sizes [4]");
+  EXPECT_THROW_MSG(pad(x, {1, 1, 1, 1, 1, 1, 1, 1}, PadMode::kReplicate), ShapeError,
+                   "pad: replicate mode pads the last 1, 2 or 3 dims");
+  EXPECT_THROW_MSG(pad(zeros({1, 2, 0}), {1, 1}, PadMode::kReplicate), ShapeError,
+                   "pad: replicate mode cannot pad dim 2 of size 0");
+  EXPECT_THROW_MSG(pad(x, {1, 1}, "circular"), ValueError,
+                   "pad: mode must be \"constant\", \"reflect\" or \"replicate\", got \"circular\"");
+  EXPECT_THROW_MSG(pad(x, {1, 1}, static_cast<PadMode>(7)), ValueError, "pad: unknown mode 7");
+  EXPECT_THROW_MSG(pad(Tensor(), {1, 1}), ValueError, "pad: input is an undefined tensor");
+  // The input is untouched and usable after each error.
+  EXPECT_EQ(pad(x, {1, 1}).sizes(), IntArrayRef({1, 2, 3, 6}));
+}
+
+TEST(OpErrors, PreluSoftplusMish) {
+  EXPECT_THROW_MSG(prelu(f32({2, 3, 4}), f32({2})), ShapeError,
+                   "prelu: weight has 2 elements but the input has 3 channels (dim 1 of [2, 3, 4]); it needs 1 or 3");
+  EXPECT_THROW_MSG(prelu(f32({2, 3}), f32({3, 1})), ShapeError, "prelu: weight must be 1-D, got sizes [3, 1]");
+  EXPECT_THROW_MSG(prelu(u8({2, 3}), f32({3})), DTypeError, "prelu: input must have dtype f32");
+  EXPECT_THROW_MSG(prelu(f32({2, 3}), Tensor()), ValueError, "prelu: weight is an undefined tensor");
+  EXPECT_THROW_MSG(nn::PReLU(0), ValueError, "PReLU: num_parameters must be >= 1, got 0");
+  EXPECT_THROW_MSG(softplus(f32({2}), 0.0), ValueError, "softplus: beta must be nonzero and finite, got 0");
+  EXPECT_THROW_MSG(softplus(f32({2}), 1.0, std::nan("")), ValueError, "softplus: threshold must not be NaN");
+  EXPECT_THROW_MSG(softplus(u8({2})), DTypeError, "softplus: input must have dtype f32");
+  EXPECT_THROW_MSG(mish(u8({2})), DTypeError, "mish: input must have dtype f32");
+  EXPECT_THROW_MSG(mish(Tensor()), ValueError, "mish: input");
+}
+
+TEST(OpErrors, WherePowSqrtExp) {
+  const Tensor m = u8({2, 3}), a = f32({2, 3});
+  EXPECT_THROW_MSG(where(m, a, f32({4})), ShapeError, "where");
+  EXPECT_THROW_MSG(where(qu8({2, 3}), a, a), DTypeError,
+                   "where: condition must be a mask (unquantized u8, s8, s32, s64 or f32; nonzero is true), got a "
+                   "quantized u8");
+  EXPECT_THROW_MSG(where(m, u8({2, 3}), a), DTypeError, "where: input must have dtype f32");
+  EXPECT_THROW_MSG(where(m, a, u8({2, 3})), DTypeError, "where: other must have dtype f32");
+  EXPECT_THROW_MSG(where(Tensor(), a, a), ValueError, "where: condition is an undefined tensor");
+  EXPECT_THROW_MSG(pow(a, f32({4})), ShapeError, "pow");
+  EXPECT_THROW_MSG(pow(u8({2}), 2.0), DTypeError, "pow: input must have dtype f32");
+  EXPECT_THROW_MSG(pow(2.0, u8({2})), DTypeError, "pow: exponent must have dtype f32");
+  EXPECT_THROW_MSG(sqrt(u8({2})), DTypeError, "sqrt: input must have dtype f32");
+  EXPECT_THROW_MSG(exp(Tensor()), ValueError, "exp: input");
+}
+
+TEST(OpErrors, Indexing) {
+  const Tensor x = f32({2, 3});
+  EXPECT_THROW_MSG(argmax(x, 2), IndexError, "dim 2 is out of range for a 2-D tensor");
+  EXPECT_THROW_MSG(max(f32({2, 0}), 1), ShapeError, "max: cannot reduce dim 1 of size 0 (sizes [2, 0])");
+  EXPECT_THROW_MSG(argmax(u8({2}), 0), DTypeError, "argmax: input must have dtype f32");
+  EXPECT_THROW_MSG(topk(x, 4, 1), ValueError, "topk: k (4) is out of range for dim 1 of size 3");
+  EXPECT_THROW_MSG(topk(x, -1, 1), ValueError, "topk: k (-1) is out of range");
+  EXPECT_THROW_MSG(index_select(x, 1, from_vector<int64_t>({3})), IndexError,
+                   "index_select: index 3 is out of range for dim 1 of size 3");
+  EXPECT_THROW_MSG(index_select(x, 1, from_vector<int64_t>({-1})), IndexError, "index_select: index -1 is out of range");
+  EXPECT_THROW_MSG(index_select(x, 1, f32({2})), DTypeError, "index_select: index must be s64 (or s32), got f32");
+  EXPECT_THROW_MSG(index_select(x, 1, zeros({1, 1}, DType::kS64)), ShapeError,
+                   "index_select: index must be 1-D, got sizes [1, 1]");
+  EXPECT_THROW_MSG(gather(x, 1, zeros({2}, DType::kS64)), ShapeError,
+                   "gather: index must have as many dims as the input (2), got sizes [2]");
+  EXPECT_THROW_MSG(gather(x, 1, zeros({3, 1}, DType::kS64)), ShapeError,
+                   "gather: index sizes [3, 1] exceed the input's [2, 3] at dim 0");
+  EXPECT_THROW_MSG(gather(x, 0, full({1, 1}, 2.0, DType::kS64)), IndexError,
+                   "gather: index 2 is out of range for dim 0 of size 2");
+  EXPECT_THROW_MSG(gather(Tensor(), 0, zeros({1}, DType::kS64)), ValueError, "gather: input is an undefined tensor");
 }
 
 }  // namespace
