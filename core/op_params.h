@@ -33,6 +33,24 @@ struct Conv2dParams {
   }
 };
 
+// conv_transpose2d (PyTorch's F.conv_transpose2d): the output grows by
+// (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1 per spatial dim.
+struct ConvTranspose2dParams {
+  std::array<int64_t, 2> stride = {1, 1};
+  std::array<int64_t, 2> padding = {0, 0};
+  std::array<int64_t, 2> output_padding = {0, 0};  // < stride or < dilation (PyTorch's rule)
+  std::array<int64_t, 2> dilation = {1, 1};
+  int64_t groups = 1;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("output_padding", p.output_padding);
+    f("dilation", p.dilation);
+    f("groups", p.groups);
+  }
+};
+
 struct Pool2dParams {
   std::array<int64_t, 2> kernel_size = {1, 1};
   std::array<int64_t, 2> stride = {1, 1};  // PyTorch's default stride = kernel_size; set by callers
@@ -139,6 +157,7 @@ uint64_t fingerprint(const ShapeParams& p);
 uint64_t fingerprint(const ActivationParams& p);
 uint64_t fingerprint(const DropoutParams& p);
 uint64_t fingerprint(const ConvertParams& p);
+uint64_t fingerprint(const ConvTranspose2dParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
 // exactly): what quant-state files store. from_fields checks names, counts and values and throws
@@ -175,6 +194,7 @@ bool operator==(const ShapeParams& a, const ShapeParams& b);
 bool operator==(const ActivationParams& a, const ActivationParams& b);
 bool operator==(const DropoutParams& a, const DropoutParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
+bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------
 

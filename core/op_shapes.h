@@ -23,6 +23,11 @@ struct ConvGeometry {
 // x: [N, C, H, W], w: [K, C/groups, R, S], b: undefined or [K].
 ConvGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
 
+// conv_transpose2d: x [N, C, H, W], w [C, K/groups, R, S] (PyTorch's layout), b: undefined or [K].
+// g.c = C, g.k = K (output channels).
+ConvGeometry conv_transpose2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b,
+                                       const ConvTranspose2dParams& p);
+
 struct PoolGeometry {
   int64_t n, c, h, w, oh, ow;
   int64_t pad_bottom, pad_right;  // right/bottom padding that realizes ceil_mode

@@ -49,6 +49,9 @@ using PostOps = std::vector<Eltwise>;
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const PostOps& post = {});
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& post = {});
+// Transposed convolution (oneDNN deconvolution); w in PyTorch's [C, K/groups, R, S] layout.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvTranspose2dParams& p,
+                        const PostOps& post = {});
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 enum class BinaryAlg { kAdd, kSub, kMul, kDiv };

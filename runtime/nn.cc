@@ -176,6 +176,53 @@ std::string AvgPool2d::extra_repr() const {
 
 std::string AdaptiveAvgPool2d::extra_repr() const { return absl::StrCat("output_size=", pair(output_size_)); }
 
+// ---- spatial layers of issue 12 ----
+
+ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dOptions& o) : Layer("ConvTranspose2d"), options_(o) {
+  DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
+              "ConvTranspose2d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ",
+              o.out_channels());
+  DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
+              ValueError, "ConvTranspose2d: in_channels (", o.in_channels(), ") and out_channels (", o.out_channels(),
+              ") must be divisible by groups (", o.groups(), ")");
+  DBRQ_ENSURE(o.kernel_size()[0] >= 1 && o.kernel_size()[1] >= 1, ValueError,
+              "ConvTranspose2d: kernel_size must be >= 1, got ", pair(o.kernel_size()));
+  for (int i = 0; i < 2; ++i) {
+    DBRQ_ENSURE(o.stride()[i] >= 1 && o.dilation()[i] >= 1 && o.padding()[i] >= 0, ValueError,
+                "ConvTranspose2d: stride and dilation must be >= 1 and padding >= 0, got stride ", pair(o.stride()),
+                ", dilation ", pair(o.dilation()), ", padding ", pair(o.padding()));
+    DBRQ_ENSURE(o.output_padding()[i] >= 0 &&
+                    (o.output_padding()[i] < o.stride()[i] || o.output_padding()[i] < o.dilation()[i]),
+                ValueError, "ConvTranspose2d: output_padding must be >= 0 and smaller than either stride or ",
+                "dilation, got output_padding ", pair(o.output_padding()), ", stride ", pair(o.stride()),
+                ", dilation ", pair(o.dilation()));
+  }
+  params_.stride = o.stride();
+  params_.padding = o.padding();
+  params_.output_padding = o.output_padding();
+  params_.dilation = o.dilation();
+  params_.groups = o.groups();
+  // PyTorch's fan_in of a transposed conv weight [in, out/g, kH, kW] is its dim 1 times the kernel.
+  const int64_t fan_in = o.out_channels() / o.groups() * o.kernel_size()[0] * o.kernel_size()[1];
+  weight = register_parameter(
+      "weight", init_uniform({o.in_channels(), o.out_channels() / o.groups(), o.kernel_size()[0], o.kernel_size()[1]},
+                             fan_in));
+  if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
+}
+
+std::string ConvTranspose2d::extra_repr() const {
+  std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
+                               ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));
+  if (params_.padding != std::array<int64_t, 2>{0, 0}) absl::StrAppend(&s, ", padding=", pair(params_.padding));
+  if (params_.output_padding != std::array<int64_t, 2>{0, 0}) {
+    absl::StrAppend(&s, ", output_padding=", pair(params_.output_padding));
+  }
+  if (params_.dilation != std::array<int64_t, 2>{1, 1}) absl::StrAppend(&s, ", dilation=", pair(params_.dilation));
+  if (params_.groups != 1) absl::StrAppend(&s, ", groups=", params_.groups);
+  if (!bias.defined()) absl::StrAppend(&s, ", bias=False");
+  return s;
+}
+
 Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
   DBRQ_ENSURE(p >= 0.0 && p <= 1.0, ValueError, "Dropout: probability must be in [0, 1], got ", p);
 }

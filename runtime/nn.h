@@ -286,6 +286,46 @@ class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
   std::array<int64_t, 2> output_size_;
 };
 
+// ---- spatial layers of issue 12: transposed conv, 1-D conv and pooling, upsampling, group norms ----
+
+struct ConvTranspose2dOptions {
+  using Self = ConvTranspose2dOptions;
+  ConvTranspose2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_({kernel_size, kernel_size}) {}
+  ConvTranspose2dOptions(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  DBRQ_OPTION(int64_t, in_channels);
+  DBRQ_OPTION(int64_t, out_channels);
+  DBRQ_OPTION(Int2, kernel_size);
+  Self& stride(int64_t s) { return stride(std::array<int64_t, 2>{s, s}); }
+  Self& padding(int64_t p) { return padding(std::array<int64_t, 2>{p, p}); }
+  Self& output_padding(int64_t p) { return output_padding(std::array<int64_t, 2>{p, p}); }
+  Self& dilation(int64_t d) { return dilation(std::array<int64_t, 2>{d, d}); }
+  DBRQ_OPTION(Int2, stride) = {1, 1};
+  DBRQ_OPTION(Int2, padding) = {0, 0};
+  DBRQ_OPTION(Int2, output_padding) = {0, 0};
+  DBRQ_OPTION(int64_t, groups) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+  DBRQ_OPTION(Int2, dilation) = {1, 1};
+};
+
+// nn.ConvTranspose2d: weight [in, out/groups, kH, kW] (PyTorch's layout and names).
+class ConvTranspose2d final : public Layer<ConvTranspose2d> {
+ public:
+  explicit ConvTranspose2d(const ConvTranspose2dOptions& options);
+  Tensor forward(const Tensor& x) { return conv_transpose2d(x, weight, bias, params_); }
+  const ConvTranspose2dParams& params() const { return params_; }
+  const ConvTranspose2dOptions& options() const { return options_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [in, out/groups, kH, kW]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  ConvTranspose2dOptions options_;
+  ConvTranspose2dParams params_;
+};
+
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}

@@ -84,6 +84,8 @@ enum class OpKind : uint16_t {
   // explicit (de)quantization
   kQuantize,
   kDequantize,
+  // spatial ops of issue 12 (appended: earlier kinds keep their numbers)
+  kConvTranspose2d,
   kNumOpKinds,
 };
 
@@ -93,6 +95,9 @@ const char* op_name(OpKind kind);
 // ---- compute ops with weights ----
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});
+// Transposed convolution, as F.conv_transpose2d: weight [in_channels, out_channels/groups, kH, kW].
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+                        const ConvTranspose2dParams& params = {});
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Inference batch normalization over dim 1 with running statistics.

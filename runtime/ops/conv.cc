@@ -1,4 +1,4 @@
-// The conv family: conv2d. Its int8 form is oneDNN's u8 x s8 convolution (kernels::QConv2d), which
+// The conv family: conv2d, conv_transpose2d. Its int8 form is oneDNN's u8 x s8 convolution (kernels::QConv2d), which
 // also fuses batch norm (folded), an activation and a residual add (sum post-op).
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
@@ -25,7 +25,22 @@ std::unique_ptr<kernels::QWeighted> make_qconv2d(kernels::QWeightedOptions optio
   return std::make_unique<kernels::QConv2d>(std::move(o));
 }
 
+Tensor run_conv_transpose2d(const OpCall& c) {
+  return kernels::conv_transpose2d(c.input(0), c.input(1), c.input(2), c.p<ConvTranspose2dParams>());
+}
+
+DimVector conv_transpose2d_sizes(const OpCall& c) {
+  const ConvGeometry g = conv_transpose2d_geometry(c.input(0), c.input(1), c.input(2), c.p<ConvTranspose2dParams>());
+  return {g.n, g.k, g.oh, g.ow};
+}
+
 }  // namespace
+
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        const ConvTranspose2dParams& params) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  return ops::call(OpKind::kConvTranspose2d, in, &params, run_conv_transpose2d);
+}
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
   const Tensor* in[] = {&input, &weight, &bias};
@@ -44,6 +59,11 @@ void register_conv_ops(OpRegistry& r) {
   d.int8_weighted = make_qconv2d;
   d.int8_input_format = MemoryFormat::kChannelsLast;  // oneDNN's int8 convolutions want NHWC
   d.supports_residual = true;
+
+  OpDef& t = r.define(OpKind::kConvTranspose2d, "conv_transpose2d").with_params<ConvTranspose2dParams>();
+  t.run = run_conv_transpose2d;
+  t.num_activation_inputs = 1;  // then weight, bias
+  t.infer_sizes = conv_transpose2d_sizes;
 }
 
 }  // namespace ops

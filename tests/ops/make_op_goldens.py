@@ -396,6 +396,31 @@ def make_quant():
         put(name + ".dq", q.dequantize())
 
 
+# ---- issue 12 spatial ops (appended: earlier goldens stay byte-identical) ----------------------
+# name: (x shape, w shape [in, out/groups, kH, kW], bias?, stride, padding, output_padding, dilation, groups)
+CONVT_CASES = {
+    "convt_basic": ((2, 4, 5, 5), (4, 6, 3, 3), True, (1, 1), (0, 0), (0, 0), (1, 1), 1),
+    "convt_s2_p1_op1": ((1, 4, 5, 6), (4, 3, 3, 3), True, (2, 2), (1, 1), (1, 1), (1, 1), 1),
+    "convt_s2_p0_op1": ((1, 3, 4, 4), (3, 4, 3, 3), True, (2, 2), (0, 0), (1, 1), (1, 1), 1),
+    "convt_dcgan_k4_s2_p1": ((2, 8, 4, 4), (8, 4, 4, 4), False, (2, 2), (1, 1), (0, 0), (1, 1), 1),
+    "convt_groups2": ((1, 4, 5, 5), (4, 3, 3, 3), True, (1, 1), (1, 1), (0, 0), (1, 1), 2),
+    "convt_dilation2": ((1, 3, 5, 5), (3, 2, 3, 3), True, (1, 1), (1, 1), (0, 0), (2, 2), 1),
+    "convt_asymmetric": ((1, 3, 4, 5), (3, 5, 3, 2), True, (2, 1), (1, 0), (1, 0), (1, 2), 1),
+}
+
+
+def make_conv_transpose():
+    for name, (xs, ws, has_b, stride, pad, out_pad, dil, groups) in CONVT_CASES.items():
+        x, w = randn(*xs), randn(*ws, scale=0.3)
+        b = randn(ws[1] * groups) if has_b else None
+        put(name + ".x", x)
+        put(name + ".w", w)
+        if has_b:
+            put(name + ".b", b)
+        put(name + ".out", F.conv_transpose2d(x, w, b, stride=stride, padding=pad, output_padding=out_pad,
+                                              groups=groups, dilation=dil))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -413,6 +438,7 @@ def main():
     make_reductions()
     make_embedding()
     make_quant()
+    make_conv_transpose()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))
