@@ -52,6 +52,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& 
 // Transposed convolution (oneDNN deconvolution); w in PyTorch's [C, K/groups, R, S] layout.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvTranspose2dParams& p,
                         const PostOps& post = {});
+// PyTorch's transposed-conv weight [C, K/groups, R, S] as an output-major [K, C/groups, R, S] copy
+// (what int8 deconvolution, batch-norm folding and per-channel quantization work on).
+Tensor deconv_weight_output_major(const Tensor& w, int64_t groups);
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 enum class BinaryAlg { kAdd, kSub, kMul, kDiv };

@@ -1,4 +1,6 @@
 // Eager conv_transpose2d on oneDNN's deconvolution (f32).
+#include <algorithm>
+
 #include "core/op_shapes.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
@@ -69,6 +71,32 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w_in, const Tensor& b, co
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
   execute(entry->prim, entry->scratchpad_bytes, std::move(args));
   return dst;
+}
+
+}  // namespace dbrq::kernels
+
+namespace dbrq::kernels {
+
+Tensor deconv_weight_output_major(const Tensor& w_in, int64_t groups) {
+  check_float("conv_transpose2d", "weight", w_in);
+  DBRQ_ENSURE(w_in.dim() == 4 && groups >= 1 && w_in.size(0) % groups == 0, ShapeError,
+              "conv_transpose2d: weight sizes ", w_in.shape_string(), " do not fit groups = ", groups);
+  const Tensor w = contiguous(w_in);
+  const int64_t c = w.size(0), kg = w.size(1), rs = w.size(2) * w.size(3), cg = c / groups;
+  Tensor out = Tensor::empty({kg * groups, cg, w.size(2), w.size(3)}, DType::kF32);
+  const float* src = w.data<float>();
+  float* dst = out.mutable_data<float>();
+  // src [g][i][j][rs] -> dst [g][j][i][rs]
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    for (int64_t i = 0; i < cg; ++i) {
+      for (int64_t j = 0; j < kg; ++j) {
+        const float* s = src + ((gi * cg + i) * kg + j) * rs;
+        float* d = dst + ((gi * kg + j) * cg + i) * rs;
+        std::copy(s, s + rs, d);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace dbrq::kernels

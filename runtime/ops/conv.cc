@@ -1,5 +1,7 @@
-// The conv family: conv2d, conv_transpose2d. Its int8 form is oneDNN's u8 x s8 convolution (kernels::QConv2d), which
-// also fuses batch norm (folded), an activation and a residual add (sum post-op).
+// The conv family: conv2d, conv_transpose2d. conv2d's int8 form is oneDNN's u8 x s8 convolution
+// (kernels::QConv2d), which also fuses batch norm (folded), an activation and a residual add (sum
+// post-op). conv_transpose2d's is oneDNN's u8 x s8 deconvolution (kernels::QConvTranspose2d), with
+// folded batch norm and activations.
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
 #include "kernels/int8.h"
@@ -34,6 +36,17 @@ DimVector conv_transpose2d_sizes(const OpCall& c) {
   return {g.n, g.k, g.oh, g.ow};
 }
 
+std::unique_ptr<kernels::QWeighted> make_qconv_transpose2d(kernels::QWeightedOptions options, const void* params) {
+  kernels::QConvTranspose2dOptions o;
+  static_cast<kernels::QWeightedOptions&>(o) = std::move(options);
+  o.params = *static_cast<const ConvTranspose2dParams*>(params);
+  return std::make_unique<kernels::QConvTranspose2d>(std::move(o));
+}
+
+Tensor conv_transpose2d_weight_output_major(const Tensor& w, const void* params) {
+  return kernels::deconv_weight_output_major(w, static_cast<const ConvTranspose2dParams*>(params)->groups);
+}
+
 }  // namespace
 
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -64,6 +77,11 @@ void register_conv_ops(OpRegistry& r) {
   t.run = run_conv_transpose2d;
   t.num_activation_inputs = 1;  // then weight, bias
   t.infer_sizes = conv_transpose2d_sizes;
+  t.role = QuantRole::kWeighted;
+  t.fusion_site = kAfterConv;  // conv_transpose2d (+ batch_norm) (+ relu ...) is one int8 primitive
+  t.int8_weighted = make_qconv_transpose2d;
+  t.int8_weight_layout = conv_transpose2d_weight_output_major;  // BN folds and scales per output channel
+  t.int8_input_format = MemoryFormat::kChannelsLast;
 }
 
 }  // namespace ops

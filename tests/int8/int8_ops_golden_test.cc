@@ -474,6 +474,53 @@ TEST(Int8OpsGolden, Matmul) {
 }
 
 // Last (gtest runs tests in definition order): every case in the file was checked by a test above.
+// ---------------------------------------------------------------------------------------------
+// conv_transpose2d (oneDNN deconvolution in both; PyTorch 1.13: per-tensor weights, no output_padding)
+
+struct ConvTCase {
+  const char* name;
+  int64_t kernel, stride, padding, dilation, groups;
+  bool bias;
+};
+
+constexpr ConvTCase kConvTCases[] = {
+    {"convt_k3_s2_p1", 3, 2, 1, 1, 1, true},
+    {"convt_dcgan_k4_s2_p1", 4, 2, 1, 1, 1, false},  // input zero point 0
+    {"convt_grouped", 3, 1, 1, 1, 2, true},
+    {"convt_dilated", 3, 1, 0, 2, 1, true},  // input zero point 200
+};
+
+TEST(Int8OpsGolden, ConvTranspose2d) {
+  for (const ConvTCase& c : kConvTCases) {
+    const std::string n = c.name;
+    std::ostringstream desc;
+    desc << "conv_transpose2d kernel=" << c.kernel << " stride=" << c.stride << " padding=" << c.padding
+         << " dilation=" << c.dilation << " groups=" << c.groups << " bias=" << yes(c.bias);
+    begin_case(n, desc.str());
+    SCOPED_TRACE(n);
+    kernels::QConvTranspose2dOptions o;
+    o.params.stride = {c.stride, c.stride};
+    o.params.padding = {c.padding, c.padding};
+    o.params.dilation = {c.dilation, c.dilation};
+    o.params.groups = c.groups;
+    // What convert() does: the op's int8_weight_layout (output-major), then quantization.
+    o.weight = kernels::deconv_weight_output_major(g(n + ".w"), c.groups);
+    if (c.bias) o.bias = g(n + ".b");
+    o.weight_qparams = weight_qparams(n);
+    o.src_qparams = qparams_of(n, "x");
+    o.dst_qparams = qparams_of(n, "out");
+    kernels::QConvTranspose2d conv(std::move(o));
+    // dbrq quantizes the f32 weights itself: the codes must be PyTorch's (in output-major order).
+    const Tensor want_wq = kernels::deconv_weight_output_major(kernels::copy(g(n + ".wq"), MemoryFormat::kContiguous,
+                                                                            DType::kF32), c.groups);
+    dbrq::testing::expect_equal(kernels::copy(conv.quantized_weight(), MemoryFormat::kContiguous, DType::kF32),
+                                want_wq, n + " weight codes");
+    for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      expect_codes(n, conv.run(qinput(n, "x", f)));
+    }
+  }
+}
+
 TEST(Int8OpsGolden, CoversEveryGoldenCase) {
   if (::testing::GTEST_FLAG(filter) != "*") GTEST_SKIP() << "only meaningful when every test runs";
   std::vector<std::string> missing;

@@ -205,6 +205,31 @@ def conv_case(case, n, c, k, hw, kernel, stride=1, padding=0, dilation=1, groups
                   f"bias={int(bias)} relu={int(relu)} per_channel={int(per_channel)} relu6={int(then_relu6)}")
 
 
+def convt_case(case, n, c, k, hw, kernel, stride=1, padding=0, dilation=1, groups=1, bias=True, x_zp=None,
+               x_scale=0.02):
+    """quantized::conv_transpose2d with per-tensor weights; w in PyTorch's [c, k/groups, kH, kW]."""
+    h, w_ = hw
+    x_zp = int(torch.randint(0, 256, (1,))) if x_zp is None else x_zp
+    x_scale = f32(x_scale)
+    qx = put_input(case, "x", rand_codes((n, c, h, w_)), x_scale, x_zp)
+    w = torch.randn(c, k // groups, kernel, kernel) * (1.0 / (c // groups * kernel * kernel)) ** 0.5
+    b = torch.randn(k) * 0.5 if bias else None
+    ws, wz, wq = weight_qparams(w, False)
+    put(f"{case}.w", w)
+    put(f"{case}.w_scales", ws)
+    put(f"{case}.w_zps", wz)
+    put(f"{case}.wq", wq.int_repr())
+    if bias:
+        put(f"{case}.b", b)
+    ref = F.conv_transpose2d(qx.dequantize(), wq.dequantize(), b, stride, padding, 0, groups, dilation)
+    os_, oz = minmax_qparams(ref)
+    packed = torch.ops.quantized.conv_transpose2d_prepack(wq, b, [stride] * 2, [padding] * 2, [0, 0],
+                                                          [dilation] * 2, groups)
+    put_output(case, torch.ops.quantized.conv_transpose2d(qx, packed, os_, oz))
+    meta[case] = (f"conv_transpose2d kernel={kernel} stride={stride} padding={padding} dilation={dilation} "
+                  f"groups={groups} bias={int(bias)}")
+
+
 def linear_case(case, in_shape, k_out, bias=True, relu=False, per_channel=True):
     kin = in_shape[-1]
     x_zp = int(torch.randint(0, 256, (1,)))
@@ -417,6 +442,13 @@ def make_op_goldens():
     unary_case("elu", "elu alpha=1", lambda q: torch.ops.quantized.elu(q, f32(0.031), 133, 1.0))
     unary_case("elu_alpha", "elu alpha=0.5", lambda q: torch.ops.quantized.elu(q, f32(0.027), 40, 0.5),
                scale=0.04, zp=100)
+
+    # ---- issue 12: conv_transpose2d (oneDNN deconvolution in both). PyTorch 1.13's onednn engine
+    # quantizes transposed-conv weights per tensor only and refuses output_padding, so the cases do too.
+    convt_case("convt_k3_s2_p1", 2, 8, 16, (6, 6), 3, stride=2, padding=1)
+    convt_case("convt_dcgan_k4_s2_p1", 2, 16, 8, (4, 4), 4, stride=2, padding=1, bias=False, x_zp=0)
+    convt_case("convt_grouped", 1, 8, 8, (5, 5), 3, padding=1, groups=2)
+    convt_case("convt_dilated", 1, 4, 6, (5, 5), 3, dilation=2, x_zp=200)
 
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 
