@@ -51,6 +51,21 @@ struct ConvTranspose2dParams {
   }
 };
 
+// conv1d (F.conv1d); runs as conv2d with H = 1.
+struct Conv1dParams {
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t dilation = 1;
+  int64_t groups = 1;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("dilation", p.dilation);
+    f("groups", p.groups);
+  }
+};
+
 struct Pool2dParams {
   std::array<int64_t, 2> kernel_size = {1, 1};
   std::array<int64_t, 2> stride = {1, 1};  // PyTorch's default stride = kernel_size; set by callers
@@ -158,6 +173,7 @@ uint64_t fingerprint(const ActivationParams& p);
 uint64_t fingerprint(const DropoutParams& p);
 uint64_t fingerprint(const ConvertParams& p);
 uint64_t fingerprint(const ConvTranspose2dParams& p);
+uint64_t fingerprint(const Conv1dParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
 // exactly): what quant-state files store. from_fields checks names, counts and values and throws
@@ -195,6 +211,7 @@ bool operator==(const ActivationParams& a, const ActivationParams& b);
 bool operator==(const DropoutParams& a, const DropoutParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
 bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b);
+bool operator==(const Conv1dParams& a, const Conv1dParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------
 

@@ -254,3 +254,67 @@ ConvGeometry conv_transpose2d_geometry(const Tensor& x, const Tensor& w, const T
 }
 
 }  // namespace dbrq
+
+namespace dbrq {
+
+ConvGeometry conv1d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p) {
+  const char* op = "conv1d";
+  check_defined(op, "input", x);
+  check_defined(op, "weight", w);
+  DBRQ_ENSURE(x.dim() == 3, ShapeError, op, ": input must be 3-D (N, C, L), got sizes ", x.shape_string());
+  DBRQ_ENSURE(w.dim() == 3, ShapeError, op, ": weight must be 3-D (out_channels, in_channels/groups, kL), got sizes ",
+              w.shape_string());
+  DBRQ_ENSURE(p.groups >= 1, ValueError, op, ": groups must be >= 1, got ", p.groups);
+  DBRQ_ENSURE(p.stride >= 1, ValueError, op, ": stride must be >= 1, got ", p.stride);
+  DBRQ_ENSURE(p.padding >= 0, ValueError, op, ": padding must be >= 0, got ", p.padding);
+  DBRQ_ENSURE(p.dilation >= 1, ValueError, op, ": dilation must be >= 1, got ", p.dilation);
+  ConvGeometry g;
+  g.n = x.size(0);
+  g.c = x.size(1);
+  g.h = 1;
+  g.w = x.size(2);
+  g.k = w.size(0);
+  g.r = 1;
+  g.s = w.size(2);
+  g.groups = p.groups;
+  DBRQ_ENSURE(g.k % p.groups == 0, ShapeError, op, ": out_channels (", g.k, ") must be divisible by groups (", p.groups,
+              ")");
+  DBRQ_ENSURE(w.size(1) * p.groups == g.c, ShapeError, op, ": input has ", g.c,
+              " channels but the weight expects in_channels/groups * groups = ", w.size(1), " * ", p.groups, " = ",
+              w.size(1) * p.groups, " (input sizes ", x.shape_string(), ", weight sizes ", w.shape_string(), ")");
+  if (b.defined()) {
+    DBRQ_ENSURE(b.dim() == 1 && b.size(0) == g.k, ShapeError, op, ": bias must have sizes [", g.k, "], got ",
+                b.shape_string());
+  }
+  const int64_t eff = (g.s - 1) * p.dilation + 1, padded = g.w + 2 * p.padding;
+  DBRQ_ENSURE(padded >= eff, ShapeError, op, ": padded input length ", padded, " is smaller than the dilated kernel ",
+              eff, " (input sizes ", x.shape_string(), ")");
+  g.oh = 1;
+  g.ow = (padded - eff) / p.stride + 1;
+  return g;
+}
+
+Pool2dParams pool1d_params(const char* op, const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding,
+                           int64_t dilation, bool ceil_mode, bool count_include_pad) {
+  check_defined(op, "input", x);
+  DBRQ_ENSURE(x.dim() == 3, ShapeError, op, ": input must be 3-D (N, C, L), got sizes ", x.shape_string());
+  DBRQ_ENSURE(kernel_size >= 1, ValueError, op, ": kernel_size must be >= 1, got ", kernel_size);
+  DBRQ_ENSURE(stride >= 1, ValueError, op, ": stride must be >= 1, got ", stride);
+  DBRQ_ENSURE(dilation >= 1, ValueError, op, ": dilation must be >= 1, got ", dilation);
+  DBRQ_ENSURE(padding >= 0 && padding * 2 <= kernel_size, ValueError, op,
+              ": padding must be >= 0 and at most half the kernel size, got padding ", padding, " for kernel_size ",
+              kernel_size);
+  const int64_t eff = (kernel_size - 1) * dilation + 1;
+  DBRQ_ENSURE(x.size(2) + 2 * padding >= eff, ShapeError, op, ": padded input length ", x.size(2) + 2 * padding,
+              " is smaller than the (dilated) kernel ", eff, " (input sizes ", x.shape_string(), ")");
+  Pool2dParams p;
+  p.kernel_size = {1, kernel_size};
+  p.stride = {1, stride};
+  p.padding = {0, padding};
+  p.dilation = {1, dilation};
+  p.ceil_mode = ceil_mode;
+  p.count_include_pad = count_include_pad;
+  return p;
+}
+
+}  // namespace dbrq

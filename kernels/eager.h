@@ -55,6 +55,12 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const
 // PyTorch's transposed-conv weight [C, K/groups, R, S] as an output-major [K, C/groups, R, S] copy
 // (what int8 deconvolution, batch-norm folding and per-channel quantization work on).
 Tensor deconv_weight_output_major(const Tensor& w, int64_t groups);
+// 1-D convolution and pooling run as their 2-D forms with H = 1 (kernels/eager_conv1d.cc):
+// [N, C, L] <-> [N, C, 1, L] views (no copy; quantization parameters kept).
+Tensor unit_height_view(const Tensor& x);
+Tensor drop_unit_height(const Tensor& y);
+Conv2dParams conv1d_as_conv2d(const Conv1dParams& p);
+Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p, const PostOps& post = {});
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 enum class BinaryAlg { kAdd, kSub, kMul, kDiv };

@@ -172,6 +172,32 @@ class QConvTranspose2d final : public QWeighted {
   int64_t id_;           // distinguishes this kernel's primitives (scales are baked in) in the cache
 };
 
+// ---- 1-D convolution (kernels/int8_conv1d.cc) ----
+
+struct QConv1dOptions : QWeightedOptions {
+  Conv1dParams params;  // weight [K, C/groups, kL]
+};
+
+// conv1d on int8: QConv2d with H = 1 (weight [K, C/groups, 1, kL]), so numerics, fusions and
+// primitive caching are conv2d's. Inputs [N, C, L] u8; outputs u8 [N, K, L'] channels-last
+// (strides (L'*K, 1, K)). A residual add is fused as for conv2d (residual [N, K, L']).
+class QConv1d final : public QWeighted {
+ public:
+  explicit QConv1d(QConv1dOptions options);
+  ~QConv1d() override;
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return conv_->weight_qparams(); }
+  std::string describe() const override;
+
+ private:
+  Conv1dParams params_;
+  Tensor weight_;                  // f32 [K, C/groups, kL], for the shape rule
+  std::unique_ptr<QConv2d> conv_;
+  Tensor qweight_;                 // s8 [K, C/groups, kL] (a view of conv_'s)
+};
+
 // oneDNN primitives the process-wide primitive cache has created so far (its misses).
 uint64_t primitives_created();
 

@@ -210,6 +210,82 @@ ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dOptions& o) : Layer("ConvT
   if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
 }
 
+Conv1d::Conv1d(const Conv1dOptions& o) : Layer("Conv1d"), options_(o) {
+  DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
+              "Conv1d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ", o.out_channels());
+  DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
+              ValueError, "Conv1d: in_channels (", o.in_channels(), ") and out_channels (", o.out_channels(),
+              ") must be divisible by groups (", o.groups(), ")");
+  DBRQ_ENSURE(o.kernel_size() >= 1, ValueError, "Conv1d: kernel_size must be >= 1, got ", o.kernel_size());
+  DBRQ_ENSURE(o.stride() >= 1 && o.dilation() >= 1 && o.padding() >= 0, ValueError,
+              "Conv1d: stride and dilation must be >= 1 and padding >= 0, got stride ", o.stride(), ", dilation ",
+              o.dilation(), ", padding ", o.padding());
+  params_.stride = o.stride();
+  params_.padding = o.padding();
+  params_.dilation = o.dilation();
+  params_.groups = o.groups();
+  const int64_t fan_in = o.in_channels() / o.groups() * o.kernel_size();
+  weight = register_parameter("weight",
+                              init_uniform({o.out_channels(), o.in_channels() / o.groups(), o.kernel_size()}, fan_in));
+  if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
+}
+
+std::string Conv1d::extra_repr() const {
+  std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(), ", kernel_size=(",
+                               options_.kernel_size(), ",), stride=(", params_.stride, ",)");
+  if (params_.padding != 0) absl::StrAppend(&s, ", padding=(", params_.padding, ",)");
+  if (params_.dilation != 1) absl::StrAppend(&s, ", dilation=(", params_.dilation, ",)");
+  if (params_.groups != 1) absl::StrAppend(&s, ", groups=", params_.groups);
+  if (!bias.defined()) absl::StrAppend(&s, ", bias=False");
+  return s;
+}
+
+namespace {
+
+void check_pool1d_layer(const char* layer, int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation) {
+  DBRQ_ENSURE(kernel_size >= 1 && stride >= 0 && dilation >= 1, ValueError, layer,
+              ": kernel_size and dilation must be >= 1 and stride >= 0 (0: the kernel size), got kernel_size ",
+              kernel_size, ", stride ", stride, ", dilation ", dilation);
+  DBRQ_ENSURE(padding >= 0 && padding * 2 <= kernel_size, ValueError, layer,
+              ": padding must be >= 0 and at most half the kernel size, got padding ", padding, " for kernel_size ",
+              kernel_size);
+}
+
+}  // namespace
+
+MaxPool1d::MaxPool1d(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
+    : Layer("MaxPool1d"),
+      kernel_size_(kernel_size),
+      stride_(stride == 0 ? kernel_size : stride),
+      padding_(padding),
+      dilation_(dilation),
+      ceil_mode_(ceil_mode) {
+  check_pool1d_layer("MaxPool1d", kernel_size, stride, padding, dilation);
+}
+
+std::string MaxPool1d::extra_repr() const {
+  return absl::StrCat("kernel_size=", kernel_size_, ", stride=", stride_, ", padding=", padding_,
+                      ", dilation=", dilation_, ", ceil_mode=", ceil_mode_ ? "True" : "False");
+}
+
+AvgPool1d::AvgPool1d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
+    : Layer("AvgPool1d"),
+      kernel_size_(kernel_size),
+      stride_(stride == 0 ? kernel_size : stride),
+      padding_(padding),
+      ceil_mode_(ceil_mode),
+      count_include_pad_(count_include_pad) {
+  check_pool1d_layer("AvgPool1d", kernel_size, stride, padding, 1);
+}
+
+std::string AvgPool1d::extra_repr() const {
+  return absl::StrCat("kernel_size=(", kernel_size_, ",), stride=(", stride_, ",), padding=(", padding_, ",)");
+}
+
+AdaptiveAvgPool1d::AdaptiveAvgPool1d(int64_t output_size) : Layer("AdaptiveAvgPool1d"), output_size_(output_size) {
+  DBRQ_ENSURE(output_size >= 1, ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got ", output_size);
+}
+
 std::string ConvTranspose2d::extra_repr() const {
   std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
                                ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));

@@ -326,6 +326,74 @@ class ConvTranspose2d final : public Layer<ConvTranspose2d> {
   ConvTranspose2dParams params_;
 };
 
+struct Conv1dOptions {
+  using Self = Conv1dOptions;
+  Conv1dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  DBRQ_OPTION(int64_t, in_channels);
+  DBRQ_OPTION(int64_t, out_channels);
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 1;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(int64_t, dilation) = 1;
+  DBRQ_OPTION(int64_t, groups) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+};
+
+// nn.Conv1d: weight [out, in/groups, kL].
+class Conv1d final : public Layer<Conv1d> {
+ public:
+  explicit Conv1d(const Conv1dOptions& options);
+  Tensor forward(const Tensor& x) { return conv1d(x, weight, bias, params_); }
+  const Conv1dParams& params() const { return params_; }
+  const Conv1dOptions& options() const { return options_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [out, in/groups, kL]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  Conv1dOptions options_;
+  Conv1dParams params_;
+};
+
+class MaxPool1d final : public Layer<MaxPool1d> {
+ public:
+  // stride 0: the kernel size (PyTorch's default).
+  explicit MaxPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+                     bool ceil_mode = false);
+  Tensor forward(const Tensor& x) { return max_pool1d(x, kernel_size_, stride_, padding_, dilation_, ceil_mode_); }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t kernel_size_, stride_, padding_, dilation_;
+  bool ceil_mode_;
+};
+
+class AvgPool1d final : public Layer<AvgPool1d> {
+ public:
+  explicit AvgPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
+                     bool count_include_pad = true);
+  Tensor forward(const Tensor& x) {
+    return avg_pool1d(x, kernel_size_, stride_, padding_, ceil_mode_, count_include_pad_);
+  }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t kernel_size_, stride_, padding_;
+  bool ceil_mode_, count_include_pad_;
+};
+
+class AdaptiveAvgPool1d final : public Layer<AdaptiveAvgPool1d> {
+ public:
+  explicit AdaptiveAvgPool1d(int64_t output_size);
+  Tensor forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size_); }
+  std::string extra_repr() const override { return absl::StrCat("output_size=", output_size_); }
+
+ private:
+  int64_t output_size_;
+};
+
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "core/op_params.h"
 #include "core/tensor.h"
 
@@ -86,6 +88,10 @@ enum class OpKind : uint16_t {
   kDequantize,
   // spatial ops of issue 12 (appended: earlier kinds keep their numbers)
   kConvTranspose2d,
+  kConv1d,
+  kMaxPool1d,
+  kAvgPool1d,
+  kAdaptiveAvgPool1d,
   kNumOpKinds,
 };
 
@@ -98,6 +104,8 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // Transposed convolution, as F.conv_transpose2d: weight [in_channels, out_channels/groups, kH, kW].
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
                         const ConvTranspose2dParams& params = {});
+// 1-D convolution, as F.conv1d: input [N, C, L], weight [out_channels, in_channels/groups, kL].
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), const Conv1dParams& params = {});
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Inference batch normalization over dim 1 with running statistics.
@@ -170,6 +178,12 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vect
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride = {},
                   std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+// 1-D pooling of [N, C, L] (F.max_pool1d, ...); stride defaults to kernel_size.
+Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
+                  int64_t padding = 0, int64_t dilation = 1, bool ceil_mode = false);
+Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
+                  int64_t padding = 0, bool ceil_mode = false, bool count_include_pad = true);
+Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
 
 // ---- reductions (dims empty: all dims) ----
 Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);

@@ -1,7 +1,7 @@
-// The conv family: conv2d, conv_transpose2d. conv2d's int8 form is oneDNN's u8 x s8 convolution
+// The conv family: conv2d, conv_transpose2d, conv1d. conv2d's int8 form is oneDNN's u8 x s8 convolution
 // (kernels::QConv2d), which also fuses batch norm (folded), an activation and a residual add (sum
 // post-op). conv_transpose2d's is oneDNN's u8 x s8 deconvolution (kernels::QConvTranspose2d), with
-// folded batch norm and activations.
+// folded batch norm and activations; conv1d's is QConv2d with H = 1 (kernels::QConv1d).
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
 #include "kernels/int8.h"
@@ -47,7 +47,28 @@ Tensor conv_transpose2d_weight_output_major(const Tensor& w, const void* params)
   return kernels::deconv_weight_output_major(w, static_cast<const ConvTranspose2dParams*>(params)->groups);
 }
 
+Tensor run_conv1d(const OpCall& c) {
+  return kernels::conv1d(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
+}
+
+DimVector conv1d_sizes(const OpCall& c) {
+  const ConvGeometry g = conv1d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
+  return {g.n, g.k, g.ow};
+}
+
+std::unique_ptr<kernels::QWeighted> make_qconv1d(kernels::QWeightedOptions options, const void* params) {
+  kernels::QConv1dOptions o;
+  static_cast<kernels::QWeightedOptions&>(o) = std::move(options);
+  o.params = *static_cast<const Conv1dParams*>(params);
+  return std::make_unique<kernels::QConv1d>(std::move(o));
+}
+
 }  // namespace
+
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv1dParams& params) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  return ops::call(OpKind::kConv1d, in, &params, run_conv1d);
+}
 
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                         const ConvTranspose2dParams& params) {
@@ -82,6 +103,15 @@ void register_conv_ops(OpRegistry& r) {
   t.int8_weighted = make_qconv_transpose2d;
   t.int8_weight_layout = conv_transpose2d_weight_output_major;  // BN folds and scales per output channel
   t.int8_input_format = MemoryFormat::kChannelsLast;
+
+  // conv1d: conv2d with H = 1 in both forms (conv1d (+ batch_norm) (+ relu ...) is one primitive).
+  OpDef& c1 = r.define(OpKind::kConv1d, "conv1d").with_params<Conv1dParams>();
+  c1.run = run_conv1d;
+  c1.num_activation_inputs = 1;
+  c1.infer_sizes = conv1d_sizes;
+  c1.role = QuantRole::kWeighted;
+  c1.fusion_site = kAfterConv;
+  c1.int8_weighted = make_qconv1d;
 }
 
 }  // namespace ops

@@ -230,6 +230,34 @@ def convt_case(case, n, c, k, hw, kernel, stride=1, padding=0, dilation=1, group
                   f"groups={groups} bias={int(bias)}")
 
 
+def conv1d_case(case, n, c, k, length, kernel, stride=1, padding=0, dilation=1, groups=1, bias=True, relu=False,
+                per_channel=True, x_zp=None, x_scale=0.02):
+    x_zp = int(torch.randint(0, 256, (1,))) if x_zp is None else x_zp
+    x_scale = f32(x_scale)
+    qx = put_input(case, "x", rand_codes((n, c, length)), x_scale, x_zp)
+    w = torch.randn(k, c // groups, kernel) * (1.0 / (c // groups * kernel)) ** 0.5
+    b = torch.randn(k) * 0.5 if bias else None
+    ws, wz, wq = weight_qparams(w, per_channel)
+    put(f"{case}.w", w)
+    put(f"{case}.w_scales", ws)
+    put(f"{case}.w_zps", wz)
+    put(f"{case}.wq", wq.int_repr())
+    if bias:
+        put(f"{case}.b", b)
+    ref = F.conv1d(qx.dequantize(), wq.dequantize(), b, stride, padding, dilation, groups)
+    if relu:
+        ref = F.relu(ref)
+    os_, oz = minmax_qparams(ref)
+    cls = nniq.ConvReLU1d if relu else nnq.Conv1d
+    m = cls(c, k, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
+    m.set_weight_bias(wq, b)
+    m.scale = os_
+    m.zero_point = oz
+    put_output(case, m(qx))
+    meta[case] = (f"conv1d kernel={kernel} stride={stride} padding={padding} dilation={dilation} groups={groups} "
+                  f"bias={int(bias)} relu={int(relu)} per_channel={int(per_channel)}")
+
+
 def linear_case(case, in_shape, k_out, bias=True, relu=False, per_channel=True):
     kin = in_shape[-1]
     x_zp = int(torch.randint(0, 256, (1,)))
@@ -449,6 +477,20 @@ def make_op_goldens():
     convt_case("convt_dcgan_k4_s2_p1", 2, 16, 8, (4, 4), 4, stride=2, padding=1, bias=False, x_zp=0)
     convt_case("convt_grouped", 1, 8, 8, (5, 5), 3, padding=1, groups=2)
     convt_case("convt_dilated", 1, 4, 6, (5, 5), 3, dilation=2, x_zp=200)
+
+    # ---- issue 12: conv1d (oneDNN in both) and 1-D pooling (PyTorch's CPU kernels) ----
+    conv1d_case("c1d_k3_p1", 2, 8, 16, 20, 3, padding=1)
+    conv1d_case("c1d_k5_s2_relu", 2, 8, 12, 25, 5, stride=2, padding=2, relu=True)
+    conv1d_case("c1d_depthwise_dil2", 1, 8, 8, 16, 3, padding=2, dilation=2, groups=8, x_zp=0)
+    conv1d_case("c1d_per_tensor", 1, 4, 6, 12, 3, per_channel=False)
+    unary_case("max_pool1d_k3_s2_p1", "max_pool1d kernel=3 stride=2 padding=1",
+               lambda q: F.max_pool1d(q, 3, 2, 1), shape=(2, 8, 32))
+    unary_case("avg_pool1d_k3_s2_p1", "avg_pool1d kernel=3 stride=2 padding=1",
+               lambda q: F.avg_pool1d(q, 3, 2, 1), shape=(2, 8, 32))
+    unary_case("avg_pool1d_k4_nopad", "avg_pool1d kernel=4 stride=4 padding=0",
+               lambda q: F.avg_pool1d(q, 4), shape=(2, 8, 16), scale=0.03, zp=7)
+    unary_case("adaptive_avg_pool1d_5", "adaptive_avg_pool1d output=5",
+               lambda q: F.adaptive_avg_pool1d(q, 5), shape=(4, 8, 24))
 
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 

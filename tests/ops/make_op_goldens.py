@@ -421,6 +421,50 @@ def make_conv_transpose():
                                               groups=groups, dilation=dil))
 
 
+# name: (x shape, w shape [out, in/groups, kL], bias?, stride, padding, dilation, groups)
+CONV1D_CASES = {
+    "c1d_basic": ((2, 4, 10), (6, 4, 3), True, 1, 1, 1, 1),
+    "c1d_s2_d2": ((1, 4, 12), (5, 4, 3), True, 2, 2, 2, 1),
+    "c1d_groups2": ((1, 6, 9), (6, 3, 3), True, 1, 0, 1, 2),
+    "c1d_depthwise_nobias": ((2, 4, 8), (8, 1, 5), False, 1, 2, 1, 4),
+}
+# name: (x shape, kernel, stride, padding, dilation, ceil_mode)
+MAXPOOL1D_CASES = {
+    "mp1d_k3_s2_p1": ((2, 3, 11), 3, 2, 1, 1, False),
+    "mp1d_ceil_dil2": ((1, 4, 12), 3, 2, 0, 2, True),
+}
+# name: (x shape, kernel, stride, padding, ceil_mode, count_include_pad)
+AVGPOOL1D_CASES = {
+    "ap1d_k3_s2_p1": ((2, 3, 11), 3, 2, 1, False, True),
+    "ap1d_ceil_nocount": ((1, 4, 10), 4, 3, 2, True, False),
+}
+# name: (x shape, output size)
+ADAPTIVE1D_CASES = {"aap1d_4": ((2, 3, 10), 4), "aap1d_3_from_11": ((1, 5, 11), 3)}
+
+
+def make_conv1d_pool1d():
+    for name, (xs, ws, has_b, stride, pad, dil, groups) in CONV1D_CASES.items():
+        x, w = randn(*xs), randn(*ws, scale=0.3)
+        b = randn(ws[0]) if has_b else None
+        put(name + ".x", x)
+        put(name + ".w", w)
+        if has_b:
+            put(name + ".b", b)
+        put(name + ".out", F.conv1d(x, w, b, stride=stride, padding=pad, dilation=dil, groups=groups))
+    for name, (xs, k, s, p, d, ceil) in MAXPOOL1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.max_pool1d(x, k, s, p, d, ceil_mode=ceil))
+    for name, (xs, k, s, p, ceil, count) in AVGPOOL1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.avg_pool1d(x, k, s, p, ceil_mode=ceil, count_include_pad=count))
+    for name, (xs, o) in ADAPTIVE1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.adaptive_avg_pool1d(x, o))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -439,6 +483,7 @@ def main():
     make_embedding()
     make_quant()
     make_conv_transpose()
+    make_conv1d_pool1d()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

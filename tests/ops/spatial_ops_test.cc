@@ -160,5 +160,146 @@ TEST(SpatialOpErrors, ConvTranspose2dLayerOptions) {
   EXPECT_THROW_MSG(ok(f32({1, 3, 5, 5})), ShapeError, "conv_transpose2d: input has 3 channels but the weight expects 4");
 }
 
+// ---- conv1d and 1-D pooling ----------------------------------------------------------------------
+
+struct Conv1dCase {
+  const char* name;
+  Conv1dParams p;  // stride, padding, dilation, groups
+};
+
+const Conv1dCase kConv1dCases[] = {
+    {"c1d_basic", {1, 1, 1, 1}},
+    {"c1d_s2_d2", {2, 2, 2, 1}},
+    {"c1d_groups2", {1, 0, 1, 2}},
+    {"c1d_depthwise_nobias", {1, 2, 1, 4}},
+};
+
+// The same values with strides (L*C, 1, C): the layout conv1d outputs have.
+Tensor channels_last_1d(const Tensor& t) { return t.permute({0, 2, 1}).contiguous().permute({0, 2, 1}); }
+
+TEST(SpatialOpsGolden, Conv1d) {
+  for (const Conv1dCase& c : kConv1dCases) {
+    SCOPED_TRACE(c.name);
+    const std::string n = c.name;
+    const Tensor x = G(n + ".x"), w = G(n + ".w"), b = maybe(n + ".b"), want = G(n + ".out");
+    EXPECT_EQ(b.defined(), n != "c1d_depthwise_nobias");
+    const Tensor y = conv1d(x, w, b, c.p);
+    EXPECT_EQ(y.sizes(), want.sizes());
+    testing::expect_close(y, want, kTol, n);
+    const Tensor xl = channels_last_1d(x);
+    EXPECT_FALSE(xl.is_contiguous());
+    testing::expect_close(conv1d(xl, w, b, c.p), want, kTol, n + " channels-last input");
+    // Its output feeds the next conv1d and every other op with its logical meaning.
+    testing::expect_close(y.contiguous(), want, kTol, n + " contiguous()");
+    testing::expect_close(y.reshape({-1}), want.reshape({-1}), kTol, n + " reshape");
+  }
+}
+
+TEST(SpatialOpsGolden, Conv1dLayer) {
+  nn::Conv1d layer(nn::Conv1dOptions(4, 5, 3).stride(2).padding(2).dilation(2));
+  EXPECT_EQ(layer.weight.sizes(), (DimVector{5, 4, 3}));
+  layer.weight.copy_(G("c1d_s2_d2.w"));
+  layer.bias.copy_(G("c1d_s2_d2.b"));
+  testing::expect_close(layer(G("c1d_s2_d2.x")), G("c1d_s2_d2.out"), kTol, "layer");
+  EXPECT_EQ(layer.extra_repr(), "4, 5, kernel_size=(3,), stride=(2,), padding=(2,), dilation=(2,)");
+  nn::Conv1d dw(nn::Conv1dOptions(4, 8, 5).groups(4).bias(false));
+  EXPECT_EQ(dw.weight.sizes(), (DimVector{8, 1, 5}));
+  EXPECT_EQ(dw.extra_repr(), "4, 8, kernel_size=(5,), stride=(1,), groups=4, bias=False");
+  // PyTorch's init bound 1/sqrt(fan_in), fan_in = in/groups * kL = 5.
+  for (float v : dw.weight.to_vector<float>()) EXPECT_LE(std::abs(v), 1.0 / std::sqrt(5.0));
+}
+
+TEST(SpatialOpsGolden, Pool1d) {
+  struct Max {
+    const char* name;
+    int64_t k, s, p, d;
+    bool ceil;
+  };
+  for (const Max& c : {Max{"mp1d_k3_s2_p1", 3, 2, 1, 1, false}, Max{"mp1d_ceil_dil2", 3, 2, 0, 2, true}}) {
+    const std::string n = c.name;
+    const Tensor want = G(n + ".out");
+    testing::expect_close(max_pool1d(G(n + ".x"), c.k, c.s, c.p, c.d, c.ceil), want, kTol, n);
+    nn::MaxPool1d layer(c.k, c.s, c.p, c.d, c.ceil);
+    testing::expect_close(layer(G(n + ".x")), want, kTol, n + " layer");
+  }
+  struct Avg {
+    const char* name;
+    int64_t k, s, p;
+    bool ceil, count;
+  };
+  for (const Avg& c : {Avg{"ap1d_k3_s2_p1", 3, 2, 1, false, true}, Avg{"ap1d_ceil_nocount", 4, 3, 2, true, false}}) {
+    const std::string n = c.name;
+    const Tensor want = G(n + ".out");
+    testing::expect_close(avg_pool1d(G(n + ".x"), c.k, c.s, c.p, c.ceil, c.count), want, kTol, n);
+    nn::AvgPool1d layer(c.k, c.s, c.p, c.ceil, c.count);
+    testing::expect_close(layer(G(n + ".x")), want, kTol, n + " layer");
+  }
+  testing::expect_close(adaptive_avg_pool1d(G("aap1d_4.x"), 4), G("aap1d_4.out"), kTol, "aap1d_4");
+  testing::expect_close(nn::AdaptiveAvgPool1d(3)(G("aap1d_3_from_11.x")), G("aap1d_3_from_11.out"), kTol,
+                        "aap1d_3_from_11");
+  // Default stride = kernel size.
+  const Tensor x = G("mp1d_k3_s2_p1.x");
+  EXPECT_EQ(max_pool1d(x, 3).sizes(), (DimVector{2, 3, 3}));
+  EXPECT_EQ(nn::MaxPool1d(3).extra_repr(), "kernel_size=3, stride=3, padding=0, dilation=1, ceil_mode=False");
+  EXPECT_EQ(nn::AvgPool1d(4, 2, 1).extra_repr(), "kernel_size=(4,), stride=(2,), padding=(1,)");
+  EXPECT_EQ(nn::AdaptiveAvgPool1d(7).extra_repr(), "output_size=7");
+}
+
+TEST(SpatialOpErrors, Conv1d) {
+  const Tensor x = f32({1, 4, 10}), w = f32({6, 4, 3});
+  EXPECT_THROW_MSG(conv1d(Tensor(), w), ValueError, "conv1d: input is an undefined tensor");
+  EXPECT_THROW_MSG(conv1d(f32({1, 4, 10, 1}), w), ShapeError, "conv1d: input must be 3-D (N, C, L), got sizes [1, 4, 10, 1]");
+  EXPECT_THROW_MSG(conv1d(x, f32({6, 4})), ShapeError, "conv1d: weight must be 3-D (out_channels, in_channels/groups, kL)");
+  EXPECT_THROW_MSG(conv1d(x, f32({6, 3, 3})), ShapeError,
+                   "conv1d: input has 4 channels but the weight expects in_channels/groups * groups = 3 * 1 = 3");
+  EXPECT_THROW_MSG(conv1d(x, w, f32({5})), ShapeError, "conv1d: bias must have sizes [6], got [5]");
+  EXPECT_THROW_MSG(conv1d(f32({1, 4, 1}), w), ShapeError,
+                   "conv1d: padded input length 1 is smaller than the dilated kernel 3");
+  Conv1dParams p;
+  p.stride = 0;
+  EXPECT_THROW_MSG(conv1d(x, w, Tensor(), p), ValueError, "conv1d: stride must be >= 1, got 0");
+  p = {};
+  p.padding = -1;
+  EXPECT_THROW_MSG(conv1d(x, w, Tensor(), p), ValueError, "conv1d: padding must be >= 0, got -1");
+  p = {};
+  p.dilation = 0;
+  EXPECT_THROW_MSG(conv1d(x, w, Tensor(), p), ValueError, "conv1d: dilation must be >= 1, got 0");
+  p = {};
+  p.groups = 0;
+  EXPECT_THROW_MSG(conv1d(x, w, Tensor(), p), ValueError, "conv1d: groups must be >= 1, got 0");
+  p.groups = 4;
+  EXPECT_THROW_MSG(conv1d(x, f32({6, 1, 3}), Tensor(), p), ShapeError,
+                   "conv1d: out_channels (6) must be divisible by groups (4)");
+  EXPECT_THROW_MSG(conv1d(zeros({1, 4, 10}, DType::kU8), w), DTypeError, "conv1d: input must have dtype f32, got u8");
+  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 3).groups(4)), ValueError,
+                   "Conv1d: in_channels (4) and out_channels (6) must be divisible by groups (4)");
+  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(0, 6, 3)), ValueError,
+                   "Conv1d: in_channels and out_channels must be >= 1, got 0 and 6");
+  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 0)), ValueError, "Conv1d: kernel_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 3).stride(0)), ValueError,
+                   "Conv1d: stride and dilation must be >= 1 and padding >= 0, got stride 0");
+  EXPECT_EQ(conv1d(x, w).sizes(), (DimVector{1, 6, 8}));  // still usable
+}
+
+TEST(SpatialOpErrors, Pool1d) {
+  const Tensor x = f32({1, 3, 8});
+  EXPECT_THROW_MSG(max_pool1d(f32({1, 3, 8, 8}), 2), ShapeError, "max_pool1d: input must be 3-D (N, C, L), got sizes [1, 3, 8, 8]");
+  EXPECT_THROW_MSG(max_pool1d(Tensor(), 2), ValueError, "max_pool1d: input is an undefined tensor");
+  EXPECT_THROW_MSG(max_pool1d(x, 0), ValueError, "max_pool1d: kernel_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(max_pool1d(x, 2, 0), ValueError, "max_pool1d: stride must be >= 1, got 0");
+  EXPECT_THROW_MSG(max_pool1d(x, 2, 1, 0, 0), ValueError, "max_pool1d: dilation must be >= 1, got 0");
+  EXPECT_THROW_MSG(max_pool1d(x, 2, 1, 2), ValueError,
+                   "max_pool1d: padding must be >= 0 and at most half the kernel size, got padding 2 for kernel_size 2");
+  EXPECT_THROW_MSG(max_pool1d(f32({1, 3, 2}), 3), ShapeError, "max_pool1d: padded input length 2 is smaller than the (dilated) kernel 3");
+  EXPECT_THROW_MSG(avg_pool1d(f32({3, 8}), 2), ShapeError, "avg_pool1d: input must be 3-D (N, C, L), got sizes [3, 8]");
+  EXPECT_THROW_MSG(avg_pool1d(x, 2, -1), ValueError, "avg_pool1d: stride must be >= 1, got -1");
+  EXPECT_THROW_MSG(adaptive_avg_pool1d(f32({3, 8}), 2), ShapeError, "adaptive_avg_pool1d: input must be 3-D (N, C, L)");
+  EXPECT_THROW_MSG(adaptive_avg_pool1d(x, 0), ValueError, "adaptive_avg_pool1d: output_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::MaxPool1d(0), ValueError, "MaxPool1d: kernel_size and dilation must be >= 1");
+  EXPECT_THROW_MSG(nn::AvgPool1d(2, 1, 3), ValueError,
+                   "AvgPool1d: padding must be >= 0 and at most half the kernel size, got padding 3 for kernel_size 2");
+  EXPECT_THROW_MSG(nn::AdaptiveAvgPool1d(0), ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got 0");
+}
+
 }  // namespace
 }  // namespace dbrq

@@ -195,5 +195,71 @@ TEST(SpatialQuant, ConvertedConvTransposeWithOtherParametersRunsFp32) {
   EXPECT_EQ(m(x).to_vector<float>(), good.to_vector<float>());
 }
 
+// ---- a keyword-spotting style Conv1d net ----------------------------------------------------------
+
+struct KwsNet : nn::CallableModule<KwsNet> {
+  KwsNet() {
+    conv1 = register_module("conv1", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(10, 16, 5).padding(2)));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1d>(16));
+    pool1 = register_module("pool1", std::make_shared<nn::MaxPool1d>(2));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(16, 16, 3).padding(1).groups(4)));
+    pool2 = register_module("pool2", std::make_shared<nn::AvgPool1d>(3, 2, 1));
+    gap = register_module("gap", std::make_shared<nn::AdaptiveAvgPool1d>(1));
+    fc = register_module("fc", std::make_shared<nn::Linear>(16, 6));
+    bn1->running_mean.copy_(rand_uniform({16}, -0.3, 0.3, 11));
+    bn1->running_var.copy_(rand_uniform({16}, 0.5, 2.0, 12));
+    bn1->weight.copy_(rand_uniform({16}, 0.5, 1.5, 13));
+    bn1->bias.copy_(rand_uniform({16}, -0.2, 0.2, 14));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*pool1)(relu((*bn1)((*conv1)(x))));
+    y = (*pool2)(relu((*conv2)(y)));
+    return (*fc)((*gap)(y).flatten(1));
+  }
+  std::shared_ptr<nn::Conv1d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm1d> bn1;
+  std::shared_ptr<nn::MaxPool1d> pool1;
+  std::shared_ptr<nn::AvgPool1d> pool2;
+  std::shared_ptr<nn::AdaptiveAvgPool1d> gap;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(SpatialQuant, KeywordSpottingConv1dNetRunsInt8) {
+  manual_seed(8);
+  KwsNet ref;
+  manual_seed(8);
+  KwsNet m;
+  const Tensor x = randn({4, 10, 40}, 1);
+  prepare(m, {x});
+  EXPECT_EQ(testing::display_kinds(testing::state_of(m)),
+            (std::vector<std::string>{"conv1d+batch_norm+relu", "max_pool1d", "conv1d+relu", "avg_pool1d",
+                                      "adaptive_avg_pool1d", "flatten", "linear"}));
+  for (int i = 0; i < 8; ++i) m(randn({4, 10, 40}, 400 + i));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  EXPECT_EQ(ops[0].executor.rfind("int8 conv1d [16, 10, 5]+relu", 0), 0u) << ops[0].executor;
+  EXPECT_EQ(ops[1].executor, "fused into conv1d+batch_norm+relu");
+  int total = 0;
+  const int int8 = count_int8(ops, &total);
+  for (const QuantizedOpInfo& op : ops) {
+    if (op.kind == OpKind::kMaxPool1d || op.kind == OpKind::kAvgPool1d || op.kind == OpKind::kAdaptiveAvgPool1d) {
+      EXPECT_EQ(op.input_dtypes, (std::vector<DType>{DType::kU8})) << op.op;
+      EXPECT_EQ(op.output_dtype, DType::kU8) << op.op;
+    }
+  }
+  const double sqnr = testing::sqnr_of(m(x), ref(x));
+  std::cout << "[ spatial  ] keyword-spotting Conv1d net: " << int8 << "/" << total << " ops int8, SQNR " << sqnr
+            << " dB vs fp32" << std::endl;
+  EXPECT_GT(sqnr, 20.0);
+  EXPECT_EQ(int8, total);
+  // Batch size and sequence length change after convert.
+  for (const auto& sizes : {std::vector<int64_t>{1, 10, 40}, std::vector<int64_t>{3, 10, 64}}) {
+    const Tensor x2 = randn(sizes, 500);
+    const Tensor y = m(x2);
+    EXPECT_EQ(y.sizes(), (DimVector{sizes[0], 6}));
+    EXPECT_GT(testing::sqnr_of(y, ref(x2)), 20.0);
+  }
+}
+
 }  // namespace
 }  // namespace dbrq
