@@ -100,6 +100,8 @@ uint64_t fingerprint(const ConvTranspose2dParams& p) { return fingerprint_fields
 bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b) { return fields_equal(a, b); }
 uint64_t fingerprint(const Conv1dParams& p) { return fingerprint_fields(p); }
 bool operator==(const Conv1dParams& a, const Conv1dParams& b) { return fields_equal(a, b); }
+uint64_t fingerprint(const InterpolateParams& p) { return fingerprint_fields(p); }
+bool operator==(const InterpolateParams& a, const InterpolateParams& b) { return fields_equal(a, b); }
 
 uint64_t name_fingerprint(const std::string& name) {
   uint64_t h = kFingerprintSeed;

@@ -66,6 +66,24 @@ struct Conv1dParams {
   }
 };
 
+// interpolate (F.interpolate, 4-D): the output size is resolved by the functional (from `size`, or
+// floor(in * scale_factor)); scale_h / scale_w keep a given scale factor (0: none), which PyTorch's
+// kernels use for the source index.
+struct InterpolateParams {
+  std::array<int64_t, 2> size = {1, 1};
+  double scale_h = 0.0, scale_w = 0.0;
+  int64_t mode = 0;  // 0 nearest, 1 bilinear
+  bool align_corners = false;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("size", p.size);
+    f("scale_h", p.scale_h);
+    f("scale_w", p.scale_w);
+    f("mode", p.mode);
+    f("align_corners", p.align_corners);
+  }
+};
+
 struct Pool2dParams {
   std::array<int64_t, 2> kernel_size = {1, 1};
   std::array<int64_t, 2> stride = {1, 1};  // PyTorch's default stride = kernel_size; set by callers
@@ -174,6 +192,7 @@ uint64_t fingerprint(const DropoutParams& p);
 uint64_t fingerprint(const ConvertParams& p);
 uint64_t fingerprint(const ConvTranspose2dParams& p);
 uint64_t fingerprint(const Conv1dParams& p);
+uint64_t fingerprint(const InterpolateParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
 // exactly): what quant-state files store. from_fields checks names, counts and values and throws
@@ -212,6 +231,7 @@ bool operator==(const DropoutParams& a, const DropoutParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
 bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b);
 bool operator==(const Conv1dParams& a, const Conv1dParams& b);
+bool operator==(const InterpolateParams& a, const InterpolateParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------
 

@@ -61,6 +61,13 @@ Tensor unit_height_view(const Tensor& x);
 Tensor drop_unit_height(const Tensor& y);
 Conv2dParams conv1d_as_conv2d(const Conv1dParams& p);
 Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p, const PostOps& post = {});
+// interpolate to [oh, ow] (kernels/eager_resample.cc), in x's layout. scale_* > 0: the scale
+// factor the caller gave (PyTorch indexes with 1 / scale then), else in / out. Nearest takes f32,
+// u8 or s8 (codes copied, parameters kept); bilinear f32 or quantized u8 (PyTorch's quantized
+// kernel: same parameters out).
+Tensor upsample_nearest2d(const Tensor& x, int64_t oh, int64_t ow, double scale_h, double scale_w);
+Tensor upsample_bilinear2d(const Tensor& x, int64_t oh, int64_t ow, bool align_corners, double scale_h,
+                           double scale_w);
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 enum class BinaryAlg { kAdd, kSub, kMul, kDiv };

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace dbrq {
@@ -284,6 +285,48 @@ std::string AvgPool1d::extra_repr() const {
 
 AdaptiveAvgPool1d::AdaptiveAvgPool1d(int64_t output_size) : Layer("AdaptiveAvgPool1d"), output_size_(output_size) {
   DBRQ_ENSURE(output_size >= 1, ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got ", output_size);
+}
+
+namespace {
+
+// Python's repr of a float: "2.0", "1.5".
+std::string py_float(double v) {
+  std::string s = absl::StrFormat("%.17g", v);
+  if (static_cast<double>(std::stod(absl::StrFormat("%g", v))) == v) s = absl::StrFormat("%g", v);
+  if (s.find_first_of(".einn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+Upsample::Upsample(const UpsampleOptions& o) : Layer("Upsample"), o_(o) {
+  DBRQ_ENSURE(o.size().has_value() != o.scale_factor().has_value(), ValueError,
+              o.size().has_value() ? "Upsample: only one of size or scale_factor should be defined"
+                                   : "Upsample: either size or scale_factor should be defined");
+  DBRQ_ENSURE(o.mode() == "nearest" || o.mode() == "bilinear", ValueError,
+              "Upsample: mode must be \"nearest\" or \"bilinear\", got \"", o.mode(), "\"");
+  DBRQ_ENSURE(!(o.mode() == "nearest" && o.align_corners().has_value()), ValueError,
+              "Upsample: align_corners option can only be set with the interpolating mode \"bilinear\"");
+  if (o.size()) {
+    DBRQ_ENSURE((*o.size())[0] >= 1 && (*o.size())[1] >= 1, ValueError, "Upsample: size must be >= 1, got ",
+                pair(*o.size()));
+  } else {
+    for (double f : *o.scale_factor()) {
+      DBRQ_ENSURE(std::isfinite(f) && f > 0.0, ValueError, "Upsample: scale_factor must be finite and > 0, got ", f);
+    }
+  }
+}
+
+std::string Upsample::extra_repr() const {
+  std::string s;
+  if (o_.scale_factor()) {
+    const auto& f = *o_.scale_factor();
+    s = o_.scalar() ? "scale_factor=" + py_float(f[0])
+                    : absl::StrCat("scale_factor=(", py_float(f[0]), ", ", py_float(f[1]), ")");
+  } else {
+    s = o_.scalar() ? absl::StrCat("size=", (*o_.size())[0]) : "size=" + pair(*o_.size());
+  }
+  return absl::StrCat(s, ", mode='", o_.mode(), "'");
 }
 
 std::string ConvTranspose2d::extra_repr() const {

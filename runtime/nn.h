@@ -394,6 +394,56 @@ class AdaptiveAvgPool1d final : public Layer<AdaptiveAvgPool1d> {
   int64_t output_size_;
 };
 
+// nn.Upsample: exactly one of size / scale_factor (a single value or one per spatial dim).
+struct UpsampleOptions {
+  using Self = UpsampleOptions;
+  Self& size(int64_t s) { return size(Int2{s, s}, true); }
+  Self& size(Int2 s, bool scalar = false) {
+    size_ = s;
+    scalar_ = scalar;
+    return *this;
+  }
+  Self& scale_factor(double f) { return scale_factor(std::array<double, 2>{f, f}, true); }
+  Self& scale_factor(std::array<double, 2> f, bool scalar = false) {
+    scale_factor_ = f;
+    scalar_ = scalar;
+    return *this;
+  }
+  Self& mode(std::string m) {
+    mode_ = std::move(m);
+    return *this;
+  }
+  Self& align_corners(bool a) {
+    align_corners_ = a;
+    return *this;
+  }
+  const std::optional<Int2>& size() const { return size_; }
+  const std::optional<std::array<double, 2>>& scale_factor() const { return scale_factor_; }
+  const std::string& mode() const { return mode_; }
+  const std::optional<bool>& align_corners() const { return align_corners_; }
+  bool scalar() const { return scalar_; }  // given as one value (printing)
+
+ private:
+  std::optional<Int2> size_;
+  std::optional<std::array<double, 2>> scale_factor_;
+  std::string mode_ = "nearest";
+  std::optional<bool> align_corners_;
+  bool scalar_ = false;
+};
+
+class Upsample final : public Layer<Upsample> {
+ public:
+  explicit Upsample(const UpsampleOptions& options);
+  Tensor forward(const Tensor& x) {
+    return interpolate(x, o_.size(), o_.scale_factor(), o_.mode(), o_.align_corners());
+  }
+  const UpsampleOptions& options() const { return o_; }
+  std::string extra_repr() const override;
+
+ private:
+  UpsampleOptions o_;
+};
+
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}

@@ -92,6 +92,7 @@ enum class OpKind : uint16_t {
   kMaxPool1d,
   kAvgPool1d,
   kAdaptiveAvgPool1d,
+  kInterpolate,
   kNumOpKinds,
 };
 
@@ -184,6 +185,15 @@ Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> s
 Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
                   int64_t padding = 0, bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
+
+// ---- resampling ----
+// F.interpolate of a 4-D [N, C, H, W] tensor: exactly one of size / scale_factor; mode "nearest"
+// or "bilinear"; align_corners only with "bilinear" (default false). The output size from a scale
+// factor is floor(in * scale_factor), and the factor itself drives the source index (PyTorch's
+// recompute_scale_factor=None). In int8 (converted models) the output keeps the input's parameters.
+Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
+                   std::optional<std::array<double, 2>> scale_factor = std::nullopt,
+                   const std::string& mode = "nearest", std::optional<bool> align_corners = std::nullopt);
 
 // ---- reductions (dims empty: all dims) ----
 Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);

@@ -67,5 +67,6 @@ void register_pooling_ops(OpRegistry& r);
 void register_reduction_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r);
 void register_data_ops(OpRegistry& r);
+void register_resample_ops(OpRegistry& r);
 
 }  // namespace dbrq::ops

@@ -598,6 +598,42 @@ TEST(Int8OpsGolden, Pool1d) {
   expect_codes(n, op_def(OpKind::kAdaptiveAvgPool1d).int8_share(qinput(n, "x"), &p));
 }
 
+// interpolate on int8 (the eager kernel takes the codes, as the converted model's ShareExec runs it)
+// against PyTorch's quantized upsample_nearest2d / upsample_bilinear2d (NCHW and NHWC kernels).
+TEST(Int8OpsGolden, Interpolate) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    std::optional<std::array<int64_t, 2>> size;
+    std::optional<std::array<double, 2>> scale;
+    const char* mode;
+    std::optional<bool> align_corners;
+    bool channels_last;
+  };
+  const std::array<double, 2> s2{2.0, 2.0};
+  const Case cases[] = {
+      {"interp_nearest_s2", "interpolate nearest scale=2 channels_last=0", std::nullopt, s2, "nearest", std::nullopt,
+       false},
+      {"interp_nearest_size_nhwc", "interpolate nearest size=7,13 channels_last=1", std::array<int64_t, 2>{7, 13},
+       std::nullopt, "nearest", std::nullopt, true},
+      {"interp_bilinear_s2", "interpolate bilinear scale=2 align_corners=0 channels_last=0", std::nullopt, s2,
+       "bilinear", false, false},
+      {"interp_bilinear_ac_size", "interpolate bilinear size=9,11 align_corners=1 channels_last=0",
+       std::array<int64_t, 2>{9, 11}, std::nullopt, "bilinear", true, false},
+      {"interp_bilinear_s2_nhwc", "interpolate bilinear scale=2 align_corners=0 channels_last=1", std::nullopt, s2,
+       "bilinear", false, true},
+  };
+  for (const Case& c : cases) {
+    const std::string n = c.name;
+    begin_case(n, c.desc);
+    for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      const Tensor y = dbrq::interpolate(qinput(n, "x", f), c.size, c.scale, c.mode, c.align_corners);
+      EXPECT_EQ(y.is_channels_last() && !y.is_contiguous(), f == MemoryFormat::kChannelsLast) << n;
+      expect_codes(n, y);
+    }
+  }
+}
+
 TEST(Int8OpsGolden, CoversEveryGoldenCase) {
   if (::testing::GTEST_FLAG(filter) != "*") GTEST_SKIP() << "only meaningful when every test runs";
   std::vector<std::string> missing;

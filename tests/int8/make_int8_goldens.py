@@ -492,6 +492,21 @@ def make_op_goldens():
     unary_case("adaptive_avg_pool1d_5", "adaptive_avg_pool1d output=5",
                lambda q: F.adaptive_avg_pool1d(q, 5), shape=(4, 8, 24))
 
+    # ---- issue 12: interpolate on quantized tensors (PyTorch's quantized upsample kernels) ----
+    cl = torch.channels_last
+    unary_case("interp_nearest_s2", "interpolate nearest scale=2 channels_last=0",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="nearest"), shape=(2, 8, 4, 8))
+    unary_case("interp_nearest_size_nhwc", "interpolate nearest size=7,13 channels_last=1",
+               lambda q: F.interpolate(q, size=(7, 13), mode="nearest"), shape=(2, 8, 4, 8), memory_format=cl)
+    unary_case("interp_bilinear_s2", "interpolate bilinear scale=2 align_corners=0 channels_last=0",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="bilinear", align_corners=False), shape=(2, 8, 4, 8))
+    unary_case("interp_bilinear_ac_size", "interpolate bilinear size=9,11 align_corners=1 channels_last=0",
+               lambda q: F.interpolate(q, size=(9, 11), mode="bilinear", align_corners=True), shape=(2, 8, 4, 8),
+               scale=0.03, zp=40)
+    unary_case("interp_bilinear_s2_nhwc", "interpolate bilinear scale=2 align_corners=0 channels_last=1",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="bilinear", align_corners=False), shape=(2, 8, 4, 8),
+               memory_format=cl)
+
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 
 

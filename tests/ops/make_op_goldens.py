@@ -465,6 +465,25 @@ def make_conv1d_pool1d():
         put(name + ".out", F.adaptive_avg_pool1d(x, o))
 
 
+# name: (x shape, size, scale_factor, mode, align_corners)
+INTERP_CASES = {
+    "interp_nearest_s2": ((1, 3, 4, 5), None, (2.0, 2.0), "nearest", None),
+    "interp_nearest_size": ((2, 2, 5, 4), (7, 9), None, "nearest", None),
+    "interp_nearest_s1_5_2_5": ((1, 2, 4, 6), None, (1.5, 2.5), "nearest", None),
+    "interp_bilinear_s2": ((1, 3, 4, 5), None, (2.0, 2.0), "bilinear", False),
+    "interp_bilinear_ac_size": ((1, 3, 4, 5), (9, 7), None, "bilinear", True),
+    "interp_bilinear_down": ((2, 2, 8, 6), (5, 4), None, "bilinear", False),
+    "interp_bilinear_s1_7_1_3": ((1, 2, 5, 5), None, (1.7, 1.3), "bilinear", False),
+}
+
+
+def make_interpolate():
+    for name, (xs, size, scale, mode, ac) in INTERP_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.interpolate(x, size=size, scale_factor=scale, mode=mode, align_corners=ac))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -484,6 +503,7 @@ def main():
     make_quant()
     make_conv_transpose()
     make_conv1d_pool1d()
+    make_interpolate()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

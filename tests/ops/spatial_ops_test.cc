@@ -1,6 +1,7 @@
 // The spatial ops of issue 12 (conv_transpose2d, ...): fp32 against PyTorch 1.13 goldens
 // (golden/ops.safetensors, cases appended by make_op_goldens.py; parameters below mirror the
 // script's tables), their layers, and every bad argument with its error type and message.
+#include <optional>
 #include <string>
 
 #include "tests/test_util.h"
@@ -299,6 +300,98 @@ TEST(SpatialOpErrors, Pool1d) {
   EXPECT_THROW_MSG(nn::AvgPool1d(2, 1, 3), ValueError,
                    "AvgPool1d: padding must be >= 0 and at most half the kernel size, got padding 3 for kernel_size 2");
   EXPECT_THROW_MSG(nn::AdaptiveAvgPool1d(0), ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got 0");
+}
+
+// ---- interpolate / Upsample -------------------------------------------------------------------------
+
+struct InterpCase {
+  const char* name;
+  std::optional<std::array<int64_t, 2>> size;
+  std::optional<std::array<double, 2>> scale;
+  const char* mode;
+  std::optional<bool> align_corners;
+};
+
+const InterpCase kInterpCases[] = {
+    {"interp_nearest_s2", std::nullopt, std::array<double, 2>{2.0, 2.0}, "nearest", std::nullopt},
+    {"interp_nearest_size", std::array<int64_t, 2>{7, 9}, std::nullopt, "nearest", std::nullopt},
+    {"interp_nearest_s1_5_2_5", std::nullopt, std::array<double, 2>{1.5, 2.5}, "nearest", std::nullopt},
+    {"interp_bilinear_s2", std::nullopt, std::array<double, 2>{2.0, 2.0}, "bilinear", false},
+    {"interp_bilinear_ac_size", std::array<int64_t, 2>{9, 7}, std::nullopt, "bilinear", true},
+    {"interp_bilinear_down", std::array<int64_t, 2>{5, 4}, std::nullopt, "bilinear", false},
+    {"interp_bilinear_s1_7_1_3", std::nullopt, std::array<double, 2>{1.7, 1.3}, "bilinear", false},
+};
+
+TEST(SpatialOpsGolden, Interpolate) {
+  for (const InterpCase& c : kInterpCases) {
+    SCOPED_TRACE(c.name);
+    const std::string n = c.name;
+    const Tensor x = G(n + ".x"), want = G(n + ".out");
+    const Tensor y = interpolate(x, c.size, c.scale, c.mode, c.align_corners);
+    EXPECT_EQ(y.sizes(), want.sizes());
+    testing::expect_close(y, want, kTol, n);
+    const Tensor y_cl = interpolate(x.contiguous(MemoryFormat::kChannelsLast), c.size, c.scale, c.mode,
+                                    c.align_corners);
+    testing::expect_close(y_cl, want, kTol, n + " channels-last");
+    if (x.size(1) > 1) {
+      EXPECT_TRUE(y_cl.is_channels_last()) << "the output keeps the input layout";
+    }
+    nn::UpsampleOptions o;
+    if (c.size) o.size(*c.size);
+    if (c.scale) o.scale_factor(*c.scale);
+    o.mode(c.mode);
+    if (c.align_corners) o.align_corners(*c.align_corners);
+    testing::expect_close(nn::Upsample(o)(x), want, kTol, n + " layer");
+  }
+  // Nearest is a gather: exact.
+  EXPECT_EQ(interpolate(G("interp_nearest_size.x"), std::array<int64_t, 2>{7, 9}).to_vector<float>(),
+            G("interp_nearest_size.out").to_vector<float>());
+}
+
+TEST(SpatialOpsGolden, UpsamplePrinting) {
+  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor(2.0)).extra_repr(), "scale_factor=2.0, mode='nearest'");
+  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor(1.5).mode("bilinear").align_corners(true)).extra_repr(),
+            "scale_factor=1.5, mode='bilinear'");
+  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor({2.0, 3.0})).extra_repr(),
+            "scale_factor=(2.0, 3.0), mode='nearest'");
+  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().size(8)).extra_repr(), "size=8, mode='nearest'");
+  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().size({4, 6}).mode("bilinear")).to_string(),
+            "Upsample(size=(4, 6), mode='bilinear')");
+}
+
+TEST(SpatialOpErrors, Interpolate) {
+  const Tensor x = f32({1, 2, 4, 4});
+  const std::array<double, 2> s2{2.0, 2.0};
+  EXPECT_THROW_MSG(interpolate(Tensor(), std::nullopt, s2), ValueError, "interpolate: input is an undefined tensor");
+  EXPECT_THROW_MSG(interpolate(f32({2, 4, 4}), std::nullopt, s2), ShapeError,
+                   "interpolate: input must be 4-D (N, C, H, W), got sizes [2, 4, 4]");
+  EXPECT_THROW_MSG(interpolate(x, std::nullopt), ValueError, "interpolate: either size or scale_factor should be defined");
+  EXPECT_THROW_MSG(interpolate(x, std::array<int64_t, 2>{8, 8}, s2), ValueError,
+                   "interpolate: only one of size or scale_factor should be defined");
+  EXPECT_THROW_MSG(interpolate(x, std::nullopt, s2, "bicubic"), ValueError,
+                   "interpolate: mode must be \"nearest\" or \"bilinear\", got \"bicubic\"");
+  EXPECT_THROW_MSG(interpolate(x, std::nullopt, s2, "nearest", true), ValueError,
+                   "interpolate: align_corners option can only be set with the interpolating mode \"bilinear\"");
+  EXPECT_THROW_MSG(interpolate(x, std::array<int64_t, 2>{0, 3}), ValueError, "interpolate: size must be >= 1, got (0, 3)");
+  EXPECT_THROW_MSG(interpolate(x, std::nullopt, std::array<double, 2>{2.0, -1.0}), ValueError,
+                   "interpolate: scale_factor must be finite and > 0, got (2, -1)");
+  EXPECT_THROW_MSG(interpolate(x, std::nullopt, std::array<double, 2>{0.1, 1.0}), ShapeError,
+                   "interpolate: output size 0 (input 4 * scale_factor 0.1) must be >= 1");
+  EXPECT_THROW_MSG(interpolate(zeros({1, 2, 4, 4}, DType::kS64), std::nullopt, s2), DTypeError,
+                   "interpolate: input must have dtype f32, u8 or s8, got s64");
+  EXPECT_THROW_MSG(interpolate(zeros({1, 2, 4, 4}, DType::kU8), std::nullopt, s2, "bilinear"), DTypeError,
+                   "interpolate (bilinear): input must have dtype f32 or be a quantized u8 tensor, got u8");
+  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions()), ValueError,
+                   "Upsample: either size or scale_factor should be defined");
+  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).scale_factor(2.0)), ValueError,
+                   "Upsample: only one of size or scale_factor should be defined");
+  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).mode("area")), ValueError,
+                   "Upsample: mode must be \"nearest\" or \"bilinear\", got \"area\"");
+  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).align_corners(false)), ValueError,
+                   "Upsample: align_corners option can only be set with the interpolating mode \"bilinear\"");
+  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().scale_factor(0.0)), ValueError,
+                   "Upsample: scale_factor must be finite and > 0, got 0");
+  EXPECT_EQ(interpolate(x, std::nullopt, s2).sizes(), (DimVector{1, 2, 8, 8}));
 }
 
 }  // namespace

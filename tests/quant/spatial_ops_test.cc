@@ -261,5 +261,65 @@ TEST(SpatialQuant, KeywordSpottingConv1dNetRunsInt8) {
   }
 }
 
+// ---- a U-Net with interpolation: Upsample (bilinear) and interpolate to the skip's size ---------
+
+struct UpsampleUNet : nn::CallableModule<UpsampleUNet> {
+  UpsampleUNet() {
+    enc1 = register_module("enc1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    enc2 = register_module("enc2", std::make_shared<Conv2d>(8, 16, 3, 2, 1));
+    enc3 = register_module("enc3", std::make_shared<Conv2d>(16, 16, 3, 2, 1));
+    up = register_module("up", std::make_shared<nn::Upsample>(
+                                   nn::UpsampleOptions().scale_factor(2.0).mode("bilinear").align_corners(false)));
+    dec2 = register_module("dec2", std::make_shared<Conv2d>(32, 8, 3, 1, 1));
+    dec1 = register_module("dec1", std::make_shared<Conv2d>(16, 2, 1));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor s1 = relu((*enc1)(x));
+    const Tensor s2 = relu((*enc2)(s1));
+    Tensor y = relu((*enc3)(s2));
+    y = relu((*dec2)(cat({(*up)(y), s2}, 1)));
+    // To the skip's size, whatever the image size (odd sizes included): nearest.
+    y = interpolate(y, std::array<int64_t, 2>{s1.size(2), s1.size(3)});
+    return (*dec1)(cat({y, s1}, 1));
+  }
+  std::shared_ptr<Conv2d> enc1, enc2, enc3, dec2, dec1;
+  std::shared_ptr<nn::Upsample> up;
+};
+
+TEST(SpatialQuant, UpsampleUNetRunsInt8AcrossImageSizes) {
+  manual_seed(12);
+  UpsampleUNet ref;
+  manual_seed(12);
+  UpsampleUNet m;
+  const Tensor x = randn({2, 3, 16, 16}, 1);
+  prepare(m, {x});
+  for (int i = 0; i < 8; ++i) m(randn({2, 3, 16, 16}, 600 + i));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  int interps = 0;
+  for (const QuantizedOpInfo& op : ops) {
+    if (op.kind != OpKind::kInterpolate) continue;
+    ++interps;
+    EXPECT_EQ(op.executor, "int8 interpolate (shares parameters)");
+    EXPECT_EQ(op.input_dtypes, (std::vector<DType>{DType::kU8}));
+  }
+  EXPECT_EQ(interps, 2);
+  int total = 0;
+  const int int8 = count_int8(ops, &total);
+  const double sqnr = testing::sqnr_of(m(x), ref(x));
+  std::cout << "[ spatial  ] U-Net with Upsample/interpolate: " << int8 << "/" << total << " ops int8, SQNR " << sqnr
+            << " dB vs fp32" << std::endl;
+  EXPECT_GT(sqnr, 20.0);
+  EXPECT_EQ(int8, total);
+  // Other batch and image sizes (the interpolate size follows the image): still int8, no new path.
+  for (const auto& sizes : {std::vector<int64_t>{1, 3, 16, 16}, std::vector<int64_t>{3, 3, 20, 12}}) {
+    const Tensor x2 = randn(sizes, 700);
+    const Tensor y = m(x2);
+    EXPECT_EQ(y.sizes(), (DimVector{sizes[0], 2, sizes[2], sizes[3]}));
+    EXPECT_GT(testing::sqnr_of(y, ref(x2)), 20.0);
+  }
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+}
+
 }  // namespace
 }  // namespace dbrq
