@@ -102,6 +102,8 @@ uint64_t fingerprint(const Conv1dParams& p) { return fingerprint_fields(p); }
 bool operator==(const Conv1dParams& a, const Conv1dParams& b) { return fields_equal(a, b); }
 uint64_t fingerprint(const InterpolateParams& p) { return fingerprint_fields(p); }
 bool operator==(const InterpolateParams& a, const InterpolateParams& b) { return fields_equal(a, b); }
+uint64_t fingerprint(const GroupNormParams& p) { return fingerprint_fields(p); }
+bool operator==(const GroupNormParams& a, const GroupNormParams& b) { return fields_equal(a, b); }
 
 uint64_t name_fingerprint(const std::string& name) {
   uint64_t h = kFingerprintSeed;

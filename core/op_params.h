@@ -84,6 +84,18 @@ struct InterpolateParams {
   }
 };
 
+// group_norm (F.group_norm): statistics over each group of channels (and all spatial positions) per
+// sample; instance_norm is group_norm with one group per channel.
+struct GroupNormParams {
+  int64_t num_groups = 1;
+  double eps = 1e-5;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("num_groups", p.num_groups);
+    f("eps", p.eps);
+  }
+};
+
 struct Pool2dParams {
   std::array<int64_t, 2> kernel_size = {1, 1};
   std::array<int64_t, 2> stride = {1, 1};  // PyTorch's default stride = kernel_size; set by callers
@@ -193,6 +205,7 @@ uint64_t fingerprint(const ConvertParams& p);
 uint64_t fingerprint(const ConvTranspose2dParams& p);
 uint64_t fingerprint(const Conv1dParams& p);
 uint64_t fingerprint(const InterpolateParams& p);
+uint64_t fingerprint(const GroupNormParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
 // exactly): what quant-state files store. from_fields checks names, counts and values and throws
@@ -232,6 +245,7 @@ bool operator==(const ConvertParams& a, const ConvertParams& b);
 bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b);
 bool operator==(const Conv1dParams& a, const Conv1dParams& b);
 bool operator==(const InterpolateParams& a, const InterpolateParams& b);
+bool operator==(const GroupNormParams& a, const GroupNormParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------
 

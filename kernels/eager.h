@@ -65,6 +65,11 @@ Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dPar
 // factor the caller gave (PyTorch indexes with 1 / scale then), else in / out. Nearest takes f32,
 // u8 or s8 (codes copied, parameters kept); bilinear f32 or quantized u8 (PyTorch's quantized
 // kernel: same parameters out).
+// Normalization over groups of channels (kernels/eager_group_norm.cc): x [N, C, *] f32, weight /
+// bias undefined or [C]; `op` names the op in errors ("group_norm", "instance_norm"). Statistics
+// accumulate in double; the output keeps x's layout.
+Tensor group_norm(const char* op, const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps);
 Tensor upsample_nearest2d(const Tensor& x, int64_t oh, int64_t ow, double scale_h, double scale_w);
 Tensor upsample_bilinear2d(const Tensor& x, int64_t oh, int64_t ow, bool align_corners, double scale_h,
                            double scale_w);

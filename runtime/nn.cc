@@ -329,6 +329,58 @@ std::string Upsample::extra_repr() const {
   return absl::StrCat(s, ", mode='", o_.mode(), "'");
 }
 
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine)
+    : Layer("GroupNorm"), num_groups_(num_groups), num_channels_(num_channels), eps_(eps) {
+  DBRQ_ENSURE(num_groups >= 1 && num_channels >= 1 && num_channels % num_groups == 0, ValueError,
+              "GroupNorm: num_channels (", num_channels, ") must be divisible by num_groups (", num_groups,
+              "), both >= 1");
+  if (affine) {
+    weight = register_parameter("weight", full({num_channels}, 1.0));
+    bias = register_parameter("bias", zeros({num_channels}));
+  }
+}
+
+std::string GroupNorm::extra_repr() const {
+  return absl::StrCat(num_groups_, ", ", num_channels_, ", eps=", eps_, ", affine=", weight.defined() ? "True" : "False");
+}
+
+InstanceNorm2d::InstanceNorm2d(int64_t num_features, double eps, double momentum, bool affine,
+                               bool track_running_stats)
+    : Layer("InstanceNorm2d"),
+      num_features_(num_features),
+      eps_(eps),
+      momentum_(momentum),
+      affine_(affine),
+      track_running_stats_(track_running_stats) {
+  DBRQ_ENSURE(num_features >= 1, ValueError, "InstanceNorm2d: num_features must be >= 1, got ", num_features);
+  if (affine) {
+    weight = register_parameter("weight", full({num_features}, 1.0));
+    bias = register_parameter("bias", zeros({num_features}));
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({num_features}));
+    running_var = register_buffer("running_var", full({num_features}, 1.0));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::kS64));
+  }
+}
+
+Tensor InstanceNorm2d::forward(const Tensor& x) {
+  DBRQ_ENSURE(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError,
+              "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes ",
+              x.defined() ? x.shape_string() : std::string("undefined"));
+  const Tensor x4 = x.dim() == 3 ? x.unsqueeze(0) : x;
+  DBRQ_ENSURE(x4.size(1) == num_features_, ShapeError, "InstanceNorm2d: expected ", num_features_,
+              " channels, got input sizes ", x.shape_string());
+  const Tensor y = track_running_stats_ ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
+                                        : instance_norm(x4, weight, bias, eps_);
+  return x.dim() == 3 ? y.squeeze(0) : y;
+}
+
+std::string InstanceNorm2d::extra_repr() const {
+  return absl::StrCat(num_features_, ", eps=", eps_, ", momentum=", momentum_, ", affine=", affine_ ? "True" : "False",
+                      ", track_running_stats=", track_running_stats_ ? "True" : "False");
+}
+
 std::string ConvTranspose2d::extra_repr() const {
   std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
                                ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));

@@ -444,6 +444,38 @@ class Upsample final : public Layer<Upsample> {
   UpsampleOptions o_;
 };
 
+// nn.GroupNorm: weight (ones) and bias (zeros) [C] when affine.
+class GroupNorm final : public Layer<GroupNorm> {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) { return group_norm(x, num_groups_, weight, bias, eps_); }
+  std::string extra_repr() const override;
+
+  Tensor weight, bias;
+
+ private:
+  int64_t num_groups_, num_channels_;
+  double eps_;
+};
+
+// nn.InstanceNorm2d (PyTorch's defaults: affine=false, track_running_stats=false, so the input's
+// own statistics always). With track_running_stats the running statistics are used (dbrq runs
+// inference: they are never updated).
+class InstanceNorm2d final : public Layer<InstanceNorm2d> {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
+                          bool track_running_stats = false);
+  Tensor forward(const Tensor& x);
+  std::string extra_repr() const override;
+
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  int64_t num_features_;
+  double eps_, momentum_;
+  bool affine_, track_running_stats_;
+};
+
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}

@@ -93,6 +93,8 @@ enum class OpKind : uint16_t {
   kAvgPool1d,
   kAdaptiveAvgPool1d,
   kInterpolate,
+  kGroupNorm,
+  kInstanceNorm,
   kNumOpKinds,
 };
 
@@ -185,6 +187,14 @@ Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> s
 Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
                   int64_t padding = 0, bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
+
+// ---- group normalizations (fp32 also in converted models: int8 arguments are dequantized) ----
+// F.group_norm: input [N, C, *], weight / bias undefined or [C].
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// F.instance_norm with the input's own statistics (use_input_stats): group_norm with C groups.
+Tensor instance_norm(const Tensor& input, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                     double eps = 1e-5);
 
 // ---- resampling ----
 // F.interpolate of a 4-D [N, C, H, W] tensor: exactly one of size / scale_factor; mode "nearest"

@@ -484,6 +484,37 @@ def make_interpolate():
         put(name + ".out", F.interpolate(x, size=size, scale_factor=scale, mode=mode, align_corners=ac))
 
 
+# name: (x shape, num_groups, affine?, eps)
+GROUP_NORM_CASES = {
+    "gn_4d_g2": ((2, 6, 5, 4), 2, True, 1e-5),
+    "gn_3d_g3_noaffine": ((2, 6, 7), 3, False, 1e-5),
+    "gn_per_channel_eps": ((1, 4, 3, 3), 4, True, 1e-3),
+}
+# name: (x shape, affine?)
+INSTANCE_NORM_CASES = {"in_4d": ((2, 3, 6, 5), False), "in_4d_affine": ((2, 4, 5, 5), True)}
+
+
+def make_group_norms():
+    for name, (xs, g, affine, eps) in GROUP_NORM_CASES.items():
+        x = randn(*xs, scale=2.0) + 0.5
+        w = randn(xs[1]) if affine else None
+        b = randn(xs[1]) if affine else None
+        put(name + ".x", x)
+        if affine:
+            put(name + ".w", w)
+            put(name + ".b", b)
+        put(name + ".out", F.group_norm(x, g, w, b, eps))
+    for name, (xs, affine) in INSTANCE_NORM_CASES.items():
+        x = randn(*xs, scale=2.0) - 0.3
+        w = randn(xs[1]) if affine else None
+        b = randn(xs[1]) if affine else None
+        put(name + ".x", x)
+        if affine:
+            put(name + ".w", w)
+            put(name + ".b", b)
+        put(name + ".out", F.instance_norm(x, weight=w, bias=b))
+
+
 def main():
     torch.manual_seed(20240611)
     torch.set_num_threads(1)
@@ -504,6 +535,7 @@ def main():
     make_conv_transpose()
     make_conv1d_pool1d()
     make_interpolate()
+    make_group_norms()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))

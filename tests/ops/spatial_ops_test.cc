@@ -394,5 +394,80 @@ TEST(SpatialOpErrors, Interpolate) {
   EXPECT_EQ(interpolate(x, std::nullopt, s2).sizes(), (DimVector{1, 2, 8, 8}));
 }
 
+// ---- group_norm / instance_norm -------------------------------------------------------------------
+
+TEST(SpatialOpsGolden, GroupNorm) {
+  struct Case {
+    const char* name;
+    int64_t groups;
+    double eps;
+  };
+  for (const Case& c : {Case{"gn_4d_g2", 2, 1e-5}, Case{"gn_3d_g3_noaffine", 3, 1e-5}, Case{"gn_per_channel_eps", 4, 1e-3}}) {
+    SCOPED_TRACE(c.name);
+    const std::string n = c.name;
+    const Tensor x = G(n + ".x"), w = maybe(n + ".w"), b = maybe(n + ".b"), want = G(n + ".out");
+    testing::expect_close(group_norm(x, c.groups, w, b, c.eps), want, kTol, n);
+    if (x.dim() == 4) {
+      const Tensor y = group_norm(x.contiguous(MemoryFormat::kChannelsLast), c.groups, w, b, c.eps);
+      testing::expect_close(y, want, kTol, n + " channels-last");
+      EXPECT_TRUE(y.is_channels_last()) << "the output keeps the input's layout";
+    }
+    nn::GroupNorm layer(c.groups, x.size(1), c.eps, w.defined());
+    if (w.defined()) {
+      layer.weight.copy_(w);
+      layer.bias.copy_(b);
+    }
+    testing::expect_close(layer(x), want, kTol, n + " layer");
+  }
+  EXPECT_EQ(nn::GroupNorm(2, 6).extra_repr(), "2, 6, eps=1e-05, affine=True");
+  EXPECT_EQ(nn::GroupNorm(3, 6, 1e-3, false).to_string(), "GroupNorm(3, 6, eps=0.001, affine=False)");
+}
+
+TEST(SpatialOpsGolden, InstanceNorm) {
+  const Tensor x = G("in_4d.x");
+  testing::expect_close(instance_norm(x), G("in_4d.out"), kTol, "in_4d");
+  nn::InstanceNorm2d layer(3);
+  testing::expect_close(layer(x), G("in_4d.out"), kTol, "layer");
+  // An unbatched [C, H, W] input, as PyTorch accepts.
+  testing::expect_close(layer(x.select(0, 1)), G("in_4d.out").select(0, 1), kTol, "unbatched");
+  EXPECT_TRUE(layer.named_parameters().empty());
+  EXPECT_EQ(layer.extra_repr(), "3, eps=1e-05, momentum=0.1, affine=False, track_running_stats=False");
+
+  const Tensor xa = G("in_4d_affine.x"), w = G("in_4d_affine.w"), b = G("in_4d_affine.b");
+  testing::expect_close(instance_norm(xa, w, b), G("in_4d_affine.out"), kTol, "in_4d_affine");
+  nn::InstanceNorm2d affine(4, 1e-5, 0.1, true);
+  affine.weight.copy_(w);
+  affine.bias.copy_(b);
+  testing::expect_close(affine(xa.contiguous(MemoryFormat::kChannelsLast)), G("in_4d_affine.out"), kTol, "affine layer");
+  // track_running_stats: inference uses the running statistics (batch_norm).
+  nn::InstanceNorm2d tracked(4, 1e-5, 0.1, true, true);
+  tracked.running_mean.copy_(from_vector<float>({0.5f, -0.5f, 1.f, 0.f}));
+  tracked.running_var.copy_(from_vector<float>({1.f, 4.f, 0.25f, 2.f}));
+  testing::expect_close(tracked(xa),
+                        batch_norm(xa, tracked.running_mean, tracked.running_var, tracked.weight, tracked.bias), 1e-6,
+                        "tracked");
+  EXPECT_EQ(tracked.extra_repr(), "4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True");
+}
+
+TEST(SpatialOpErrors, GroupNormAndInstanceNorm) {
+  const Tensor x = f32({2, 6, 4, 4});
+  EXPECT_THROW_MSG(group_norm(x, 4), ShapeError, "group_norm: 6 channels are not divisible into 4 groups");
+  EXPECT_THROW_MSG(group_norm(x, 0), ValueError, "group_norm: num_groups must be >= 1, got 0");
+  EXPECT_THROW_MSG(group_norm(f32({6}), 2), ShapeError, "group_norm: input must have at least 2 dims (N, C, *), got sizes [6]");
+  EXPECT_THROW_MSG(group_norm(x, 2, f32({5})), ShapeError, "group_norm: weight must have sizes [6], got [5]");
+  EXPECT_THROW_MSG(group_norm(x, 2, Tensor(), f32({6, 1})), ShapeError, "group_norm: bias must have sizes [6], got [6, 1]");
+  EXPECT_THROW_MSG(group_norm(x, 2, Tensor(), Tensor(), -1.0), ValueError, "group_norm: eps must be finite and >= 0, got -1");
+  EXPECT_THROW_MSG(group_norm(zeros({2, 6, 4, 4}, DType::kU8), 2), DTypeError, "group_norm: input must have dtype f32, got u8");
+  EXPECT_THROW_MSG(group_norm(Tensor(), 2), ValueError, "group_norm: input is an undefined tensor");
+  EXPECT_THROW_MSG(instance_norm(x, f32({4})), ShapeError, "instance_norm: weight must have sizes [6], got [4]");
+  EXPECT_THROW_MSG(instance_norm(zeros({2, 6, 4}, DType::kS64)), DTypeError, "instance_norm: input must have dtype f32, got s64");
+  EXPECT_THROW_MSG(nn::GroupNorm(4, 6), ValueError, "GroupNorm: num_channels (6) must be divisible by num_groups (4)");
+  EXPECT_THROW_MSG(nn::InstanceNorm2d(0), ValueError, "InstanceNorm2d: num_features must be >= 1, got 0");
+  nn::InstanceNorm2d in(6);
+  EXPECT_THROW_MSG(in(f32({2, 5, 4, 4})), ShapeError, "InstanceNorm2d: expected 6 channels, got input sizes [2, 5, 4, 4]");
+  EXPECT_THROW_MSG(in(f32({2, 6})), ShapeError, "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes [2, 6]");
+  EXPECT_EQ(in(x).sizes(), x.sizes());
+}
+
 }  // namespace
 }  // namespace dbrq

@@ -321,5 +321,50 @@ TEST(SpatialQuant, UpsampleUNetRunsInt8AcrossImageSizes) {
   EXPECT_EQ(uncalibrated_ops(m), 0);
 }
 
+// GroupNorm / InstanceNorm2d have no int8 form: in a converted model they run fp32 between int8
+// convs (their int8 arguments dequantized), with correct values.
+TEST(SpatialQuant, GroupAndInstanceNormRunFp32InConvertedModels) {
+  struct Net : nn::CallableModule<Net> {
+    Net() {
+      conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+      gn = register_module("gn", std::make_shared<nn::GroupNorm>(2, 8));
+      conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 3, 1, 1));
+      in = register_module("in", std::make_shared<nn::InstanceNorm2d>(8, 1e-5, 0.1, true));
+      conv3 = register_module("conv3", std::make_shared<Conv2d>(8, 4, 1));
+    }
+    Tensor forward(const Tensor& x) {
+      Tensor y = relu((*gn)((*conv1)(x)));
+      y = relu((*in)((*conv2)(y)));
+      return (*conv3)(y);
+    }
+    std::shared_ptr<Conv2d> conv1, conv2, conv3;
+    std::shared_ptr<nn::GroupNorm> gn;
+    std::shared_ptr<nn::InstanceNorm2d> in;
+  };
+  manual_seed(4);
+  Net ref;
+  manual_seed(4);
+  Net m;
+  const Tensor x = randn({2, 3, 12, 12}, 1);
+  prepare(m, {x});
+  for (int i = 0; i < 6; ++i) m(randn({2, 3, 12, 12}, 800 + i));
+  convert(m);
+  // Not quantizeable: the norms are not among the quantized ops; the three convs are int8.
+  int convs = 0;
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    EXPECT_NE(op.kind, OpKind::kGroupNorm);
+    EXPECT_NE(op.kind, OpKind::kInstanceNorm);
+    if (op.kind == OpKind::kConv2d) {
+      ++convs;
+      EXPECT_EQ(op.executor.rfind("int8 conv2d", 0), 0u) << op.executor;
+    }
+  }
+  EXPECT_EQ(convs, 3);
+  const double sqnr = testing::sqnr_of(m(x), ref(x));
+  std::cout << "[ spatial  ] conv + GroupNorm / InstanceNorm2d (norms fp32): SQNR " << sqnr << " dB vs fp32"
+            << std::endl;
+  EXPECT_GT(sqnr, 20.0);
+}
+
 }  // namespace
 }  // namespace dbrq
