@@ -98,6 +98,15 @@ bool operator==(const ConvertParams& a, const ConvertParams& b) {
   return a.dtype == b.dtype && a.memory_format == b.memory_format && a.qparams == b.qparams && a.value == b.value;
 }
 
+uint64_t fingerprint(const ConvTranspose2dParams& p) { return fingerprint_fields(p); }
+bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b) { return fields_equal(a, b); }
+uint64_t fingerprint(const Conv1dParams& p) { return fingerprint_fields(p); }
+bool operator==(const Conv1dParams& a, const Conv1dParams& b) { return fields_equal(a, b); }
+uint64_t fingerprint(const InterpolateParams& p) { return fingerprint_fields(p); }
+bool operator==(const InterpolateParams& a, const InterpolateParams& b) { return fields_equal(a, b); }
+uint64_t fingerprint(const GroupNormParams& p) { return fingerprint_fields(p); }
+bool operator==(const GroupNormParams& a, const GroupNormParams& b) { return fields_equal(a, b); }
+
 uint64_t name_fingerprint(const std::string& name) {
   uint64_t h = kFingerprintSeed;
   for (unsigned char c : name) {

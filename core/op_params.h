@@ -33,6 +33,69 @@ struct Conv2dParams {
   }
 };
 
+// conv_transpose2d (PyTorch's F.conv_transpose2d): the output grows by
+// (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1 per spatial dim.
+struct ConvTranspose2dParams {
+  std::array<int64_t, 2> stride = {1, 1};
+  std::array<int64_t, 2> padding = {0, 0};
+  std::array<int64_t, 2> output_padding = {0, 0};  // < stride or < dilation (PyTorch's rule)
+  std::array<int64_t, 2> dilation = {1, 1};
+  int64_t groups = 1;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("output_padding", p.output_padding);
+    f("dilation", p.dilation);
+    f("groups", p.groups);
+  }
+};
+
+// conv1d (F.conv1d); runs as conv2d with H = 1.
+struct Conv1dParams {
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t dilation = 1;
+  int64_t groups = 1;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("stride", p.stride);
+    f("padding", p.padding);
+    f("dilation", p.dilation);
+    f("groups", p.groups);
+  }
+};
+
+// interpolate (F.interpolate, 4-D): the output size is resolved by the functional (from `size`, or
+// floor(in * scale_factor)); scale_h / scale_w keep a given scale factor (0: none), which PyTorch's
+// kernels use for the source index.
+struct InterpolateParams {
+  std::array<int64_t, 2> size = {1, 1};
+  double scale_h = 0.0, scale_w = 0.0;
+  int64_t mode = 0;  // 0 nearest, 1 bilinear
+  bool align_corners = false;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("size", p.size);
+    f("scale_h", p.scale_h);
+    f("scale_w", p.scale_w);
+    f("mode", p.mode);
+    f("align_corners", p.align_corners);
+  }
+};
+
+// group_norm (F.group_norm): statistics over each group of channels (and all spatial positions) per
+// sample; instance_norm is group_norm with one group per channel.
+struct GroupNormParams {
+  int64_t num_groups = 1;
+  double eps = 1e-5;
+  template <typename Self, typename F>
+  static void fields(Self& p, F&& f) {
+    f("num_groups", p.num_groups);
+    f("eps", p.eps);
+  }
+};
+
 struct Pool2dParams {
   std::array<int64_t, 2> kernel_size = {1, 1};
   std::array<int64_t, 2> stride = {1, 1};  // PyTorch's default stride = kernel_size; set by callers
@@ -153,6 +216,10 @@ uint64_t fingerprint(const ActivationParams& p);
 uint64_t fingerprint(const DropoutParams& p);
 uint64_t fingerprint(const PadParams& p);
 uint64_t fingerprint(const ConvertParams& p);
+uint64_t fingerprint(const ConvTranspose2dParams& p);
+uint64_t fingerprint(const Conv1dParams& p);
+uint64_t fingerprint(const InterpolateParams& p);
+uint64_t fingerprint(const GroupNormParams& p);
 
 // Parameters in a portable form, field by field, every value a double (integers up to 2^53
 // exactly): what quant-state files store. from_fields checks names, counts and values and throws
@@ -190,6 +257,10 @@ bool operator==(const ActivationParams& a, const ActivationParams& b);
 bool operator==(const DropoutParams& a, const DropoutParams& b);
 bool operator==(const PadParams& a, const PadParams& b);
 bool operator==(const ConvertParams& a, const ConvertParams& b);
+bool operator==(const ConvTranspose2dParams& a, const ConvTranspose2dParams& b);
+bool operator==(const Conv1dParams& a, const Conv1dParams& b);
+bool operator==(const InterpolateParams& a, const InterpolateParams& b);
+bool operator==(const GroupNormParams& a, const GroupNormParams& b);
 
 // ---- implementation of the field walk ------------------------------------------------------
 

@@ -202,3 +202,119 @@ DimVector cat_output_sizes(absl::Span<const Tensor* const> tensors, int64_t dim)
 }
 
 }  // namespace dbrq
+
+namespace dbrq {
+
+ConvGeometry conv_transpose2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b,
+                                       const ConvTranspose2dParams& p) {
+  const char* op = "conv_transpose2d";
+  check_defined(op, "input", x);
+  check_defined(op, "weight", w);
+  DBRQ_ENSURE(x.dim() == 4, ShapeError, op, ": input must be 4-D (N, C, H, W), got sizes ", x.shape_string());
+  DBRQ_ENSURE(w.dim() == 4, ShapeError, op,
+              ": weight must be 4-D (in_channels, out_channels/groups, kH, kW), got sizes ", w.shape_string());
+  DBRQ_ENSURE(p.groups >= 1, ValueError, op, ": groups must be >= 1, got ", p.groups);
+  for (int i = 0; i < 2; ++i) {
+    DBRQ_ENSURE(p.stride[i] >= 1, ValueError, op, ": stride must be >= 1, got ", pair_str(p.stride));
+    DBRQ_ENSURE(p.padding[i] >= 0, ValueError, op, ": padding must be >= 0, got ", pair_str(p.padding));
+    DBRQ_ENSURE(p.dilation[i] >= 1, ValueError, op, ": dilation must be >= 1, got ", pair_str(p.dilation));
+    DBRQ_ENSURE(p.output_padding[i] >= 0 && (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
+                ValueError, op, ": output_padding must be >= 0 and smaller than either stride or dilation, got ",
+                "output_padding ", pair_str(p.output_padding), ", stride ", pair_str(p.stride), ", dilation ",
+                pair_str(p.dilation));
+  }
+  ConvGeometry g;
+  g.n = x.size(0);
+  g.c = x.size(1);
+  g.h = x.size(2);
+  g.w = x.size(3);
+  g.k = w.size(1) * p.groups;
+  g.r = w.size(2);
+  g.s = w.size(3);
+  g.groups = p.groups;
+  DBRQ_ENSURE(w.size(0) == g.c, ShapeError, op, ": input has ", g.c, " channels but the weight expects ", w.size(0),
+              " (weight sizes ", w.shape_string(), " are (in_channels, out_channels/groups, kH, kW))");
+  DBRQ_ENSURE(g.c % p.groups == 0, ShapeError, op, ": in_channels (", g.c, ") must be divisible by groups (", p.groups,
+              ")");
+  if (b.defined()) {
+    DBRQ_ENSURE(b.dim() == 1 && b.size(0) == g.k, ShapeError, op, ": bias must have sizes [", g.k, "], got ",
+                b.shape_string());
+  }
+  const int64_t in[2] = {g.h, g.w}, k[2] = {g.r, g.s};
+  int64_t out[2];
+  for (int i = 0; i < 2; ++i) {
+    out[i] = (in[i] - 1) * p.stride[i] - 2 * p.padding[i] + p.dilation[i] * (k[i] - 1) + p.output_padding[i] + 1;
+  }
+  DBRQ_ENSURE(out[0] >= 1 && out[1] >= 1, ShapeError, op, ": output size ", out[0], "x", out[1],
+              " is too small (input sizes ", x.shape_string(), ", weight sizes ", w.shape_string(), ", padding ",
+              pair_str(p.padding), ")");
+  g.oh = out[0];
+  g.ow = out[1];
+  return g;
+}
+
+}  // namespace dbrq
+
+namespace dbrq {
+
+ConvGeometry conv1d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p) {
+  const char* op = "conv1d";
+  check_defined(op, "input", x);
+  check_defined(op, "weight", w);
+  DBRQ_ENSURE(x.dim() == 3, ShapeError, op, ": input must be 3-D (N, C, L), got sizes ", x.shape_string());
+  DBRQ_ENSURE(w.dim() == 3, ShapeError, op, ": weight must be 3-D (out_channels, in_channels/groups, kL), got sizes ",
+              w.shape_string());
+  DBRQ_ENSURE(p.groups >= 1, ValueError, op, ": groups must be >= 1, got ", p.groups);
+  DBRQ_ENSURE(p.stride >= 1, ValueError, op, ": stride must be >= 1, got ", p.stride);
+  DBRQ_ENSURE(p.padding >= 0, ValueError, op, ": padding must be >= 0, got ", p.padding);
+  DBRQ_ENSURE(p.dilation >= 1, ValueError, op, ": dilation must be >= 1, got ", p.dilation);
+  ConvGeometry g;
+  g.n = x.size(0);
+  g.c = x.size(1);
+  g.h = 1;
+  g.w = x.size(2);
+  g.k = w.size(0);
+  g.r = 1;
+  g.s = w.size(2);
+  g.groups = p.groups;
+  DBRQ_ENSURE(g.k % p.groups == 0, ShapeError, op, ": out_channels (", g.k, ") must be divisible by groups (", p.groups,
+              ")");
+  DBRQ_ENSURE(w.size(1) * p.groups == g.c, ShapeError, op, ": input has ", g.c,
+              " channels but the weight expects in_channels/groups * groups = ", w.size(1), " * ", p.groups, " = ",
+              w.size(1) * p.groups, " (input sizes ", x.shape_string(), ", weight sizes ", w.shape_string(), ")");
+  if (b.defined()) {
+    DBRQ_ENSURE(b.dim() == 1 && b.size(0) == g.k, ShapeError, op, ": bias must have sizes [", g.k, "], got ",
+                b.shape_string());
+  }
+  const int64_t eff = (g.s - 1) * p.dilation + 1, padded = g.w + 2 * p.padding;
+  DBRQ_ENSURE(padded >= eff, ShapeError, op, ": padded input length ", padded, " is smaller than the dilated kernel ",
+              eff, " (input sizes ", x.shape_string(), ")");
+  g.oh = 1;
+  g.ow = (padded - eff) / p.stride + 1;
+  return g;
+}
+
+Pool2dParams pool1d_params(const char* op, const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding,
+                           int64_t dilation, bool ceil_mode, bool count_include_pad) {
+  check_defined(op, "input", x);
+  DBRQ_ENSURE(x.dim() == 3, ShapeError, op, ": input must be 3-D (N, C, L), got sizes ", x.shape_string());
+  DBRQ_ENSURE(kernel_size >= 1, ValueError, op, ": kernel_size must be >= 1, got ", kernel_size);
+  DBRQ_ENSURE(stride >= 1, ValueError, op, ": stride must be >= 1, got ", stride);
+  DBRQ_ENSURE(dilation >= 1, ValueError, op, ": dilation must be >= 1, got ", dilation);
+  DBRQ_ENSURE(padding >= 0 && padding * 2 <= kernel_size, ValueError, op,
+              ": padding must be >= 0 and at most half the kernel size, got padding ", padding, " for kernel_size ",
+              kernel_size);
+  const int64_t eff = (kernel_size - 1) * dilation + 1;
+  DBRQ_ENSURE(x.size(2) + 2 * padding >= eff, ShapeError, op, ": padded input length ", x.size(2) + 2 * padding,
+              " is smaller than the (dilated) kernel ", eff, " (input sizes ", x.shape_string(), ")");
+  Pool2dParams p;
+  p.kernel_size = {1, kernel_size};
+  p.stride = {1, stride};
+  p.padding = {0, padding};
+  p.dilation = {1, dilation};
+  p.ceil_mode = ceil_mode;
+  p.count_include_pad = count_include_pad;
+  return p;
+}
+
+}  // namespace dbrq

@@ -23,6 +23,20 @@ struct ConvGeometry {
 // x: [N, C, H, W], w: [K, C/groups, R, S], b: undefined or [K].
 ConvGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
 
+// conv_transpose2d: x [N, C, H, W], w [C, K/groups, R, S] (PyTorch's layout), b: undefined or [K].
+// g.c = C, g.k = K (output channels).
+ConvGeometry conv_transpose2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b,
+                                       const ConvTranspose2dParams& p);
+
+// conv1d: x [N, C, L], w [K, C/groups, R], b: undefined or [K]. Gives h = oh = 1, r = 1, s = R,
+// w = L, ow = the output length (the conv2d it runs as).
+ConvGeometry conv1d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p);
+
+// 1-D pooling of x [N, C, L] (op names it in errors): checks the 1-D arguments with 1-D messages
+// and returns the Pool2dParams with H = 1 that it runs as.
+Pool2dParams pool1d_params(const char* op, const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding,
+                           int64_t dilation, bool ceil_mode, bool count_include_pad);
+
 struct PoolGeometry {
   int64_t n, c, h, w, oh, ow;
   int64_t pad_bottom, pad_right;  // right/bottom padding that realizes ceil_mode

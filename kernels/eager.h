@@ -51,6 +51,30 @@ using PostOps = std::vector<Eltwise>;
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const PostOps& post = {});
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& post = {});
+// Transposed convolution (oneDNN deconvolution); w in PyTorch's [C, K/groups, R, S] layout.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvTranspose2dParams& p,
+                        const PostOps& post = {});
+// PyTorch's transposed-conv weight [C, K/groups, R, S] as an output-major [K, C/groups, R, S] copy
+// (what int8 deconvolution, batch-norm folding and per-channel quantization work on).
+Tensor deconv_weight_output_major(const Tensor& w, int64_t groups);
+// 1-D convolution and pooling run as their 2-D forms with H = 1 (kernels/eager_conv1d.cc):
+// [N, C, L] <-> [N, C, 1, L] views (no copy; quantization parameters kept).
+Tensor unit_height_view(const Tensor& x);
+Tensor drop_unit_height(const Tensor& y);
+Conv2dParams conv1d_as_conv2d(const Conv1dParams& p);
+Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p, const PostOps& post = {});
+// interpolate to [oh, ow] (kernels/eager_resample.cc), in x's layout. scale_* > 0: the scale
+// factor the caller gave (PyTorch indexes with 1 / scale then), else in / out. Nearest takes f32,
+// u8 or s8 (codes copied, parameters kept); bilinear f32 or quantized u8 (PyTorch's quantized
+// kernel: same parameters out).
+// Normalization over groups of channels (kernels/eager_group_norm.cc): x [N, C, *] f32, weight /
+// bias undefined or [C]; `op` names the op in errors ("group_norm", "instance_norm"). Statistics
+// accumulate in double; the output keeps x's layout.
+Tensor group_norm(const char* op, const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps);
+Tensor upsample_nearest2d(const Tensor& x, int64_t oh, int64_t ow, double scale_h, double scale_w);
+Tensor upsample_bilinear2d(const Tensor& x, int64_t oh, int64_t ow, bool align_corners, double scale_h,
+                           double scale_w);
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 enum class BinaryAlg { kAdd, kSub, kMul, kDiv };

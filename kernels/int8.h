@@ -162,6 +162,64 @@ class QMatmul {
   bool dynamic_;
 };
 
+// ---- transposed convolution (kernels/int8_deconv.cc) ----
+
+struct QConvTranspose2dOptions : QWeightedOptions {
+  // `weight` here is output-major, [K, C/groups, R, S] (deconv_weight_output_major of PyTorch's
+  // [C, K/groups, R, S]), so batch-norm folding and per-channel parameters work on dim 0 as for
+  // conv2d. weight_qparams: per-tensor, or per output channel on axis 0.
+  ConvTranspose2dParams params;
+};
+
+// conv_transpose2d on int8: oneDNN's u8 x s8 deconvolution, with the numerics of QConv2d (PyTorch's
+// onednn engine: reciprocal-convention scales, f32 bias in accumulator units, source zero point
+// applied by oneDNN), fused activations as post-ops. No residual fusion.
+class QConvTranspose2d final : public QWeighted {
+ public:
+  explicit QConvTranspose2d(QConvTranspose2dOptions options);
+  ~QConvTranspose2d() override;
+  // x: u8 with src_qparams -> u8 channels-last with dst_qparams. residual / out must be null.
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return o_.weight_qparams; }
+  std::string describe() const override;
+
+ private:
+  QConvTranspose2dOptions o_;
+  Tensor shape_weight_;  // an empty [C, K/groups, R, S] view for the shape rule (PyTorch's layout)
+  Tensor qweight_;       // s8 [K, C/groups, R, S]
+  Tensor bias_acc_;      // f32 bias in accumulator units
+  std::vector<float> op_scales_;
+  int64_t id_;           // distinguishes this kernel's primitives (scales are baked in) in the cache
+};
+
+// ---- 1-D convolution (kernels/int8_conv1d.cc) ----
+
+struct QConv1dOptions : QWeightedOptions {
+  Conv1dParams params;  // weight [K, C/groups, kL]
+};
+
+// conv1d on int8: QConv2d with H = 1 (weight [K, C/groups, 1, kL]), so numerics, fusions and
+// primitive caching are conv2d's. Inputs [N, C, L] u8; outputs u8 [N, K, L'] channels-last
+// (strides (L'*K, 1, K)). A residual add is fused as for conv2d (residual [N, K, L']).
+class QConv1d final : public QWeighted {
+ public:
+  explicit QConv1d(QConv1dOptions options);
+  ~QConv1d() override;
+  Tensor run(const Tensor& x, const Tensor* residual = nullptr, const Tensor* out = nullptr) const override;
+  Tensor empty_output(const Tensor& x) const override;
+  const Tensor& quantized_weight() const override { return qweight_; }
+  const QuantParamsPtr& weight_qparams() const override { return conv_->weight_qparams(); }
+  std::string describe() const override;
+
+ private:
+  Conv1dParams params_;
+  Tensor weight_;                  // f32 [K, C/groups, kL], for the shape rule
+  std::unique_ptr<QConv2d> conv_;
+  Tensor qweight_;                 // s8 [K, C/groups, kL] (a view of conv_'s)
+};
+
 // oneDNN primitives the process-wide primitive cache has created so far (its misses).
 uint64_t primitives_created();
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace dbrq {
@@ -180,6 +181,223 @@ std::string AvgPool2d::extra_repr() const {
 }
 
 std::string AdaptiveAvgPool2d::extra_repr() const { return absl::StrCat("output_size=", pair(output_size_)); }
+
+// ---- spatial layers of issue 12 ----
+
+ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dOptions& o) : Layer("ConvTranspose2d"), options_(o) {
+  DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
+              "ConvTranspose2d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ",
+              o.out_channels());
+  DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
+              ValueError, "ConvTranspose2d: in_channels (", o.in_channels(), ") and out_channels (", o.out_channels(),
+              ") must be divisible by groups (", o.groups(), ")");
+  DBRQ_ENSURE(o.kernel_size()[0] >= 1 && o.kernel_size()[1] >= 1, ValueError,
+              "ConvTranspose2d: kernel_size must be >= 1, got ", pair(o.kernel_size()));
+  for (int i = 0; i < 2; ++i) {
+    DBRQ_ENSURE(o.stride()[i] >= 1 && o.dilation()[i] >= 1 && o.padding()[i] >= 0, ValueError,
+                "ConvTranspose2d: stride and dilation must be >= 1 and padding >= 0, got stride ", pair(o.stride()),
+                ", dilation ", pair(o.dilation()), ", padding ", pair(o.padding()));
+    DBRQ_ENSURE(o.output_padding()[i] >= 0 &&
+                    (o.output_padding()[i] < o.stride()[i] || o.output_padding()[i] < o.dilation()[i]),
+                ValueError, "ConvTranspose2d: output_padding must be >= 0 and smaller than either stride or ",
+                "dilation, got output_padding ", pair(o.output_padding()), ", stride ", pair(o.stride()),
+                ", dilation ", pair(o.dilation()));
+  }
+  params_.stride = o.stride();
+  params_.padding = o.padding();
+  params_.output_padding = o.output_padding();
+  params_.dilation = o.dilation();
+  params_.groups = o.groups();
+  // PyTorch's fan_in of a transposed conv weight [in, out/g, kH, kW] is its dim 1 times the kernel.
+  const int64_t fan_in = o.out_channels() / o.groups() * o.kernel_size()[0] * o.kernel_size()[1];
+  weight = register_parameter(
+      "weight", init_uniform({o.in_channels(), o.out_channels() / o.groups(), o.kernel_size()[0], o.kernel_size()[1]},
+                             fan_in));
+  if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
+}
+
+Conv1d::Conv1d(const Conv1dOptions& o) : Layer("Conv1d"), options_(o) {
+  DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
+              "Conv1d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ", o.out_channels());
+  DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
+              ValueError, "Conv1d: in_channels (", o.in_channels(), ") and out_channels (", o.out_channels(),
+              ") must be divisible by groups (", o.groups(), ")");
+  DBRQ_ENSURE(o.kernel_size() >= 1, ValueError, "Conv1d: kernel_size must be >= 1, got ", o.kernel_size());
+  DBRQ_ENSURE(o.stride() >= 1 && o.dilation() >= 1 && o.padding() >= 0, ValueError,
+              "Conv1d: stride and dilation must be >= 1 and padding >= 0, got stride ", o.stride(), ", dilation ",
+              o.dilation(), ", padding ", o.padding());
+  params_.stride = o.stride();
+  params_.padding = o.padding();
+  params_.dilation = o.dilation();
+  params_.groups = o.groups();
+  const int64_t fan_in = o.in_channels() / o.groups() * o.kernel_size();
+  weight = register_parameter("weight",
+                              init_uniform({o.out_channels(), o.in_channels() / o.groups(), o.kernel_size()}, fan_in));
+  if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
+}
+
+std::string Conv1d::extra_repr() const {
+  std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(), ", kernel_size=(",
+                               options_.kernel_size(), ",), stride=(", params_.stride, ",)");
+  if (params_.padding != 0) absl::StrAppend(&s, ", padding=(", params_.padding, ",)");
+  if (params_.dilation != 1) absl::StrAppend(&s, ", dilation=(", params_.dilation, ",)");
+  if (params_.groups != 1) absl::StrAppend(&s, ", groups=", params_.groups);
+  if (!bias.defined()) absl::StrAppend(&s, ", bias=False");
+  return s;
+}
+
+namespace {
+
+void check_pool1d_layer(const char* layer, int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation) {
+  DBRQ_ENSURE(kernel_size >= 1 && stride >= 0 && dilation >= 1, ValueError, layer,
+              ": kernel_size and dilation must be >= 1 and stride >= 0 (0: the kernel size), got kernel_size ",
+              kernel_size, ", stride ", stride, ", dilation ", dilation);
+  DBRQ_ENSURE(padding >= 0 && padding * 2 <= kernel_size, ValueError, layer,
+              ": padding must be >= 0 and at most half the kernel size, got padding ", padding, " for kernel_size ",
+              kernel_size);
+}
+
+}  // namespace
+
+MaxPool1d::MaxPool1d(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
+    : Layer("MaxPool1d"),
+      kernel_size_(kernel_size),
+      stride_(stride == 0 ? kernel_size : stride),
+      padding_(padding),
+      dilation_(dilation),
+      ceil_mode_(ceil_mode) {
+  check_pool1d_layer("MaxPool1d", kernel_size, stride, padding, dilation);
+}
+
+std::string MaxPool1d::extra_repr() const {
+  return absl::StrCat("kernel_size=", kernel_size_, ", stride=", stride_, ", padding=", padding_,
+                      ", dilation=", dilation_, ", ceil_mode=", ceil_mode_ ? "True" : "False");
+}
+
+AvgPool1d::AvgPool1d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
+    : Layer("AvgPool1d"),
+      kernel_size_(kernel_size),
+      stride_(stride == 0 ? kernel_size : stride),
+      padding_(padding),
+      ceil_mode_(ceil_mode),
+      count_include_pad_(count_include_pad) {
+  check_pool1d_layer("AvgPool1d", kernel_size, stride, padding, 1);
+}
+
+std::string AvgPool1d::extra_repr() const {
+  return absl::StrCat("kernel_size=(", kernel_size_, ",), stride=(", stride_, ",), padding=(", padding_, ",)");
+}
+
+AdaptiveAvgPool1d::AdaptiveAvgPool1d(int64_t output_size) : Layer("AdaptiveAvgPool1d"), output_size_(output_size) {
+  DBRQ_ENSURE(output_size >= 1, ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got ", output_size);
+}
+
+namespace {
+
+// Python's repr of a float: "2.0", "1.5".
+std::string py_float(double v) {
+  std::string s = absl::StrFormat("%.17g", v);
+  if (static_cast<double>(std::stod(absl::StrFormat("%g", v))) == v) s = absl::StrFormat("%g", v);
+  if (s.find_first_of(".einn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+Upsample::Upsample(const UpsampleOptions& o) : Layer("Upsample"), o_(o) {
+  DBRQ_ENSURE(o.size().has_value() != o.scale_factor().has_value(), ValueError,
+              o.size().has_value() ? "Upsample: only one of size or scale_factor should be defined"
+                                   : "Upsample: either size or scale_factor should be defined");
+  DBRQ_ENSURE(o.mode() == "nearest" || o.mode() == "bilinear", ValueError,
+              "Upsample: mode must be \"nearest\" or \"bilinear\", got \"", o.mode(), "\"");
+  DBRQ_ENSURE(!(o.mode() == "nearest" && o.align_corners().has_value()), ValueError,
+              "Upsample: align_corners option can only be set with the interpolating mode \"bilinear\"");
+  if (o.size()) {
+    DBRQ_ENSURE((*o.size())[0] >= 1 && (*o.size())[1] >= 1, ValueError, "Upsample: size must be >= 1, got ",
+                pair(*o.size()));
+  } else {
+    for (double f : *o.scale_factor()) {
+      DBRQ_ENSURE(std::isfinite(f) && f > 0.0, ValueError, "Upsample: scale_factor must be finite and > 0, got ", f);
+    }
+  }
+}
+
+std::string Upsample::extra_repr() const {
+  std::string s;
+  if (o_.scale_factor()) {
+    const auto& f = *o_.scale_factor();
+    s = o_.scalar() ? "scale_factor=" + py_float(f[0])
+                    : absl::StrCat("scale_factor=(", py_float(f[0]), ", ", py_float(f[1]), ")");
+  } else {
+    s = o_.scalar() ? absl::StrCat("size=", (*o_.size())[0]) : "size=" + pair(*o_.size());
+  }
+  return absl::StrCat(s, ", mode='", o_.mode(), "'");
+}
+
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine)
+    : Layer("GroupNorm"), num_groups_(num_groups), num_channels_(num_channels), eps_(eps) {
+  DBRQ_ENSURE(num_groups >= 1 && num_channels >= 1 && num_channels % num_groups == 0, ValueError,
+              "GroupNorm: num_channels (", num_channels, ") must be divisible by num_groups (", num_groups,
+              "), both >= 1");
+  if (affine) {
+    weight = register_parameter("weight", full({num_channels}, 1.0));
+    bias = register_parameter("bias", zeros({num_channels}));
+  }
+}
+
+std::string GroupNorm::extra_repr() const {
+  return absl::StrCat(num_groups_, ", ", num_channels_, ", eps=", eps_, ", affine=", weight.defined() ? "True" : "False");
+}
+
+InstanceNorm2d::InstanceNorm2d(int64_t num_features, double eps, double momentum, bool affine,
+                               bool track_running_stats)
+    : Layer("InstanceNorm2d"),
+      num_features_(num_features),
+      eps_(eps),
+      momentum_(momentum),
+      affine_(affine),
+      track_running_stats_(track_running_stats) {
+  DBRQ_ENSURE(num_features >= 1, ValueError, "InstanceNorm2d: num_features must be >= 1, got ", num_features);
+  if (affine) {
+    weight = register_parameter("weight", full({num_features}, 1.0));
+    bias = register_parameter("bias", zeros({num_features}));
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({num_features}));
+    running_var = register_buffer("running_var", full({num_features}, 1.0));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::kS64));
+  }
+}
+
+Tensor InstanceNorm2d::forward(const Tensor& x) {
+  DBRQ_ENSURE(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError,
+              "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes ",
+              x.defined() ? x.shape_string() : std::string("undefined"));
+  const Tensor x4 = x.dim() == 3 ? x.unsqueeze(0) : x;
+  DBRQ_ENSURE(x4.size(1) == num_features_, ShapeError, "InstanceNorm2d: expected ", num_features_,
+              " channels, got input sizes ", x.shape_string());
+  const Tensor y = track_running_stats_ ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
+                                        : instance_norm(x4, weight, bias, eps_);
+  return x.dim() == 3 ? y.squeeze(0) : y;
+}
+
+std::string InstanceNorm2d::extra_repr() const {
+  return absl::StrCat(num_features_, ", eps=", eps_, ", momentum=", momentum_, ", affine=", affine_ ? "True" : "False",
+                      ", track_running_stats=", track_running_stats_ ? "True" : "False");
+}
+
+std::string ConvTranspose2d::extra_repr() const {
+  std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
+                               ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));
+  if (params_.padding != std::array<int64_t, 2>{0, 0}) absl::StrAppend(&s, ", padding=", pair(params_.padding));
+  if (params_.output_padding != std::array<int64_t, 2>{0, 0}) {
+    absl::StrAppend(&s, ", output_padding=", pair(params_.output_padding));
+  }
+  if (params_.dilation != std::array<int64_t, 2>{1, 1}) absl::StrAppend(&s, ", dilation=", pair(params_.dilation));
+  if (params_.groups != 1) absl::StrAppend(&s, ", groups=", params_.groups);
+  if (!bias.defined()) absl::StrAppend(&s, ", bias=False");
+  return s;
+}
 
 Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
   DBRQ_ENSURE(p >= 0.0 && p <= 1.0, ValueError, "Dropout: probability must be in [0, 1], got ", p);

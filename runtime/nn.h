@@ -317,6 +317,196 @@ class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
   std::array<int64_t, 2> output_size_;
 };
 
+// ---- spatial layers of issue 12: transposed conv, 1-D conv and pooling, upsampling, group norms ----
+
+struct ConvTranspose2dOptions {
+  using Self = ConvTranspose2dOptions;
+  ConvTranspose2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_({kernel_size, kernel_size}) {}
+  ConvTranspose2dOptions(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  DBRQ_OPTION(int64_t, in_channels);
+  DBRQ_OPTION(int64_t, out_channels);
+  DBRQ_OPTION(Int2, kernel_size);
+  Self& stride(int64_t s) { return stride(std::array<int64_t, 2>{s, s}); }
+  Self& padding(int64_t p) { return padding(std::array<int64_t, 2>{p, p}); }
+  Self& output_padding(int64_t p) { return output_padding(std::array<int64_t, 2>{p, p}); }
+  Self& dilation(int64_t d) { return dilation(std::array<int64_t, 2>{d, d}); }
+  DBRQ_OPTION(Int2, stride) = {1, 1};
+  DBRQ_OPTION(Int2, padding) = {0, 0};
+  DBRQ_OPTION(Int2, output_padding) = {0, 0};
+  DBRQ_OPTION(int64_t, groups) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+  DBRQ_OPTION(Int2, dilation) = {1, 1};
+};
+
+// nn.ConvTranspose2d: weight [in, out/groups, kH, kW] (PyTorch's layout and names).
+class ConvTranspose2d final : public Layer<ConvTranspose2d> {
+ public:
+  explicit ConvTranspose2d(const ConvTranspose2dOptions& options);
+  Tensor forward(const Tensor& x) { return conv_transpose2d(x, weight, bias, params_); }
+  const ConvTranspose2dParams& params() const { return params_; }
+  const ConvTranspose2dOptions& options() const { return options_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [in, out/groups, kH, kW]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  ConvTranspose2dOptions options_;
+  ConvTranspose2dParams params_;
+};
+
+struct Conv1dOptions {
+  using Self = Conv1dOptions;
+  Conv1dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  DBRQ_OPTION(int64_t, in_channels);
+  DBRQ_OPTION(int64_t, out_channels);
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 1;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(int64_t, dilation) = 1;
+  DBRQ_OPTION(int64_t, groups) = 1;
+  DBRQ_OPTION(bool, bias) = true;
+};
+
+// nn.Conv1d: weight [out, in/groups, kL].
+class Conv1d final : public Layer<Conv1d> {
+ public:
+  explicit Conv1d(const Conv1dOptions& options);
+  Tensor forward(const Tensor& x) { return conv1d(x, weight, bias, params_); }
+  const Conv1dParams& params() const { return params_; }
+  const Conv1dOptions& options() const { return options_; }
+  std::string extra_repr() const override;
+
+  Tensor weight;  // [out, in/groups, kL]
+  Tensor bias;    // [out], or undefined
+
+ private:
+  Conv1dOptions options_;
+  Conv1dParams params_;
+};
+
+class MaxPool1d final : public Layer<MaxPool1d> {
+ public:
+  // stride 0: the kernel size (PyTorch's default).
+  explicit MaxPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+                     bool ceil_mode = false);
+  Tensor forward(const Tensor& x) { return max_pool1d(x, kernel_size_, stride_, padding_, dilation_, ceil_mode_); }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t kernel_size_, stride_, padding_, dilation_;
+  bool ceil_mode_;
+};
+
+class AvgPool1d final : public Layer<AvgPool1d> {
+ public:
+  explicit AvgPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
+                     bool count_include_pad = true);
+  Tensor forward(const Tensor& x) {
+    return avg_pool1d(x, kernel_size_, stride_, padding_, ceil_mode_, count_include_pad_);
+  }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t kernel_size_, stride_, padding_;
+  bool ceil_mode_, count_include_pad_;
+};
+
+class AdaptiveAvgPool1d final : public Layer<AdaptiveAvgPool1d> {
+ public:
+  explicit AdaptiveAvgPool1d(int64_t output_size);
+  Tensor forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size_); }
+  std::string extra_repr() const override { return absl::StrCat("output_size=", output_size_); }
+
+ private:
+  int64_t output_size_;
+};
+
+// nn.Upsample: exactly one of size / scale_factor (a single value or one per spatial dim).
+struct UpsampleOptions {
+  using Self = UpsampleOptions;
+  Self& size(int64_t s) { return size(Int2{s, s}, true); }
+  Self& size(Int2 s, bool scalar = false) {
+    size_ = s;
+    scalar_ = scalar;
+    return *this;
+  }
+  Self& scale_factor(double f) { return scale_factor(std::array<double, 2>{f, f}, true); }
+  Self& scale_factor(std::array<double, 2> f, bool scalar = false) {
+    scale_factor_ = f;
+    scalar_ = scalar;
+    return *this;
+  }
+  Self& mode(std::string m) {
+    mode_ = std::move(m);
+    return *this;
+  }
+  Self& align_corners(bool a) {
+    align_corners_ = a;
+    return *this;
+  }
+  const std::optional<Int2>& size() const { return size_; }
+  const std::optional<std::array<double, 2>>& scale_factor() const { return scale_factor_; }
+  const std::string& mode() const { return mode_; }
+  const std::optional<bool>& align_corners() const { return align_corners_; }
+  bool scalar() const { return scalar_; }  // given as one value (printing)
+
+ private:
+  std::optional<Int2> size_;
+  std::optional<std::array<double, 2>> scale_factor_;
+  std::string mode_ = "nearest";
+  std::optional<bool> align_corners_;
+  bool scalar_ = false;
+};
+
+class Upsample final : public Layer<Upsample> {
+ public:
+  explicit Upsample(const UpsampleOptions& options);
+  Tensor forward(const Tensor& x) {
+    return interpolate(x, o_.size(), o_.scale_factor(), o_.mode(), o_.align_corners());
+  }
+  const UpsampleOptions& options() const { return o_; }
+  std::string extra_repr() const override;
+
+ private:
+  UpsampleOptions o_;
+};
+
+// nn.GroupNorm: weight (ones) and bias (zeros) [C] when affine.
+class GroupNorm final : public Layer<GroupNorm> {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) { return group_norm(x, num_groups_, weight, bias, eps_); }
+  std::string extra_repr() const override;
+
+  Tensor weight, bias;
+
+ private:
+  int64_t num_groups_, num_channels_;
+  double eps_;
+};
+
+// nn.InstanceNorm2d (PyTorch's defaults: affine=false, track_running_stats=false, so the input's
+// own statistics always). With track_running_stats the running statistics are used (dbrq runs
+// inference: they are never updated).
+class InstanceNorm2d final : public Layer<InstanceNorm2d> {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
+                          bool track_running_stats = false);
+  Tensor forward(const Tensor& x);
+  std::string extra_repr() const override;
+
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  int64_t num_features_;
+  double eps_, momentum_;
+  bool affine_, track_running_stats_;
+};
+
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}

@@ -50,6 +50,7 @@ OpRegistry build_registry() {
   ops::register_data_ops(r);
   ops::register_math_ops(r);
   ops::register_indexing_ops(r);
+  ops::register_resample_ops(r);
   for (const OpDef& d : r.all()) DBRQ_CHECK(d.kind != OpKind::kNumOpKinds, "an op kind has no OpDef");
   return r;
 }

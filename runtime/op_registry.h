@@ -138,6 +138,10 @@ struct OpDef {
   Int8BinaryFn int8_binary = nullptr;    // kBinary of two tensors (null: only with a scalar)
   bool (*scalar_affine)(double c, bool scalar_first, ScalarAffine* out) = nullptr;  // kBinary with a scalar
   WeightedFactory int8_weighted = nullptr;  // kWeighted: the kernel, from folded weights
+  // kWeighted: the recorded weight as the int8 kernel, batch-norm folding and per-channel weight
+  // quantization see it, output channels on dim 0 (conv_transpose2d's is [in, out/groups, ...]).
+  // Null: the weight as recorded.
+  Tensor (*int8_weight_layout)(const Tensor& weight, const void* params) = nullptr;
   MemoryFormat int8_input_format = MemoryFormat::kPreserve;  // layout an f32 input is quantized to
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged

@@ -18,6 +18,8 @@
 #include <tuple>
 #include <vector>
 
+#include <optional>
+
 #include "core/op_params.h"
 #include "core/tensor.h"
 
@@ -103,6 +105,15 @@ enum class OpKind : uint16_t {
   kTopkIndices,
   kIndexSelect,
   kGather,
+  // spatial ops of issue 12 (appended: earlier kinds keep their numbers)
+  kConvTranspose2d,
+  kConv1d,
+  kMaxPool1d,
+  kAvgPool1d,
+  kAdaptiveAvgPool1d,
+  kInterpolate,
+  kGroupNorm,
+  kInstanceNorm,
   kNumOpKinds,
 };
 
@@ -112,6 +123,11 @@ const char* op_name(OpKind kind);
 // ---- compute ops with weights ----
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});
+// Transposed convolution, as F.conv_transpose2d: weight [in_channels, out_channels/groups, kH, kW].
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+                        const ConvTranspose2dParams& params = {});
+// 1-D convolution, as F.conv1d: input [N, C, L], weight [out_channels, in_channels/groups, kL].
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), const Conv1dParams& params = {});
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 // Inference batch normalization over dim 1 with running statistics.
@@ -191,6 +207,29 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vect
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride = {},
                   std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+// 1-D pooling of [N, C, L] (F.max_pool1d, ...); stride defaults to kernel_size.
+Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
+                  int64_t padding = 0, int64_t dilation = 1, bool ceil_mode = false);
+Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
+                  int64_t padding = 0, bool ceil_mode = false, bool count_include_pad = true);
+Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
+
+// ---- group normalizations (fp32 also in converted models: int8 arguments are dequantized) ----
+// F.group_norm: input [N, C, *], weight / bias undefined or [C].
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// F.instance_norm with the input's own statistics (use_input_stats): group_norm with C groups.
+Tensor instance_norm(const Tensor& input, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                     double eps = 1e-5);
+
+// ---- resampling ----
+// F.interpolate of a 4-D [N, C, H, W] tensor: exactly one of size / scale_factor; mode "nearest"
+// or "bilinear"; align_corners only with "bilinear" (default false). The output size from a scale
+// factor is floor(in * scale_factor), and the factor itself drives the source index (PyTorch's
+// recompute_scale_factor=None). In int8 (converted models) the output keeps the input's parameters.
+Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
+                   std::optional<std::array<double, 2>> scale_factor = std::nullopt,
+                   const std::string& mode = "nearest", std::optional<bool> align_corners = std::nullopt);
 
 // ---- reductions (dims empty: all dims) ----
 Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);

@@ -236,10 +236,12 @@ class Converter {
     QConfigPtr qconfig = op.qconfig;
     OpParams params = op.params;
     WeightedFactory make = def.int8_weighted;
+    auto layout = def.int8_weight_layout;
     // Builds the kernel from the op's current weights (again if they change after convert).
-    auto factory = [base, folds, qconfig, weight, bias, params, make]() -> std::shared_ptr<kernels::QWeighted> {
+    auto factory = [base, folds, qconfig, weight, bias, params, make,
+                    layout]() -> std::shared_ptr<kernels::QWeighted> {
       kernels::QWeightedOptions o = base;
-      o.weight = weight;
+      o.weight = layout != nullptr ? layout(weight, params.get()) : weight;
       o.bias = bias;
       for (const Fold& f : folds) f.fn(o.weight, o.bias, f.stats, f.params.get(), &o.weight, &o.bias);
       o.weight_qparams = weight_qparams(*qconfig, o.weight);

@@ -1,4 +1,5 @@
-// The normalization family: batch_norm (inference, running statistics) and layer_norm. batch_norm
+// The normalization family: batch_norm (inference, running statistics), layer_norm, group_norm and
+// instance_norm (fp32 only). batch_norm
 // has no int8 kernel of its own: after a conv or linear it is folded into their weights.
 #include "kernels/bn_fold.h"
 #include "core/op_shapes.h"
@@ -34,7 +35,33 @@ void fold_into_weights(const Tensor& w, const Tensor& b, absl::Span<const Tensor
   kernels::fold_batch_norm(w, b, bn, w_out, b_out);
 }
 
+Tensor run_group_norm(const OpCall& c) {
+  const GroupNormParams& p = c.p<GroupNormParams>();
+  return kernels::group_norm("group_norm", c.input(0), p.num_groups, c.input(1), c.input(2), p.eps);
+}
+
+Tensor run_instance_norm(const OpCall& c) {
+  const Tensor& x = c.input(0);
+  const int64_t channels = x.defined() && x.dim() >= 2 ? x.size(1) : 1;
+  return kernels::group_norm("instance_norm", x, channels, c.input(1), c.input(2), c.p<NormParams>().eps);
+}
+
 }  // namespace
+
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  GroupNormParams p;
+  p.num_groups = num_groups;
+  p.eps = eps;
+  return ops::call(OpKind::kGroupNorm, in, &p, run_group_norm);
+}
+
+Tensor instance_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor* in[] = {&input, &weight, &bias};
+  NormParams p;
+  p.eps = eps;
+  return ops::call(OpKind::kInstanceNorm, in, &p, run_instance_norm);
+}
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, double eps) {
@@ -70,6 +97,17 @@ void register_norm_ops(OpRegistry& r) {
   ln.run = run_layer_norm;
   ln.num_activation_inputs = 1;  // then weight, bias
   ln.infer_sizes = same_sizes;
+
+  // fp32 in converted models too (role kNone: int8 arguments are dequantized).
+  OpDef& gn = r.define(OpKind::kGroupNorm, "group_norm").with_params<GroupNormParams>();
+  gn.run = run_group_norm;
+  gn.num_activation_inputs = 1;  // then weight, bias
+  gn.infer_sizes = same_sizes;
+
+  OpDef& in = r.define(OpKind::kInstanceNorm, "instance_norm").with_params<NormParams>();
+  in.run = run_instance_norm;
+  in.num_activation_inputs = 1;
+  in.infer_sizes = same_sizes;
 }
 
 }  // namespace ops

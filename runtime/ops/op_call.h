@@ -69,5 +69,6 @@ void register_shape_ops(OpRegistry& r);
 void register_data_ops(OpRegistry& r);
 void register_math_ops(OpRegistry& r);
 void register_indexing_ops(OpRegistry& r);
+void register_resample_ops(OpRegistry& r);
 
 }  // namespace dbrq::ops

@@ -33,6 +33,8 @@
 #include "dbrq.h"
 #include "kernels/eager.h"
 #include "kernels/int8.h"
+#include "core/op_shapes.h"
+#include "runtime/op_registry.h"
 #include "tests/test_util.h"
 #include "tracer/executors.h"
 
@@ -578,6 +580,164 @@ TEST(Int8OpsGolden, SoftplusMish) {
 }
 
 // Last (gtest runs tests in definition order): every case in the file was checked by a test above.
+// ---------------------------------------------------------------------------------------------
+// conv_transpose2d (oneDNN deconvolution in both; PyTorch 1.13: per-tensor weights, no output_padding)
+
+struct ConvTCase {
+  const char* name;
+  int64_t kernel, stride, padding, dilation, groups;
+  bool bias;
+};
+
+constexpr ConvTCase kConvTCases[] = {
+    {"convt_k3_s2_p1", 3, 2, 1, 1, 1, true},
+    {"convt_dcgan_k4_s2_p1", 4, 2, 1, 1, 1, false},  // input zero point 0
+    {"convt_grouped", 3, 1, 1, 1, 2, true},
+    {"convt_dilated", 3, 1, 0, 2, 1, true},  // input zero point 200
+};
+
+TEST(Int8OpsGolden, ConvTranspose2d) {
+  for (const ConvTCase& c : kConvTCases) {
+    const std::string n = c.name;
+    std::ostringstream desc;
+    desc << "conv_transpose2d kernel=" << c.kernel << " stride=" << c.stride << " padding=" << c.padding
+         << " dilation=" << c.dilation << " groups=" << c.groups << " bias=" << yes(c.bias);
+    begin_case(n, desc.str());
+    SCOPED_TRACE(n);
+    kernels::QConvTranspose2dOptions o;
+    o.params.stride = {c.stride, c.stride};
+    o.params.padding = {c.padding, c.padding};
+    o.params.dilation = {c.dilation, c.dilation};
+    o.params.groups = c.groups;
+    // What convert() does: the op's int8_weight_layout (output-major), then quantization.
+    o.weight = kernels::deconv_weight_output_major(g(n + ".w"), c.groups);
+    if (c.bias) o.bias = g(n + ".b");
+    o.weight_qparams = weight_qparams(n);
+    o.src_qparams = qparams_of(n, "x");
+    o.dst_qparams = qparams_of(n, "out");
+    kernels::QConvTranspose2d conv(std::move(o));
+    // dbrq quantizes the f32 weights itself: the codes must be PyTorch's (in output-major order).
+    const Tensor want_wq = kernels::deconv_weight_output_major(kernels::copy(g(n + ".wq"), MemoryFormat::kContiguous,
+                                                                            DType::kF32), c.groups);
+    dbrq::testing::expect_equal(kernels::copy(conv.quantized_weight(), MemoryFormat::kContiguous, DType::kF32),
+                                want_wq, n + " weight codes");
+    for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      expect_codes(n, conv.run(qinput(n, "x", f)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// conv1d (oneDNN in both: dbrq's QConv1d is QConv2d with H = 1) and 1-D pooling, through the
+// OpDefs' int8 forms as the converted model runs them.
+
+struct Conv1dCase {
+  const char* name;
+  int64_t kernel, stride, padding, dilation, groups;
+  bool bias, relu, per_channel;
+};
+
+constexpr Conv1dCase kConv1dCases[] = {
+    {"c1d_k3_p1", 3, 1, 1, 1, 1, true, false, true},
+    {"c1d_k5_s2_relu", 5, 2, 2, 1, 1, true, true, true},
+    {"c1d_depthwise_dil2", 3, 1, 2, 2, 8, true, false, true},  // input zero point 0
+    {"c1d_per_tensor", 3, 1, 0, 1, 1, true, false, false},
+};
+
+TEST(Int8OpsGolden, Conv1d) {
+  for (const Conv1dCase& c : kConv1dCases) {
+    const std::string n = c.name;
+    std::ostringstream desc;
+    desc << "conv1d kernel=" << c.kernel << " stride=" << c.stride << " padding=" << c.padding
+         << " dilation=" << c.dilation << " groups=" << c.groups << " bias=" << yes(c.bias) << " relu=" << yes(c.relu)
+         << " per_channel=" << yes(c.per_channel);
+    begin_case(n, desc.str());
+    SCOPED_TRACE(n);
+    kernels::QConv1dOptions o;
+    o.params = {c.stride, c.padding, c.dilation, c.groups};
+    o.weight = g(n + ".w");
+    if (c.bias) o.bias = g(n + ".b");
+    o.weight_qparams = weight_qparams(n);
+    o.src_qparams = qparams_of(n, "x");
+    o.dst_qparams = qparams_of(n, "out");
+    if (c.relu) o.post = {kernels::PostOp::relu()};
+    kernels::QConv1d conv(std::move(o));
+    dbrq::testing::expect_equal(conv.quantized_weight(), g(n + ".wq"), n + " weight codes");
+    const Tensor y = conv.run(qinput(n, "x"));
+    expect_codes(n, y);
+    // conv1d outputs are channels-last 3-D (strides (L*C, 1, C)); such an input gives the same codes.
+    EXPECT_EQ(y.stride(1), 1);
+    const Tensor x_cl = qinput(n, "x").permute({0, 2, 1}).contiguous().permute({0, 2, 1});
+    ASSERT_EQ(x_cl.stride(1), 1);
+    expect_codes(n, conv.run(x_cl));
+  }
+}
+
+TEST(Int8OpsGolden, Pool1d) {
+  using dbrq::op_def;
+  {
+    const std::string n = "max_pool1d_k3_s2_p1";
+    begin_case(n, "max_pool1d kernel=3 stride=2 padding=1");
+    const Tensor x = qinput(n, "x");
+    // kShare without int8_share: the eager kernel takes the u8 codes.
+    expect_codes(n, dbrq::max_pool1d(x, 3, 2, 1));
+  }
+  struct Avg {
+    const char* name;
+    int64_t k, s, p;
+  };
+  for (const Avg& c : {Avg{"avg_pool1d_k3_s2_p1", 3, 2, 1}, Avg{"avg_pool1d_k4_nopad", 4, 4, 0}}) {
+    const std::string n = c.name;
+    std::ostringstream d;
+    d << "avg_pool1d kernel=" << c.k << " stride=" << c.s << " padding=" << c.p;
+    begin_case(n, d.str());
+    const Tensor x = qinput(n, "x");
+    const dbrq::Pool2dParams p = dbrq::pool1d_params("avg_pool1d", x, c.k, c.s, c.p, 1, false, true);
+    expect_codes(n, op_def(OpKind::kAvgPool1d).int8_share(x, &p));
+  }
+  const std::string n = "adaptive_avg_pool1d_5";
+  begin_case(n, "adaptive_avg_pool1d output=5");
+  dbrq::AdaptivePool2dParams p;
+  p.output_size = {1, 5};
+  expect_codes(n, op_def(OpKind::kAdaptiveAvgPool1d).int8_share(qinput(n, "x"), &p));
+}
+
+// interpolate on int8 (the eager kernel takes the codes, as the converted model's ShareExec runs it)
+// against PyTorch's quantized upsample_nearest2d / upsample_bilinear2d (NCHW and NHWC kernels).
+TEST(Int8OpsGolden, Interpolate) {
+  struct Case {
+    const char* name;
+    const char* desc;
+    std::optional<std::array<int64_t, 2>> size;
+    std::optional<std::array<double, 2>> scale;
+    const char* mode;
+    std::optional<bool> align_corners;
+    bool channels_last;
+  };
+  const std::array<double, 2> s2{2.0, 2.0};
+  const Case cases[] = {
+      {"interp_nearest_s2", "interpolate nearest scale=2 channels_last=0", std::nullopt, s2, "nearest", std::nullopt,
+       false},
+      {"interp_nearest_size_nhwc", "interpolate nearest size=7,13 channels_last=1", std::array<int64_t, 2>{7, 13},
+       std::nullopt, "nearest", std::nullopt, true},
+      {"interp_bilinear_s2", "interpolate bilinear scale=2 align_corners=0 channels_last=0", std::nullopt, s2,
+       "bilinear", false, false},
+      {"interp_bilinear_ac_size", "interpolate bilinear size=9,11 align_corners=1 channels_last=0",
+       std::array<int64_t, 2>{9, 11}, std::nullopt, "bilinear", true, false},
+      {"interp_bilinear_s2_nhwc", "interpolate bilinear scale=2 align_corners=0 channels_last=1", std::nullopt, s2,
+       "bilinear", false, true},
+  };
+  for (const Case& c : cases) {
+    const std::string n = c.name;
+    begin_case(n, c.desc);
+    for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      const Tensor y = dbrq::interpolate(qinput(n, "x", f), c.size, c.scale, c.mode, c.align_corners);
+      EXPECT_EQ(y.is_channels_last() && !y.is_contiguous(), f == MemoryFormat::kChannelsLast) << n;
+      expect_codes(n, y);
+    }
+  }
+}
+
 TEST(Int8OpsGolden, CoversEveryGoldenCase) {
   if (::testing::GTEST_FLAG(filter) != "*") GTEST_SKIP() << "only meaningful when every test runs";
   std::vector<std::string> missing;

@@ -205,6 +205,59 @@ def conv_case(case, n, c, k, hw, kernel, stride=1, padding=0, dilation=1, groups
                   f"bias={int(bias)} relu={int(relu)} per_channel={int(per_channel)} relu6={int(then_relu6)}")
 
 
+def convt_case(case, n, c, k, hw, kernel, stride=1, padding=0, dilation=1, groups=1, bias=True, x_zp=None,
+               x_scale=0.02):
+    """quantized::conv_transpose2d with per-tensor weights; w in PyTorch's [c, k/groups, kH, kW]."""
+    h, w_ = hw
+    x_zp = int(torch.randint(0, 256, (1,))) if x_zp is None else x_zp
+    x_scale = f32(x_scale)
+    qx = put_input(case, "x", rand_codes((n, c, h, w_)), x_scale, x_zp)
+    w = torch.randn(c, k // groups, kernel, kernel) * (1.0 / (c // groups * kernel * kernel)) ** 0.5
+    b = torch.randn(k) * 0.5 if bias else None
+    ws, wz, wq = weight_qparams(w, False)
+    put(f"{case}.w", w)
+    put(f"{case}.w_scales", ws)
+    put(f"{case}.w_zps", wz)
+    put(f"{case}.wq", wq.int_repr())
+    if bias:
+        put(f"{case}.b", b)
+    ref = F.conv_transpose2d(qx.dequantize(), wq.dequantize(), b, stride, padding, 0, groups, dilation)
+    os_, oz = minmax_qparams(ref)
+    packed = torch.ops.quantized.conv_transpose2d_prepack(wq, b, [stride] * 2, [padding] * 2, [0, 0],
+                                                          [dilation] * 2, groups)
+    put_output(case, torch.ops.quantized.conv_transpose2d(qx, packed, os_, oz))
+    meta[case] = (f"conv_transpose2d kernel={kernel} stride={stride} padding={padding} dilation={dilation} "
+                  f"groups={groups} bias={int(bias)}")
+
+
+def conv1d_case(case, n, c, k, length, kernel, stride=1, padding=0, dilation=1, groups=1, bias=True, relu=False,
+                per_channel=True, x_zp=None, x_scale=0.02):
+    x_zp = int(torch.randint(0, 256, (1,))) if x_zp is None else x_zp
+    x_scale = f32(x_scale)
+    qx = put_input(case, "x", rand_codes((n, c, length)), x_scale, x_zp)
+    w = torch.randn(k, c // groups, kernel) * (1.0 / (c // groups * kernel)) ** 0.5
+    b = torch.randn(k) * 0.5 if bias else None
+    ws, wz, wq = weight_qparams(w, per_channel)
+    put(f"{case}.w", w)
+    put(f"{case}.w_scales", ws)
+    put(f"{case}.w_zps", wz)
+    put(f"{case}.wq", wq.int_repr())
+    if bias:
+        put(f"{case}.b", b)
+    ref = F.conv1d(qx.dequantize(), wq.dequantize(), b, stride, padding, dilation, groups)
+    if relu:
+        ref = F.relu(ref)
+    os_, oz = minmax_qparams(ref)
+    cls = nniq.ConvReLU1d if relu else nnq.Conv1d
+    m = cls(c, k, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
+    m.set_weight_bias(wq, b)
+    m.scale = os_
+    m.zero_point = oz
+    put_output(case, m(qx))
+    meta[case] = (f"conv1d kernel={kernel} stride={stride} padding={padding} dilation={dilation} groups={groups} "
+                  f"bias={int(bias)} relu={int(relu)} per_channel={int(per_channel)}")
+
+
 def linear_case(case, in_shape, k_out, bias=True, relu=False, per_channel=True):
     kin = in_shape[-1]
     x_zp = int(torch.randint(0, 256, (1,)))
@@ -467,6 +520,41 @@ def make_op_goldens():
         os_, oz = minmax_qparams(ref)
         put_output(case, torch.quantize_per_tensor(ref, f32(os_), oz, torch.quint8))
         meta[case] = desc
+    # ---- issue 12: conv_transpose2d (oneDNN deconvolution in both). PyTorch 1.13's onednn engine
+    # quantizes transposed-conv weights per tensor only and refuses output_padding, so the cases do too.
+    convt_case("convt_k3_s2_p1", 2, 8, 16, (6, 6), 3, stride=2, padding=1)
+    convt_case("convt_dcgan_k4_s2_p1", 2, 16, 8, (4, 4), 4, stride=2, padding=1, bias=False, x_zp=0)
+    convt_case("convt_grouped", 1, 8, 8, (5, 5), 3, padding=1, groups=2)
+    convt_case("convt_dilated", 1, 4, 6, (5, 5), 3, dilation=2, x_zp=200)
+
+    # ---- issue 12: conv1d (oneDNN in both) and 1-D pooling (PyTorch's CPU kernels) ----
+    conv1d_case("c1d_k3_p1", 2, 8, 16, 20, 3, padding=1)
+    conv1d_case("c1d_k5_s2_relu", 2, 8, 12, 25, 5, stride=2, padding=2, relu=True)
+    conv1d_case("c1d_depthwise_dil2", 1, 8, 8, 16, 3, padding=2, dilation=2, groups=8, x_zp=0)
+    conv1d_case("c1d_per_tensor", 1, 4, 6, 12, 3, per_channel=False)
+    unary_case("max_pool1d_k3_s2_p1", "max_pool1d kernel=3 stride=2 padding=1",
+               lambda q: F.max_pool1d(q, 3, 2, 1), shape=(2, 8, 32))
+    unary_case("avg_pool1d_k3_s2_p1", "avg_pool1d kernel=3 stride=2 padding=1",
+               lambda q: F.avg_pool1d(q, 3, 2, 1), shape=(2, 8, 32))
+    unary_case("avg_pool1d_k4_nopad", "avg_pool1d kernel=4 stride=4 padding=0",
+               lambda q: F.avg_pool1d(q, 4), shape=(2, 8, 16), scale=0.03, zp=7)
+    unary_case("adaptive_avg_pool1d_5", "adaptive_avg_pool1d output=5",
+               lambda q: F.adaptive_avg_pool1d(q, 5), shape=(4, 8, 24))
+
+    # ---- issue 12: interpolate on quantized tensors (PyTorch's quantized upsample kernels) ----
+    cl = torch.channels_last
+    unary_case("interp_nearest_s2", "interpolate nearest scale=2 channels_last=0",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="nearest"), shape=(2, 8, 4, 8))
+    unary_case("interp_nearest_size_nhwc", "interpolate nearest size=7,13 channels_last=1",
+               lambda q: F.interpolate(q, size=(7, 13), mode="nearest"), shape=(2, 8, 4, 8), memory_format=cl)
+    unary_case("interp_bilinear_s2", "interpolate bilinear scale=2 align_corners=0 channels_last=0",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="bilinear", align_corners=False), shape=(2, 8, 4, 8))
+    unary_case("interp_bilinear_ac_size", "interpolate bilinear size=9,11 align_corners=1 channels_last=0",
+               lambda q: F.interpolate(q, size=(9, 11), mode="bilinear", align_corners=True), shape=(2, 8, 4, 8),
+               scale=0.03, zp=40)
+    unary_case("interp_bilinear_s2_nhwc", "interpolate bilinear scale=2 align_corners=0 channels_last=1",
+               lambda q: F.interpolate(q, scale_factor=2.0, mode="bilinear", align_corners=False), shape=(2, 8, 4, 8),
+               memory_format=cl)
 
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
 

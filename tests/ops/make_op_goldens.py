@@ -521,6 +521,123 @@ def make_indexing_families():
     gi0 = torch.randint(0, 3, (2, 5, 3), dtype=torch.int64)
     put("gather.index0", gi0)
     put("gather.d0", torch.gather(x, 0, gi0))
+# ---- issue 12 spatial ops (appended: earlier goldens stay byte-identical) ----------------------
+# name: (x shape, w shape [in, out/groups, kH, kW], bias?, stride, padding, output_padding, dilation, groups)
+CONVT_CASES = {
+    "convt_basic": ((2, 4, 5, 5), (4, 6, 3, 3), True, (1, 1), (0, 0), (0, 0), (1, 1), 1),
+    "convt_s2_p1_op1": ((1, 4, 5, 6), (4, 3, 3, 3), True, (2, 2), (1, 1), (1, 1), (1, 1), 1),
+    "convt_s2_p0_op1": ((1, 3, 4, 4), (3, 4, 3, 3), True, (2, 2), (0, 0), (1, 1), (1, 1), 1),
+    "convt_dcgan_k4_s2_p1": ((2, 8, 4, 4), (8, 4, 4, 4), False, (2, 2), (1, 1), (0, 0), (1, 1), 1),
+    "convt_groups2": ((1, 4, 5, 5), (4, 3, 3, 3), True, (1, 1), (1, 1), (0, 0), (1, 1), 2),
+    "convt_dilation2": ((1, 3, 5, 5), (3, 2, 3, 3), True, (1, 1), (1, 1), (0, 0), (2, 2), 1),
+    "convt_asymmetric": ((1, 3, 4, 5), (3, 5, 3, 2), True, (2, 1), (1, 0), (1, 0), (1, 2), 1),
+}
+
+
+def make_conv_transpose():
+    for name, (xs, ws, has_b, stride, pad, out_pad, dil, groups) in CONVT_CASES.items():
+        x, w = randn(*xs), randn(*ws, scale=0.3)
+        b = randn(ws[1] * groups) if has_b else None
+        put(name + ".x", x)
+        put(name + ".w", w)
+        if has_b:
+            put(name + ".b", b)
+        put(name + ".out", F.conv_transpose2d(x, w, b, stride=stride, padding=pad, output_padding=out_pad,
+                                              groups=groups, dilation=dil))
+
+
+# name: (x shape, w shape [out, in/groups, kL], bias?, stride, padding, dilation, groups)
+CONV1D_CASES = {
+    "c1d_basic": ((2, 4, 10), (6, 4, 3), True, 1, 1, 1, 1),
+    "c1d_s2_d2": ((1, 4, 12), (5, 4, 3), True, 2, 2, 2, 1),
+    "c1d_groups2": ((1, 6, 9), (6, 3, 3), True, 1, 0, 1, 2),
+    "c1d_depthwise_nobias": ((2, 4, 8), (8, 1, 5), False, 1, 2, 1, 4),
+}
+# name: (x shape, kernel, stride, padding, dilation, ceil_mode)
+MAXPOOL1D_CASES = {
+    "mp1d_k3_s2_p1": ((2, 3, 11), 3, 2, 1, 1, False),
+    "mp1d_ceil_dil2": ((1, 4, 12), 3, 2, 0, 2, True),
+}
+# name: (x shape, kernel, stride, padding, ceil_mode, count_include_pad)
+AVGPOOL1D_CASES = {
+    "ap1d_k3_s2_p1": ((2, 3, 11), 3, 2, 1, False, True),
+    "ap1d_ceil_nocount": ((1, 4, 10), 4, 3, 2, True, False),
+}
+# name: (x shape, output size)
+ADAPTIVE1D_CASES = {"aap1d_4": ((2, 3, 10), 4), "aap1d_3_from_11": ((1, 5, 11), 3)}
+
+
+def make_conv1d_pool1d():
+    for name, (xs, ws, has_b, stride, pad, dil, groups) in CONV1D_CASES.items():
+        x, w = randn(*xs), randn(*ws, scale=0.3)
+        b = randn(ws[0]) if has_b else None
+        put(name + ".x", x)
+        put(name + ".w", w)
+        if has_b:
+            put(name + ".b", b)
+        put(name + ".out", F.conv1d(x, w, b, stride=stride, padding=pad, dilation=dil, groups=groups))
+    for name, (xs, k, s, p, d, ceil) in MAXPOOL1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.max_pool1d(x, k, s, p, d, ceil_mode=ceil))
+    for name, (xs, k, s, p, ceil, count) in AVGPOOL1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.avg_pool1d(x, k, s, p, ceil_mode=ceil, count_include_pad=count))
+    for name, (xs, o) in ADAPTIVE1D_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.adaptive_avg_pool1d(x, o))
+
+
+# name: (x shape, size, scale_factor, mode, align_corners)
+INTERP_CASES = {
+    "interp_nearest_s2": ((1, 3, 4, 5), None, (2.0, 2.0), "nearest", None),
+    "interp_nearest_size": ((2, 2, 5, 4), (7, 9), None, "nearest", None),
+    "interp_nearest_s1_5_2_5": ((1, 2, 4, 6), None, (1.5, 2.5), "nearest", None),
+    "interp_bilinear_s2": ((1, 3, 4, 5), None, (2.0, 2.0), "bilinear", False),
+    "interp_bilinear_ac_size": ((1, 3, 4, 5), (9, 7), None, "bilinear", True),
+    "interp_bilinear_down": ((2, 2, 8, 6), (5, 4), None, "bilinear", False),
+    "interp_bilinear_s1_7_1_3": ((1, 2, 5, 5), None, (1.7, 1.3), "bilinear", False),
+}
+
+
+def make_interpolate():
+    for name, (xs, size, scale, mode, ac) in INTERP_CASES.items():
+        x = randn(*xs)
+        put(name + ".x", x)
+        put(name + ".out", F.interpolate(x, size=size, scale_factor=scale, mode=mode, align_corners=ac))
+
+
+# name: (x shape, num_groups, affine?, eps)
+GROUP_NORM_CASES = {
+    "gn_4d_g2": ((2, 6, 5, 4), 2, True, 1e-5),
+    "gn_3d_g3_noaffine": ((2, 6, 7), 3, False, 1e-5),
+    "gn_per_channel_eps": ((1, 4, 3, 3), 4, True, 1e-3),
+}
+# name: (x shape, affine?)
+INSTANCE_NORM_CASES = {"in_4d": ((2, 3, 6, 5), False), "in_4d_affine": ((2, 4, 5, 5), True)}
+
+
+def make_group_norms():
+    for name, (xs, g, affine, eps) in GROUP_NORM_CASES.items():
+        x = randn(*xs, scale=2.0) + 0.5
+        w = randn(xs[1]) if affine else None
+        b = randn(xs[1]) if affine else None
+        put(name + ".x", x)
+        if affine:
+            put(name + ".w", w)
+            put(name + ".b", b)
+        put(name + ".out", F.group_norm(x, g, w, b, eps))
+    for name, (xs, affine) in INSTANCE_NORM_CASES.items():
+        x = randn(*xs, scale=2.0) - 0.3
+        w = randn(xs[1]) if affine else None
+        b = randn(xs[1]) if affine else None
+        put(name + ".x", x)
+        if affine:
+            put(name + ".w", w)
+            put(name + ".b", b)
+        put(name + ".out", F.instance_norm(x, weight=w, bias=b))
 
 
 def main():
@@ -544,6 +661,10 @@ def main():
     make_activation_families()
     make_math_families()
     make_indexing_families()
+    make_conv_transpose()
+    make_conv1d_pool1d()
+    make_interpolate()
+    make_group_norms()
     write_safetensors(OUT_PATH, tensors)
     size = os.path.getsize(OUT_PATH)
     print("wrote %d tensors, %d bytes to %s" % (len(tensors), size, OUT_PATH))
