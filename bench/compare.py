@@ -279,8 +279,8 @@ def main():
     ap.add_argument("--overhead-bench", required=True)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prep-threads", type=int, default=2)
-    ap.add_argument("--only", default="fp32,int8,bert,decoder,gru,overhead,prep",
-                    help="comma-separated subset of: fp32,int8,bert,decoder,gru,overhead,prep")
+    ap.add_argument("--only", default="fp32,int8,bert,decoder,gru,unet,overhead,prep",
+                    help="comma-separated subset of: fp32,int8,bert,decoder,gru,unet,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
     ap.add_argument("--baseline-bench", default=None,
                     help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
@@ -320,6 +320,7 @@ def main():
     models, inputs, files = {}, {}, {}
     names = ["resnet18", "mobilenet_v2", "bert_encoder"] + (["decoder_lm"] if "decoder" in only else [])
     names += ["gru_classifier"] if "gru" in only else []
+    names += ["unet"] if "unet" in only else []
     for seed, name in enumerate(names):
         models[name] = tm.make_model(name, seed=10 + seed)
         inputs[name] = tm.make_inputs(name, seed=20 + seed)
@@ -357,7 +358,7 @@ def main():
         if base is not None:
             report.add(section, f"{key}_vs_before", res[label_now], res[label_before], "ms",
                        "torch column = dbrq before (the baseline build), same run", busy=res["busy"])
-    short = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2", "bert_encoder": "bert"}
+    short = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2", "bert_encoder": "bert", "unet": "unet"}
     try:
         # ---- fp32 (issue 2) ------------------------------------------------------------------
         if "fp32" in only:
@@ -393,8 +394,9 @@ def main():
                 gc.collect()
 
         # ---- int8 CNNs (issue 4) -------------------------------------------------------------
-        if "int8" in only:
-            for name in ("resnet18", "mobilenet_v2"):
+        int8_models = [m for m, key in (("resnet18", "int8"), ("mobilenet_v2", "int8"), ("unet", "unet")) if key in only]
+        if int8_models:
+            for name in int8_models:
                 calib = tm.calibration(inputs[name], name)
                 for bs in (1, 8):
                     x = tm.timed_input(inputs[name], name, bs)

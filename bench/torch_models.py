@@ -18,7 +18,11 @@ Run with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-tor
   Python loop (dbrq's algorithm: all input projections in one product, then one product of the
   hidden state per step, packed by length) on mkldnn_linear. Its dynamic int8 is
   quantize_dynamic(model, dtype=torch.qint8) on the onednn engine (DynamicQuantizedGRU, Linear).
-- The encoder's classes, the GRU classifier, randomize_norms and the safetensors reader / writer
+- unet (tools/torch_zoo.py) mirrors samples/zoo/unet.h at full size (base width 32, 128x128
+  images). FX quantizes it with get_default_qconfig_mapping('onednn') except per-tensor
+  ConvTranspose2d weights (FX 1.13 refuses per-channel ones); the mapping is otherwise unchanged
+  for the other models.
+- The encoder's classes, the GRU classifier, the U-Net, randomize_norms and the safetensors reader / writer
   come from tools/torch_zoo.py, shared with the other PyTorch scripts.
 """
 
@@ -35,6 +39,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from torch_zoo import BertEncoder, BertSelfAttention, CausalSelfAttention, DecoderLM, randomize_norms  # noqa: E402,F401
 from torch_zoo import GruClassifier, gru_classifier_ids  # noqa: E402
+from torch_zoo import UNet  # noqa: E402
 from torch_zoo import read_safetensors, write_safetensors  # noqa: E402,F401  (compare.py uses them)
 
 # samples/zoo/zoo.cc, Variant::kFull.
@@ -67,6 +72,9 @@ DECODER_CALIB = (32, 24, 40, 16)  # calibration prompt lengths (longest cache: 4
 GRU_FULL = {"vocab_size": 10000, "embedding_dim": 128, "hidden_size": 128, "num_layers": 2, "num_classes": 4}
 GRU_STEPS = 64
 TOKEN_MODELS = ("bert_encoder", "gru_classifier", "decoder_lm")
+# samples/zoo/zoo.cc unet_config(Variant::kFull) and unet_example_hw.
+UNET_FULL = {"in_channels": 3, "num_classes": 4, "base_width": 32}
+UNET_HW = 128
 
 # ---------------------------------------------------------------------------------------------
 # oneDNN-backed linear algebra (PyTorch's own mkldnn ops)
@@ -180,6 +188,8 @@ def make_model(name, seed):
         m = DecoderLM(DECODER_FULL)
     elif name == "gru_classifier":
         m = GruClassifier(**GRU_FULL)
+    elif name == "unet":
+        m = UNet(**UNET_FULL)
     else:
         raise ValueError(f"unknown model {name}")
     randomize_norms(m, torch.Generator().manual_seed(seed + 1000), num_batches_tracked=100)
@@ -206,7 +216,8 @@ def make_inputs(name, seed):
         calib = [ids(4), ids(4)]
         return {"ids_bs1": ids(1), "ids_bs8": ids(8), "ids_example": calib[0][:1].clone(),
                 "ids_calib0": calib[0], "ids_calib1": calib[1]}
-    img = lambda n: torch.randn(n, 3, IMAGE_HW, IMAGE_HW, generator=g)
+    hw = UNET_HW if name == "unet" else IMAGE_HW
+    img = lambda n: torch.randn(n, 3, hw, hw, generator=g)
     calib = [img(8), img(8)]  # 16 calibration images in two batches of 8
     return {"x_bs1": img(1), "x_bs8": img(8), "example": calib[0][:1].clone(), "calib0": calib[0], "calib1": calib[1]}
 
@@ -253,15 +264,24 @@ def torchscript_variant(model, x):
     return j
 
 
+def fx_qconfig_mapping():
+    """get_default_qconfig_mapping('onednn'), except ConvTranspose2d's weights per-tensor
+    (MinMaxObserver qint8): FX 1.13 asserts on per-channel ConvTranspose weights."""
+    from torch.ao.quantization import QConfig, default_weight_observer, get_default_qconfig_mapping
+
+    mapping = get_default_qconfig_mapping("onednn")
+    act = mapping.global_qconfig.activation
+    return mapping.set_object_type(nn.ConvTranspose2d, QConfig(activation=act, weight=default_weight_observer))
+
+
 def fx_int8(model, example_input, calib, copy_model=True, timings=None):
     """PyTorch FX post-training static quantization on the onednn engine (prepare_fx, calibration
     on every batch of `calib`, convert_fx). copy_model=False quantizes `model` itself."""
-    from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     torch.backends.quantized.engine = "onednn"
     t0 = time.perf_counter()
-    m = prepare_fx(copy.deepcopy(model) if copy_model else model, get_default_qconfig_mapping("onednn"),
+    m = prepare_fx(copy.deepcopy(model) if copy_model else model, fx_qconfig_mapping(),
                    example_inputs=(example_input,))
     t1 = time.perf_counter()
     with torch.no_grad():

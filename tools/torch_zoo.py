@@ -405,6 +405,115 @@ def gru_classifier_ids(batch, steps, vocab_size, gen):
 
 
 # ---------------------------------------------------------------------------------------------
+# Issue 12 zoo additions: DCGAN generator, U-Net, keyword-spotting Conv1d net
+# (samples/zoo/dcgan_generator.h, unet.h, kws_conv1d.h)
+
+
+class DcganGenerator(nn.Module):
+    """Mirror of samples/zoo/dcgan_generator.cc: the DCGAN generator (Radford et al.) for 32x32
+    images, as PyTorch's DCGAN example writes it (one nn.Sequential `main`)."""
+
+    def __init__(self, nz=64, ngf=32, nc=3):
+        super().__init__()
+        self.main = nn.Sequential(
+            nn.ConvTranspose2d(nz, ngf * 4, 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * 4), nn.ReLU(),  # 4x4
+            nn.ConvTranspose2d(ngf * 4, ngf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf * 2), nn.ReLU(),  # 8x8
+            nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf), nn.ReLU(),  # 16x16
+            nn.ConvTranspose2d(ngf, nc, 4, 2, 1, bias=False), nn.Tanh())  # 32x32
+
+    def forward(self, z):
+        return self.main(z)
+
+
+class UNetDoubleConv(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x):
+        return self.relu2(self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x))))))
+
+
+class UNetDown(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.pool = nn.MaxPool2d(2)
+        self.conv = UNetDoubleConv(cin, cout)
+
+    def forward(self, x):
+        return self.conv(self.pool(x))
+
+
+class UNetUp(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(cin, cin // 2, 2, stride=2)
+        self.conv = UNetDoubleConv(cin // 2 + cout, cout)
+
+    def forward(self, x, skip):
+        return self.conv(torch.cat([skip, self.up(x)], 1))
+
+
+class UNet(nn.Module):
+    """Mirror of samples/zoo/unet.cc: a 3-level U-Net (two 2x down steps, two transposed-conv up
+    steps with skip concatenation, 1x1 conv head)."""
+
+    def __init__(self, in_channels=3, num_classes=4, base_width=32):
+        super().__init__()
+        b = base_width
+        self.inc = UNetDoubleConv(in_channels, b)
+        self.down1 = UNetDown(b, 2 * b)
+        self.down2 = UNetDown(2 * b, 4 * b)
+        self.up1 = UNetUp(4 * b, 2 * b)
+        self.up2 = UNetUp(2 * b, b)
+        self.outc = nn.Conv2d(b, num_classes, 1)
+
+    def forward(self, x):
+        x1 = self.inc(x)
+        x2 = self.down1(x1)
+        x3 = self.down2(x2)
+        y = self.up1(x3, x2)
+        y = self.up2(y, x1)
+        return self.outc(y)
+
+
+class KwsConv1d(nn.Module):
+    """Mirror of samples/zoo/kws_conv1d.cc: keyword spotting on [N, n_mfcc, frames] features."""
+
+    def __init__(self, n_mfcc=40, channels=64, num_classes=12):
+        super().__init__()
+        c = channels
+        self.conv1 = nn.Conv1d(n_mfcc, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm1d(c)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv1d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm1d(c)
+        self.relu2 = nn.ReLU()
+        self.pool1 = nn.MaxPool1d(2)
+        self.conv3 = nn.Conv1d(c, 2 * c, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm1d(2 * c)
+        self.relu3 = nn.ReLU()
+        self.pool2 = nn.MaxPool1d(2)
+        self.conv4 = nn.Conv1d(2 * c, 2 * c, 3, padding=1, bias=False)
+        self.bn4 = nn.BatchNorm1d(2 * c)
+        self.relu4 = nn.ReLU()
+        self.avgpool = nn.AdaptiveAvgPool1d(1)
+        self.fc = nn.Linear(2 * c, num_classes)
+
+    def forward(self, x):
+        y = self.relu1(self.bn1(self.conv1(x)))
+        y = self.pool1(self.relu2(self.bn2(self.conv2(y))))
+        y = self.pool2(self.relu3(self.bn3(self.conv3(y))))
+        y = self.relu4(self.bn4(self.conv4(y)))
+        return self.fc(torch.flatten(self.avgpool(y), 1))
+
+
+# ---------------------------------------------------------------------------------------------
 # helpers
 
 
@@ -414,7 +523,7 @@ def randomize_norms(model, gen, num_batches_tracked=None):
     `num_batches_tracked`, or drawn from `gen` too (1..999) when that is None."""
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
                 n = m.num_features
                 m.running_mean.copy_(torch.randn(n, generator=gen) * 0.2)
                 m.running_var.copy_(torch.rand(n, generator=gen) * 1.5 + 0.5)

@@ -103,6 +103,33 @@ std::vector<ModelSpec> build_registry() {
     }
     return dbrq::from_vector(ids, {batch, steps});
   };
+
+  // ---- issue 12: generative, segmentation and audio models ----
+  specs.push_back(spec_for<DcganGenerator>(
+      "dcgan_generator", "DCGAN generator: latents [N, nz, 1, 1] -> ConvTranspose2d + BN + ReLU blocks -> tanh images",
+      dbrq::DType::kF32, dcgan_generator_config));
+  specs.back().input_shape = [](Variant v, int64_t batch) {
+    return std::vector<int64_t>{batch, dcgan_generator_config(v).nz, 1, 1};
+  };
+  specs.back().example_input = [shape = specs.back().input_shape](Variant v, int64_t batch, uint64_t seed) {
+    return dbrq::randn(shape(v, batch), seed);
+  };
+
+  specs.push_back(spec_for<UNet>("unet",
+                                 "U-Net segmentation net: 3 levels, max-pool down, ConvTranspose2d up with skip cat, "
+                                 "1x1 conv head -> per-pixel logits",
+                                 dbrq::DType::kF32, unet_config));
+  set_image_input(&specs.back(), 3, unet_example_hw(Variant::kFull), unet_example_hw(Variant::kTiny));
+
+  specs.push_back(spec_for<KwsConv1d>(
+      "kws_conv1d", "keyword spotting on MFCC frames: Conv1d + BN + ReLU blocks, max / adaptive avg pool1d, linear",
+      dbrq::DType::kF32, kws_conv1d_config));
+  specs.back().input_shape = [](Variant v, int64_t batch) {
+    return std::vector<int64_t>{batch, kws_conv1d_config(v).n_mfcc, kKwsFrames};
+  };
+  specs.back().example_input = [shape = specs.back().input_shape](Variant v, int64_t batch, uint64_t seed) {
+    return dbrq::randn(shape(v, batch), seed);
+  };
   return specs;
 }
 
@@ -169,6 +196,25 @@ DecoderConfig decoder_lm_config(Variant variant) {
 }
 
 int64_t decoder_lm_example_seq_len(Variant variant) { return variant == Variant::kFull ? 32 : 8; }
+
+// ---- issue 12's models ----
+
+DcganGeneratorConfig dcgan_generator_config(Variant variant) {
+  if (variant == Variant::kFull) return {};
+  return {/*nz=*/16, /*ngf=*/8, /*nc=*/3};
+}
+
+UNetConfig unet_config(Variant variant) {
+  if (variant == Variant::kFull) return {};
+  return {/*in_channels=*/3, /*num_classes=*/4, /*base_width=*/8};
+}
+
+int64_t unet_example_hw(Variant variant) { return variant == Variant::kFull ? 128 : 64; }
+
+KwsConv1dConfig kws_conv1d_config(Variant variant) {
+  if (variant == Variant::kFull) return {};
+  return {/*n_mfcc=*/40, /*channels=*/16, /*num_classes=*/12};
+}
 
 const std::vector<ModelSpec>& model_registry() {
   static const std::vector<ModelSpec>* registry = new std::vector<ModelSpec>(build_registry());

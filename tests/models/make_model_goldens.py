@@ -46,8 +46,8 @@ from torchvision.models.mobilenetv2 import MobileNetV2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
-from torch_zoo import (BertEncoder, DecoderLM, GruClassifier, ResNet18W, SmallCnn,  # noqa: E402
-                       gru_classifier_ids, randomize_norms, write_safetensors)
+from torch_zoo import (BertEncoder, DcganGenerator, DecoderLM, GruClassifier, KwsConv1d, ResNet18W,  # noqa: E402
+                       SmallCnn, UNet, gru_classifier_ids, randomize_norms, write_safetensors)
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
 
@@ -78,6 +78,14 @@ DECODER_TINY = {
 DECODER_PROMPTS = [(8, 24), (3, 24)]
 GRU_TINY = {"vocab_size": 50, "embedding_dim": 16, "hidden_size": 24, "num_layers": 2, "num_classes": 4}
 GRU_TINY_STEPS = 12  # samples/zoo/zoo.cc gru_example_seq_len(kTiny)
+
+# Issue 12's models (samples/zoo/zoo.cc Variant::kTiny).
+DCGAN_TINY = {"nz": 16, "ngf": 8, "nc": 3}
+UNET_TINY = {"in_channels": 3, "num_classes": 4, "base_width": 8}
+UNET_TINY_HW = 64
+KWS_TINY = {"n_mfcc": 40, "channels": 16, "num_classes": 12}
+KWS_FRAMES = 98
+CALIB_BATCH = 8  # FX and dbrq both calibrate on batches of 8, in file order
 
 DBRQ_DTYPE_NAMES = {torch.float32: "f32", torch.int64: "s64"}
 
@@ -162,6 +170,68 @@ def write_gru_int8_references(model, gen):
 
 
 # ---------------------------------------------------------------------------------------------
+# issue 12's models: int8 references from PyTorch FX
+
+
+def smooth_images(n, c, hw, gen):
+    """Image-like inputs: a smooth random field (bilinear upsampling of a coarse one) plus noise."""
+    base = torch.randn(n, c, hw // 8, hw // 8, generator=gen)
+    up = torch.nn.functional.interpolate(base, size=(hw, hw), mode="bilinear", align_corners=False)
+    return up + 0.3 * torch.randn(n, c, hw, hw, generator=gen)
+
+
+def mfcc_like(n, c, frames, gen):
+    """MFCC-like features: per-coefficient offsets and scales (the low coefficients carry most of
+    the energy) times a random signal smoothed over 3 frames."""
+    x = torch.randn(n, c, frames + 2, generator=gen)
+    x = (x[:, :, :-2] + x[:, :, 1:-1] + x[:, :, 2:]) / 3
+    scale = 2.0 / (1.0 + torch.arange(c, dtype=torch.float32) / 4)
+    offset = torch.randn(c, generator=gen) * 0.5
+    return x * scale[None, :, None] + offset[None, :, None]
+
+
+FX_QCONFIG_NOTE = ("get_default_qconfig_mapping('onednn') (HistogramObserver quint8 activations, "
+                   "PerChannelMinMaxObserver qint8 weights); ConvTranspose2d with per-tensor MinMaxObserver "
+                   "qint8 weights, as FX 1.13 refuses per-channel ConvTranspose weights")
+
+
+def fx_qconfig_mapping():
+    from torch.ao.quantization import QConfig, default_weight_observer, get_default_qconfig_mapping
+    mapping = get_default_qconfig_mapping("onednn")
+    act = mapping.global_qconfig.activation
+    return mapping.set_object_type(torch.nn.ConvTranspose2d, QConfig(activation=act, weight=default_weight_observer))
+
+
+def sqnr_db(ref, x):
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum()))
+
+
+def write_int8_reference(name, model, calib, evals, config):
+    """<name>_int8.safetensors (the weights are <name>.safetensors'): "calib" (FX and dbrq calibrate
+    on its batches of CALIB_BATCH in order), "eval", "fp32" (float64 reference output on eval), "fx"
+    (PyTorch FX's int8 output, dequantized: prepare_fx / convert_fx, onednn engine); metadata
+    fx_sqnr_db (10 log10 of fp32's energy over the error's), the converted FX code and qconfig."""
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+    torch.backends.quantized.engine = "onednn"
+    model.eval()
+    prepared = prepare_fx(copy.deepcopy(model), fx_qconfig_mapping(), example_inputs=(calib[:1],))
+    with torch.no_grad():
+        for i in range(0, calib.shape[0], CALIB_BATCH):
+            prepared(calib[i:i + CALIB_BATCH])
+    converted = convert_fx(prepared)
+    fp32 = reference_output(model, evals)
+    with torch.no_grad():
+        fx = converted(evals)
+    sq = sqnr_db(fp32, fx)
+    path = os.path.join(GOLDEN_DIR, f"{name}_int8.safetensors")
+    metadata = {"config": json.dumps(config, sort_keys=True), "torch": torch.__version__, "fx_sqnr_db": f"{sq:.4f}",
+                "fx_code": converted.code, "qconfig": FX_QCONFIG_NOTE, "engine": torch.backends.quantized.engine}
+    write_safetensors(path, [("calib", calib), ("eval", evals), ("fp32", fp32), ("fx", fx)], metadata)
+    print(f"{name}_int8: {os.path.getsize(path)} bytes, calib {list(calib.shape)}, eval {list(evals.shape)}, "
+          f"FX SQNR {sq:.2f} dB")
+
+
+# ---------------------------------------------------------------------------------------------
 # main
 
 
@@ -219,6 +289,30 @@ def main():
     ids[:, -2:] = 0  # the model trims the batch to its longest sequence
     write_golden("gru_classifier", gru, ids, GRU_TINY)
     write_gru_int8_references(gru, gen)
+
+    # Issue 12's models, each with a generator of its own (earlier goldens stay byte-identical).
+    gen = torch.Generator().manual_seed(1212)
+    torch.manual_seed(12)
+    dcgan = DcganGenerator(**DCGAN_TINY)
+    randomize_norms(dcgan, gen)
+    write_golden("dcgan_generator", dcgan, torch.randn(3, DCGAN_TINY["nz"], 1, 1, generator=gen), DCGAN_TINY)
+    write_int8_reference("dcgan_generator", dcgan, torch.randn(32, DCGAN_TINY["nz"], 1, 1, generator=gen),
+                         torch.randn(16, DCGAN_TINY["nz"], 1, 1, generator=gen), DCGAN_TINY)
+
+    torch.manual_seed(13)
+    unet = UNet(**UNET_TINY)
+    randomize_norms(unet, gen)
+    hw = UNET_TINY_HW
+    write_golden("unet", unet, torch.randn(2, 3, hw, hw, generator=gen), UNET_TINY)
+    write_int8_reference("unet", unet, smooth_images(8, 3, hw, gen), smooth_images(4, 3, hw, gen), UNET_TINY)
+
+    torch.manual_seed(14)
+    kws = KwsConv1d(**KWS_TINY)
+    randomize_norms(kws, gen)
+    c = KWS_TINY["n_mfcc"]
+    write_golden("kws_conv1d", kws, torch.randn(3, c, KWS_FRAMES, generator=gen), KWS_TINY)
+    write_int8_reference("kws_conv1d", kws, mfcc_like(16, c, KWS_FRAMES, gen), mfcc_like(32, c, KWS_FRAMES, gen),
+                         KWS_TINY)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,23 @@ TEST(ZooGolden, GruClassifier) {
              std::make_shared<zoo::GruClassifier>(zoo::gru_classifier_config(zoo::Variant::kTiny)));
 }
 
+// ---- issue 12's models ----
+
+TEST(ZooGolden, DcganGenerator) {
+  run_golden("dcgan_generator", R"({"nc": 3, "ngf": 8, "nz": 16})",
+             std::make_shared<zoo::DcganGenerator>(zoo::dcgan_generator_config(zoo::Variant::kTiny)));
+}
+
+TEST(ZooGolden, UNet) {
+  run_golden("unet", R"({"base_width": 8, "in_channels": 3, "num_classes": 4})",
+             std::make_shared<zoo::UNet>(zoo::unet_config(zoo::Variant::kTiny)));
+}
+
+TEST(ZooGolden, KwsConv1d) {
+  run_golden("kws_conv1d", R"({"channels": 16, "n_mfcc": 40, "num_classes": 12})",
+             std::make_shared<zoo::KwsConv1d>(zoo::kws_conv1d_config(zoo::Variant::kTiny)));
+}
+
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
 // Guards against a golden that a broken load (or a constant output) would also match.
 TEST(ZooGolden, DefaultWeightsDoNotMatch) {
@@ -230,7 +247,7 @@ TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
             (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                      "gru_classifier"}));
+                                      "gru_classifier", "dcgan_generator", "unet", "kws_conv1d"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -259,7 +276,76 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
                          ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                           "gru_classifier"),
+                                           "gru_classifier", "dcgan_generator", "unet", "kws_conv1d"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// ---- issue 12's models: full-size shapes, parameter counts, bad inputs ----
+
+TEST(ZooIssue12, FullSizeShapes) {
+  dbrq::manual_seed(3);
+  for (const auto& [name, out_shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"dcgan_generator", {2, 3, 32, 32}}, {"unet", {2, 4, 128, 128}}, {"kws_conv1d", {2, 12}}}) {
+    SCOPED_TRACE(name);
+    const zoo::ModelSpec& spec = zoo::find_model(name);
+    auto model = spec.make(zoo::Variant::kFull);
+    model->eval();
+    const Tensor y = spec.run(*model, spec.example_input(zoo::Variant::kFull, 2, 0));
+    EXPECT_EQ(std::vector<int64_t>(y.sizes().begin(), y.sizes().end()), out_shape);
+  }
+  // The tanh keeps a generator's images in (-1, 1).
+  auto g = zoo::make_model("dcgan_generator");
+  g->eval();
+  const std::vector<float> pixels =
+      zoo::find_model("dcgan_generator").run(*g, dbrq::randn({2, 64, 1, 1}, 1)).to_vector<float>();
+  EXPECT_LE(*std::max_element(pixels.begin(), pixels.end()), 1.0f);
+  EXPECT_GE(*std::min_element(pixels.begin(), pixels.end()), -1.0f);
+  // Parameter counts of PyTorch's twins (tools/torch_zoo.py) at full size.
+  EXPECT_EQ(zoo::parameter_count(*g), 64 * 128 * 16 + 128 * 64 * 16 + 64 * 32 * 16 + 32 * 3 * 16 +
+                                          2 * (128 + 64 + 32));
+  EXPECT_EQ(zoo::parameter_count(*zoo::make_model("kws_conv1d")),
+            40 * 64 * 3 + 64 * 64 * 3 + 64 * 128 * 3 + 128 * 128 * 3 + 2 * (64 + 64 + 128 + 128) + 128 * 12 + 12);
+}
+
+TEST(ZooIssue12, UNetSkipKeys) {
+  const auto model = zoo::make_model("unet", zoo::Variant::kTiny);
+  std::map<std::string, std::string> shapes;
+  for (const auto& [k, t] : model->state_dict()) shapes[k] = t.shape_string();
+  // PyTorch's ConvTranspose2d weight layout [in, out, kH, kW]; the up path's first conv reads the
+  // skip features and the upsampled ones (8 + 8 and 16 + 16 channels).
+  EXPECT_EQ(shapes["up1.up.weight"], "[32, 16, 2, 2]");
+  EXPECT_EQ(shapes["up1.conv.conv1.weight"], "[16, 32, 3, 3]");
+  EXPECT_EQ(shapes["up2.up.weight"], "[16, 8, 2, 2]");
+  EXPECT_EQ(shapes["up2.conv.conv1.weight"], "[8, 16, 3, 3]");
+  EXPECT_EQ(shapes["down2.conv.bn2.running_var"], "[32]");
+  EXPECT_EQ(shapes["outc.weight"], "[4, 8, 1, 1]");
+}
+
+TEST(ZooIssue12, BadInputs) {
+  auto g = zoo::make_model("dcgan_generator", zoo::Variant::kTiny);
+  auto unet = zoo::make_model("unet", zoo::Variant::kTiny);
+  auto kws = zoo::make_model("kws_conv1d", zoo::Variant::kTiny);
+  const auto run = [](const char* name, dbrq::nn::Module& m, const Tensor& x) { return zoo::find_model(name).run(m, x); };
+  EXPECT_THROW_MSG(run("dcgan_generator", *g, dbrq::randn({2, 16}, 0)), dbrq::ShapeError,
+                   "DcganGenerator: expected latents [N, 16, 1, 1], got [2, 16]");
+  EXPECT_THROW_MSG(run("dcgan_generator", *g, dbrq::randn({2, 8, 1, 1}, 0)), dbrq::ShapeError,
+                   "DcganGenerator: expected latents [N, 16, 1, 1], got [2, 8, 1, 1]");
+  EXPECT_THROW_MSG(run("unet", *unet, dbrq::randn({1, 3, 30, 32}, 0)), dbrq::ShapeError,
+                   "UNet: expected images [N, 3, H, W] with H and W positive multiples of 4, got [1, 3, 30, 32]");
+  EXPECT_THROW_MSG(run("unet", *unet, dbrq::randn({1, 1, 32, 32}, 0)), dbrq::ShapeError,
+                   "UNet: expected images [N, 3, H, W]");
+  EXPECT_THROW_MSG(run("kws_conv1d", *kws, dbrq::randn({1, 40, 3}, 0)), dbrq::ShapeError,
+                   "KwsConv1d: expected features [N, 40, frames >= 4], got [1, 40, 3]");
+  EXPECT_THROW_MSG(run("kws_conv1d", *kws, dbrq::randn({40, 98}, 0)), dbrq::ShapeError,
+                   "KwsConv1d: expected features [N, 40, frames >= 4], got [40, 98]");
+  EXPECT_THROW_MSG(zoo::DcganGenerator(zoo::DcganGeneratorConfig{0, 8, 3}), dbrq::ValueError,
+                   "DcganGenerator: nz, ngf and nc must be >= 1, got 0, 8 and 3");
+  EXPECT_THROW_MSG(zoo::UNet(zoo::UNetConfig{3, 4, 0}), dbrq::ValueError,
+                   "UNet: in_channels, num_classes and base_width must be >= 1, got 3, 4 and 0");
+  EXPECT_THROW_MSG(zoo::KwsConv1d(zoo::KwsConv1dConfig{40, 16, 0}), dbrq::ValueError,
+                   "KwsConv1d: n_mfcc, channels and num_classes must be >= 1, got 40, 16 and 0");
+  // Another model's input type: the registry's typed run refuses it.
+  EXPECT_THROW_MSG(zoo::find_model("unet").run(*kws, dbrq::randn({1, 3, 64, 64}, 0)), dbrq::ValueError,
+                   "zoo: model \"unet\" cannot run a KwsConv1d");
+}
 
 }  // namespace
