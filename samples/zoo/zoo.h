@@ -11,7 +11,8 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier".
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier",
+// "densenet".
 // Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
@@ -23,6 +24,8 @@
 //          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is, the
 //          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens,
 //          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens.
+//   "densenet" is torchvision's DenseNet-121 on 224x224 images (kFull) and, kTiny, growth 8, blocks
+//          2-2, 16 initial features, bn_size 2, 10 classes on 32x32 images.
 // The decoder LM's `run` is one call on the token ids with an empty cache and returns its logits
 // [N, S, vocab]; generation (DecoderLM::generate) needs the typed model.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
@@ -38,6 +41,7 @@
 #include "dbrq.h"
 #include "samples/zoo/bert_encoder.h"
 #include "samples/zoo/decoder_lm.h"
+#include "samples/zoo/densenet.h"
 #include "samples/zoo/gru_classifier.h"
 #include "samples/zoo/mobilenet_v2.h"
 #include "samples/zoo/resnet.h"
@@ -58,6 +62,7 @@ BertConfig bert_config(Variant variant);
 SmallCnnConfig small_cnn_config(Variant variant);
 DecoderConfig decoder_lm_config(Variant variant);
 GruClassifierConfig gru_classifier_config(Variant variant);
+DenseNetConfig densenet_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
 // Prompt length of decoder_lm's example input.

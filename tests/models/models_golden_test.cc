@@ -103,6 +103,13 @@ TEST(ZooGolden, GruClassifier) {
              std::make_shared<zoo::GruClassifier>(zoo::gru_classifier_config(zoo::Variant::kTiny)));
 }
 
+// Pre-activation dense blocks (batch norm -> relu -> conv on a growing cat), torchvision's class.
+TEST(ZooGolden, DenseNet) {
+  run_golden("densenet",
+             R"({"block_config": [2, 2], "bn_size": 2, "growth_rate": 8, "num_classes": 10, "num_init_features": 16})",
+             std::make_shared<zoo::DenseNet>(zoo::densenet_config(zoo::Variant::kTiny)));
+}
+
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
 // Guards against a golden that a broken load (or a constant output) would also match.
 TEST(ZooGolden, DefaultWeightsDoNotMatch) {
@@ -163,6 +170,12 @@ TEST(ZooKeys, MobileNetV2MatchesTorchvision) {
   const auto model = zoo::make_model("mobilenet_v2", zoo::Variant::kFull);
   expect_torchvision_keys("mobilenet_v2", *model);
   EXPECT_EQ(zoo::parameter_count(*model), 3504872);  // torchvision's mobilenet_v2, as published
+}
+
+TEST(ZooKeys, DenseNetMatchesTorchvisionDenseNet121) {
+  const auto model = zoo::make_model("densenet", zoo::Variant::kFull);
+  expect_torchvision_keys("densenet121", *model);
+  EXPECT_EQ(zoo::parameter_count(*model), 7978856);  // torchvision's densenet121, as published
 }
 
 TEST(ZooKeys, BertUsesHuggingFaceNames) {
@@ -230,7 +243,7 @@ TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
             (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                      "gru_classifier"}));
+                                      "gru_classifier", "densenet"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -259,7 +272,7 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
                          ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                           "gru_classifier"),
+                                           "gru_classifier", "densenet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
