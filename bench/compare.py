@@ -279,8 +279,8 @@ def main():
     ap.add_argument("--overhead-bench", required=True)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prep-threads", type=int, default=2)
-    ap.add_argument("--only", default="fp32,int8,bert,decoder,gru,unet,overhead,prep",
-                    help="comma-separated subset of: fp32,int8,bert,decoder,gru,unet,overhead,prep")
+    ap.add_argument("--only", default="fp32,int8,densenet,bert,decoder,gru,unet,overhead,prep",
+                    help="comma-separated subset of: fp32,int8,densenet,bert,decoder,gru,unet,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
     ap.add_argument("--baseline-bench", default=None,
                     help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
@@ -321,6 +321,7 @@ def main():
     names = ["resnet18", "mobilenet_v2", "bert_encoder"] + (["decoder_lm"] if "decoder" in only else [])
     names += ["gru_classifier"] if "gru" in only else []
     names += ["unet"] if "unet" in only else []
+    names += ["densenet"] if "densenet" in only else []  # last: earlier models keep their seeds
     for seed, name in enumerate(names):
         models[name] = tm.make_model(name, seed=10 + seed)
         inputs[name] = tm.make_inputs(name, seed=20 + seed)
@@ -358,7 +359,8 @@ def main():
         if base is not None:
             report.add(section, f"{key}_vs_before", res[label_now], res[label_before], "ms",
                        "torch column = dbrq before (the baseline build), same run", busy=res["busy"])
-    short = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2", "bert_encoder": "bert", "unet": "unet"}
+    short = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2", "bert_encoder": "bert", "unet": "unet",
+             "densenet": "densenet"}
     try:
         # ---- fp32 (issue 2) ------------------------------------------------------------------
         if "fp32" in only:
@@ -433,6 +435,54 @@ def main():
                         report_before("int8", key, res, "dbrq int8", "dbrq before int8")
                         del qm, ts
                         gc.collect()
+
+        # ---- pre-activation DenseNet-121 int8 next to ResNet-18 (issue 12) --------------------
+        # Its batch norms that follow a cat (norm1, transitions, norm5) used to stay fp32, so int8
+        # gained far less than on a plain conv net. Both models' int8 and fp32 run in the same
+        # interleaved chunks; the goal row is (densenet int8 / fp32) / (resnet18 int8 / fp32).
+        if "densenet" in only:
+            name, rn = "densenet", "resnet18"
+            calib = tm.calibration(inputs[name], name)
+            for bs in (1, 8):
+                x = tm.timed_input(inputs[name], name, bs)
+                for t in threads:
+                    key = f"densenet_bs{bs}_t{t}"
+                    log(f"{key}_int8")
+                    quiet()
+                    torch.set_num_threads(t)
+                    t0 = time.time()
+                    qm = tm.fx_int8(models[name], x, calib)
+                    log(f"    torch FX prepare+calibrate+convert {time.time() - t0:.1f} s")
+                    sides = {label: DbrqSide(server, label, model=m, mode=mode, batch=bs, threads=t, **files[m])
+                             for label, m, mode in (("dbrq int8", name, "int8"), ("dbrq fp32", name, "fp32"),
+                                                    ("resnet18 int8", rn, "int8"), ("resnet18 fp32", rn, "fp32"))}
+                    sides["dbrq int8"].setup()
+                    ex = sides["dbrq int8"].info.get("executors", {})
+                    note = f"dbrq executors {dict(sorted(ex.items()))}; " if ex else ""
+                    if t == threads[0]:
+                        r = reference(name, bs)
+                        with torch.inference_mode():
+                            y_t = qm(x)
+                        y_d = dbrq_output(server, sides["dbrq int8"])
+                        note += f"int8 vs torch fp32: SQNR dbrq {sqnr_db(y_d, r):.1f} dB, torch FX {sqnr_db(y_t, r):.1f} dB; "
+                    ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in tm.int8_variants(qm, x).items()],
+                                      probe)
+                    n, c = iters[bs]
+                    res = interleave(list(sides.values()) + ts, n, c, warmup, monitor, t)
+                    best = min((s.label for s in ts), key=lambda k: res[k])
+                    report.add("densenet", f"{key}_int8", res["dbrq int8"], res[best], "ms", note + f"torch FX {best}",
+                               busy=res["busy"])
+                    report.add("densenet", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
+                               "torch column = dbrq fp32", busy=res["busy"])
+                    report.add("densenet", f"resnet18_bs{bs}_t{t}_int8_vs_dbrq_fp32_same_run", res["resnet18 int8"],
+                               res["resnet18 fp32"], "ms", "torch column = dbrq fp32 (ResNet-18, same chunks)",
+                               busy=res["busy"])
+                    report.add("densenet", f"{key}_int8_fp32_ratio_vs_resnet18",
+                               res["dbrq int8"] / res["dbrq fp32"], res["resnet18 int8"] / res["resnet18 fp32"],
+                               "x", "dbrq = densenet int8/fp32, torch column = resnet18 int8/fp32", goal=1.2,
+                               busy=res["busy"])
+                    del qm, ts
+                    gc.collect()
 
         # ---- BERT int8 (issue 4) -------------------------------------------------------------
         if "bert" in only:

@@ -19,6 +19,12 @@
 //
 // This is the one bench/ program that includes kernels/ headers: it needs the kernels the
 // converted model calls in order to call them directly.
+//
+// `--avg_pool=1` times the int8 average pooling kernel instead (not part of compare.sh): Inception's
+// pool branches (3x3, stride 1, padding 1) on channels-last u8, the vectorized path
+// (kernels/int8_pool.cc) against the strided scalar loop that ran every layout before it (fed the
+// same codes through a channels-last view with one channel sliced off, so the view is not dense
+// and takes that loop), interleaved; prints one JSON line with the medians and their ratio.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -59,6 +65,49 @@ double time_ns(F&& f) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
+// Inception-style pool branches: vectorized channels-last path vs the strided scalar loop.
+int avg_pool_bench(int reps, int threads) {
+  nlohmann::json rows = nlohmann::json::array();
+  struct Shape {
+    int64_t n, c, h, w;
+  };
+  for (const Shape s : {Shape{4, 192, 35, 35}, Shape{4, 768, 17, 17}, Shape{4, 2048, 8, 8}}) {
+    const auto qp = dbrq::QuantParams::per_tensor(0.03f, 117);
+    const Tensor f = dbrq::randn({s.n, s.c + 1, s.h, s.w}, 3);
+    const Tensor wide = dbrq::kernels::quantize_to(f, qp, dbrq::DType::kU8, dbrq::MemoryFormat::kChannelsLast);
+    const Tensor strided = wide.raw_narrow(1, 0, s.c);  // channels-last strides, not dense
+    const Tensor dense = dbrq::kernels::copy(strided, dbrq::MemoryFormat::kChannelsLast, dbrq::DType::kU8);
+    dbrq::Pool2dParams p;
+    p.kernel_size = {3, 3};
+    p.stride = {1, 1};
+    p.padding = {1, 1};
+    for (int w = 0; w < 3; ++w) {
+      dbrq::kernels::qavg_pool2d(dense, p);
+      dbrq::kernels::qavg_pool2d(strided, p);
+    }
+    std::vector<double> vec, scalar, ratio;
+    for (int r = 0; r < reps; ++r) {
+      double a, b;
+      if (r % 2 == 0) {
+        a = time_ns([&] { dbrq::kernels::qavg_pool2d(dense, p); });
+        b = time_ns([&] { dbrq::kernels::qavg_pool2d(strided, p); });
+      } else {
+        b = time_ns([&] { dbrq::kernels::qavg_pool2d(strided, p); });
+        a = time_ns([&] { dbrq::kernels::qavg_pool2d(dense, p); });
+      }
+      vec.push_back(a);
+      scalar.push_back(b);
+      ratio.push_back(a / b);
+    }
+    rows.push_back({{"shape", {s.n, s.c, s.h, s.w}},
+                    {"vectorized_us", median(vec) / 1e3},
+                    {"scalar_us", median(scalar) / 1e3},
+                    {"vectorized_over_scalar", median(ratio)}});
+  }
+  std::cout << nlohmann::json{{"avg_pool", rows}, {"reps", reps}, {"threads", threads}}.dump() << std::endl;
+  return 0;
+}
+
 int count_substr(const std::string& s, const std::string& what) {
   int n = 0;
   for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + what.size())) ++n;
@@ -68,7 +117,7 @@ int count_substr(const std::string& s, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ops = 1000, numel = 64, reps = 1000, threads = 1;
+  int ops = 1000, numel = 64, reps = 1000, threads = 1, avg_pool = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -83,12 +132,15 @@ int main(int argc, char** argv) {
       reps = v;
     } else if (k == "--threads") {
       threads = v;
+    } else if (k == "--avg_pool") {
+      avg_pool = v;
     } else {
-      std::cerr << "usage: overhead_bench [--ops=1000] [--numel=64] [--reps=1000] [--threads=1]\n";
+      std::cerr << "usage: overhead_bench [--ops=1000] [--numel=64] [--reps=1000] [--threads=1] [--avg_pool=1]\n";
       return 2;
     }
   }
   dbrq::set_num_threads(threads);
+  if (avg_pool != 0) return avg_pool_bench(std::min(reps, 50), threads);
   const Tensor x = dbrq::randn({1, numel}, 1), y = dbrq::randn({1, numel}, 2);
 
   // The int8 model: prepared, calibrated on a few inputs, converted.

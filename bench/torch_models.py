@@ -182,6 +182,8 @@ def make_model(name, seed):
         m = torchvision.models.resnet18()
     elif name == "mobilenet_v2":
         m = torchvision.models.mobilenet_v2()
+    elif name == "densenet":
+        m = torchvision.models.densenet121()  # the zoo's "densenet" (samples/zoo/densenet.h), same keys
     elif name == "bert_encoder":
         m = BertEncoder(BERT_FULL)
     elif name == "decoder_lm":

@@ -254,3 +254,45 @@ Tensor qsoftmax(const Tensor& x, int64_t dim, const QuantParamsPtr& out);
 }  // namespace dbrq::kernels
 
 #include "kernels/int8_inl.h"
+
+namespace dbrq::kernels {
+
+// ---- per-channel affine on u8: batch norm on its own (not folded into a conv) ----
+//
+// PyTorch's quantized::batch_norm{1d,2d}(_relu): per channel c,
+//   q_out = clamp(round_half_even(fma(alpha[c], q_in - in_zp, beta[c])) + out_zp, 0 (relu: out_zp), 255)
+// with alpha and beta computed once from the statistics (batch_norm_affine).
+//
+//   kernels::QChannelAffine bn(kernels::batch_norm_affine(mean, var, w, b, eps, in->scale(), out->scale()),
+//                              in, out, /*relu=*/true);
+//   Tensor y = bn.run(x_u8);   // [N, C], [N, C, L] or [N, C, H, W]; keeps x's layout
+struct ChannelAffine {
+  std::vector<float> alpha;  // multiplies q_in - in_zp; output codes per input code
+  std::vector<float> beta;   // in output codes
+};
+
+// alpha / beta as PyTorch 1.13's compute_fused_params: inv_sigma = 1 / sqrt(var + eps) in float,
+// alpha = inv_sigma * weight * (in_scale / out_scale), beta = (bias - mean * inv_sigma * weight) /
+// out_scale (scale ratios in double). weight / bias may be undefined (1 and 0). Throws ShapeError /
+// DTypeError / ValueError for statistics that are not f32 [C] or non-positive scales.
+ChannelAffine batch_norm_affine(const Tensor& mean, const Tensor& var, const Tensor& weight, const Tensor& bias,
+                                double eps, float in_scale, float out_scale);
+
+class QChannelAffine {
+ public:
+  // src / dst: u8 per-tensor parameters of the input and the output.
+  QChannelAffine(ChannelAffine affine, QuantParamsPtr src, QuantParamsPtr dst, bool relu);
+  // x: u8 with exactly src's parameters, channels on dim 1, 2 to 5 dims, any layout (channels-last
+  // and row-major run without a copy). Output: u8 with dst's parameters, x's layout.
+  Tensor run(const Tensor& x) const;
+  int64_t channels() const { return static_cast<int64_t>(a_.alpha.size()); }
+  bool relu() const { return relu_; }
+  std::string describe() const;
+
+ private:
+  ChannelAffine a_;
+  QuantParamsPtr src_, dst_;
+  bool relu_;
+};
+
+}  // namespace dbrq::kernels

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/int8.h"
+#include "kernels/int8_pool.h"
 #include "kernels/loops.h"
 #include "kernels/simd.h"
 #include "core/op_shapes.h"
@@ -179,6 +180,10 @@ Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p) {
   uint8_t* out = dst.mutable_data<uint8_t>();
   const int32_t zp = x.q_zero_point();
   const bool nhwc = x.is_channels_last();  // which of PyTorch's two kernels this input would take
+  if (nhwc && dst.is_channels_last()) {
+    qavg_pool2d_nhwc(src, out, g, p, zp);  // vectorized over channels (int8_pool.cc)
+    return dst;
+  }
   const int64_t sn = x.stride(0), sc = x.stride(1), sh = x.stride(2), sw = x.stride(3);
   const int64_t dn = dst.stride(0), dc = dst.stride(1), dh = dst.stride(2), dw = dst.stride(3);
   parallel_for(g.n * g.oh, 1, [&](int64_t lo, int64_t hi) {

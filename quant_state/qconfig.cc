@@ -253,7 +253,7 @@ BackendConfig BackendConfig::onednn() {
   }
 
   // Fusion patterns: weighted op (+ folded batch norm) (+ residual add) (+ activation post-op), and
-  // an activation after an int8 add.
+  // an activation after an int8 add or an int8 batch norm on its own.
   std::vector<OpKind> folds, residual_adds;
   for (const OpDef& d : ops.all()) {
     if (d.fold != nullptr) folds.push_back(d.kind);
@@ -285,7 +285,7 @@ BackendConfig BackendConfig::onednn() {
           for (OpKind bn : folds) b.add_fusion_pattern({w.kind, bn, add, act});
         }
       }
-    } else if (w.role == QuantRole::kBinary && w.fusion_site != 0) {
+    } else if (w.fusion_site != 0) {  // add -> relu, batch_norm -> relu
       for (OpKind act : activations_after(w.fusion_site)) b.add_fusion_pattern({w.kind, act});
     }
   }

@@ -152,6 +152,8 @@ class Analyzer {
     AutoQuantizationState& s = state_of(op.global_index);
     if (op.fusion.fused() && op.fusion.position > 0) {
       const SeenOpInfo& base = s.seen_ops()[static_cast<size_t>(op.fusion.base)];
+      // A base that stays fp32 (an int8 batch norm or add whose input is fp32) keeps its chain fp32.
+      if (base.role == QuantRole::kNone) return QuantRole::kNone;
       const QuantRole r = m_.backend().role(base.kind);
       *out_u8 = !(base.qconfig && base.qconfig->is_dynamic());
       return r;
@@ -191,6 +193,7 @@ class Analyzer {
       case QuantRole::kShare:
       case QuantRole::kLut:
       case QuantRole::kFixedQParams:
+      case QuantRole::kChannelAffine:
         if (!any_input_u8(op, 0)) return QuantRole::kNone;
         *out_u8 = true;
         return role;
@@ -323,6 +326,7 @@ class Analyzer {
         return set_output(op, DType::kU8, slot);
       }
       case QuantRole::kLut:
+      case QuantRole::kChannelAffine:
         require_u8(g, 0);
         return new_output(g);
       case QuantRole::kFixedQParams: {

@@ -22,6 +22,8 @@ const char* quant_role_name(QuantRole r) {
       return "lut";
     case QuantRole::kFixedQParams:
       return "fixed_qparams";
+    case QuantRole::kChannelAffine:
+      return "channel_affine";
   }
   return "?";
 }

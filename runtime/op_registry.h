@@ -69,6 +69,7 @@ enum FusionSite : uint8_t {
   kAfterLinear = 2,        // linear (+ batch_norm) -> activation
   kAfterResidualAdd = 4,   // conv2d (+ batch_norm) -> add(residual) -> activation: after the sum post-op
   kAfterAdd = 8,           // add of two int8 tensors -> activation
+  kAfterNorm = 16,         // batch_norm on its own (int8) -> activation
 };
 
 // x OP c as a change of x's quantization parameters: a shift (x + c) or a scale (x * c).
@@ -89,6 +90,12 @@ using Int8RequantFn = Tensor (*)(const Tensor& x, const void* params, const Quan
 using Int8BinaryFn = Tensor (*)(const Tensor& a, const Tensor& b, const QuantParamsPtr& out, bool relu);
 using WeightedFactory = std::unique_ptr<kernels::QWeighted> (*)(kernels::QWeightedOptions options,
                                                                 const void* params);
+// The int8 kernel of a kChannelAffine op from its statistics (the inputs after its activation, as
+// the op received them), its parameters, its input and output parameters and a fused relu.
+using Int8AffineFactory = std::shared_ptr<const kernels::QChannelAffine> (*)(absl::Span<const Tensor> stats,
+                                                                           const void* params,
+                                                                           const QuantParamsPtr& in,
+                                                                           const QuantParamsPtr& out, bool relu);
 using FoldFn = void (*)(const Tensor& w, const Tensor& b, absl::Span<const Tensor> stats, const void* params,
                         Tensor* w_out, Tensor* b_out);
 using SizesFn = DimVector (*)(const OpCall& call);
@@ -145,6 +152,7 @@ struct OpDef {
   MemoryFormat int8_input_format = MemoryFormat::kPreserve;  // layout an f32 input is quantized to
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged
+  Int8AffineFactory int8_affine = nullptr;  // kChannelAffine: the kernel (batch_norm on its own)
 
   // Sets copy_params, params_equal, params_fingerprint and the portable form for the parameter
   // struct P.

@@ -16,9 +16,12 @@ enum class QuantRole : uint8_t {
   kShare,         // int8 passes through: the output shares its input's observer
   kLut,           // elementwise on u8 through a 256-entry table; a new output observer
   kFixedQParams,  // fixed output parameters (sigmoid, tanh, hardsigmoid, softmax)
+  kChannelAffine, // per-channel multiply-add on u8 from the op's statistics (batch_norm on its own); a new
+                  // output observer
 };
 
-// "fp32", "weighted", "matmul", "binary", "cat", "share", "lut", "fixed_qparams".
+// "fp32", "weighted", "matmul", "binary", "cat", "share", "lut", "fixed_qparams",
+// "channel_affine".
 const char* quant_role_name(QuantRole r);
 
 }  // namespace dbrq

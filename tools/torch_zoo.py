@@ -18,7 +18,8 @@ state_dict of one loads into the other with load_state_dict. ResNet-18 at reduce
 torchvision's own BasicBlock, _make_layer and forward; MobileNetV2 needs nothing here
 (torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names; the
 decoder LM GPT-2's layout (wte, wpe, h.<i>.ln_1 / attn / ln_2 / mlp, ln_f, lm_head); the
-GRU classifier is nn.Embedding, nn.GRU and nn.Linear under dbrq's names.
+GRU classifier is nn.Embedding, nn.GRU and nn.Linear under dbrq's names. The DenseNet
+(samples/zoo/densenet.h) is torchvision's DenseNet class itself, at any configuration (densenet()).
 
 The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
@@ -537,3 +538,14 @@ def randomize_norms(model, gen, num_batches_tracked=None):
                 shape = m.weight.shape
                 m.weight.copy_(torch.rand(shape, generator=gen) * 1.0 + 0.5)
                 m.bias.copy_(torch.randn(shape, generator=gen) * 0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# DenseNet (samples/zoo/densenet.h): torchvision's class has the same modules and keys.
+
+
+def densenet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64, bn_size=4, num_classes=1000):
+    """torchvision's DenseNet (DenseNet-121 with the defaults), no dropout."""
+    from torchvision.models.densenet import DenseNet
+    return DenseNet(growth_rate=growth_rate, block_config=tuple(block_config), num_init_features=num_init_features,
+                    bn_size=bn_size, drop_rate=0, num_classes=num_classes)

@@ -199,6 +199,15 @@ class Converter {
         kernels::Lut lut = kernels::make_lut(*in.want, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
         return std::make_unique<LutExec>(op.kind, std::move(in), out, lut);
       }
+      case QuantRole::kChannelAffine: {
+        const kernels::PostOps post = post_ops_of(s, op);
+        DBRQ_CHECK(post.empty() || (post.size() == 1 && post[0] == kernels::Eltwise::relu()),
+                   "an int8 channel affine op fuses only relu");
+        DBRQ_CHECK(def.int8_affine != nullptr, op_name(op.kind), " has no int8 channel affine kernel");
+        return std::make_unique<ChannelAffineExec>(def, op.params, input_spec(s, op, 0),
+                                                   qparams_of(s, op, chain_output(s, op)), !post.empty(),
+                                                   tensors_of(op));
+      }
       case QuantRole::kNone:
         break;
     }

@@ -288,4 +288,51 @@ Tensor RequantExec::run(const OpCall& call) {
 
 std::string RequantExec::describe() const { return absl::StrCat("int8 ", def_.name, " (fixed output parameters)"); }
 
+ChannelAffineExec::ChannelAffineExec(const OpDef& def, OpParams params, InputSpec input, QuantParamsPtr out,
+                                     bool relu, const std::vector<Tensor>& stats)
+    : def_(def), params_(std::move(params)), input_(std::move(input)), out_(std::move(out)), relu_(relu) {
+  kernel_ = def_.int8_affine(stats, params_.get(), input_.want, out_, relu_);
+  for (const Tensor& t : stats) {
+    seen_.push_back(t.defined() ? Seen{t.storage().get(), t.storage()->version()} : Seen{});
+  }
+}
+
+bool ChannelAffineExec::same_stats(absl::Span<const Tensor* const> stats) const {
+  if (stats.size() != seen_.size()) return false;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const Tensor& t = *stats[i];
+    const Storage* s = t.defined() ? t.storage().get() : nullptr;
+    if (s != seen_[i].storage || (s != nullptr && s->version() != seen_[i].version)) return false;
+  }
+  return true;
+}
+
+std::shared_ptr<const kernels::QChannelAffine> ChannelAffineExec::kernel(absl::Span<const Tensor* const> stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!same_stats(stats)) {
+    // Statistics changed after convert (e.g. load_state_dict): compute the per-channel constants again.
+    log()->warn("int8 {}: statistics changed after convert; recomputing its int8 constants", def_.name);
+    std::vector<Tensor> now;
+    for (const Tensor* t : stats) now.push_back(*t);
+    kernel_ = def_.int8_affine(now, params_.get(), input_.want, out_, relu_);
+    seen_.clear();
+    for (const Tensor& t : now) seen_.push_back(t.defined() ? Seen{t.storage().get(), t.storage()->version()} : Seen{});
+  }
+  return kernel_;
+}
+
+Tensor ChannelAffineExec::run(const OpCall& call) {
+  if (def_.params_equal != nullptr && call.params != nullptr && !params_.empty() &&
+      !def_.params_equal(call.params, params_.get())) {
+    DBRQ_THROW(ControlFlowError, "int8 ", def_.name, ": its parameters (eps, ...) differ from the ones recorded by "
+               "the first run; an op's parameters must not change between calls");
+  }
+  const auto k = kernel(call.inputs.subspan(1));
+  return k->run(prepare_input(call.input(0), input_));
+}
+
+std::string ChannelAffineExec::describe() const {
+  return absl::StrCat("int8 ", def_.name, " (per-channel multiply-add on codes", relu_ ? ", relu fused" : "", ")");
+}
+
 }  // namespace dbrq::tracer

@@ -209,6 +209,33 @@ class RequantExec : public ConvertedOp {
   QuantParamsPtr out_;
 };
 
+// A per-channel multiply-add on u8 from the op's statistics (batch_norm on its own, + relu): its
+// OpDef's int8_affine kernel, built again when a statistic changes after convert.
+class ChannelAffineExec : public ConvertedOp {
+ public:
+  // stats: the op's inputs after its activation, as recorded.
+  ChannelAffineExec(const OpDef& def, OpParams params, InputSpec input, QuantParamsPtr out, bool relu,
+                    const std::vector<Tensor>& stats);
+  Tensor run(const OpCall& call) override;
+  std::string describe() const override;
+
+ private:
+  struct Seen {
+    const Storage* storage = nullptr;  // null: undefined
+    uint64_t version = 0;
+  };
+  std::shared_ptr<const kernels::QChannelAffine> kernel(absl::Span<const Tensor* const> stats);
+  bool same_stats(absl::Span<const Tensor* const> stats) const;
+  const OpDef& def_;
+  OpParams params_;  // as recorded: later calls must pass the same
+  InputSpec input_;
+  QuantParamsPtr out_;
+  bool relu_;
+  std::mutex mu_;
+  std::shared_ptr<const kernels::QChannelAffine> kernel_;
+  std::vector<Seen> seen_;  // of the statistics the kernel was built from
+};
+
 // Forgets this thread's fused weighted ops that wait for their residual add (after an exception
 // cut a call short between the two; called when the thread's module stack has fully unwound).
 void drop_pending_on_this_thread() noexcept;

@@ -170,7 +170,7 @@ void fixed_qparams(OpDef& d, float scale, int32_t zero_point, const char* layer)
 }  // namespace
 
 void register_activation_ops(OpRegistry& r) {
-  constexpr uint8_t kAnywhere = kAfterConv | kAfterLinear | kAfterResidualAdd | kAfterAdd;
+  constexpr uint8_t kAnywhere = kAfterConv | kAfterLinear | kAfterResidualAdd | kAfterAdd | kAfterNorm;
   using A = Eltwise::Alg;
   OpDef& relu = define_activation(
       r, OpKind::kRelu, "relu", [](const void*) { return Eltwise::relu(); }, QuantRole::kShare);

@@ -1,6 +1,7 @@
 // The normalization family: batch_norm (inference, running statistics), layer_norm, group_norm and
-// instance_norm (fp32 only). batch_norm
-// has no int8 kernel of its own: after a conv or linear it is folded into their weights.
+// instance_norm (fp32 only). After a conv or linear, batch_norm is folded into their weights; on its
+// own (pre-activation blocks: bn -> relu -> conv) it runs int8 as a per-channel multiply-add on
+// codes, with a following relu fused.
 #include "kernels/bn_fold.h"
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
@@ -44,6 +45,17 @@ Tensor run_instance_norm(const OpCall& c) {
   const Tensor& x = c.input(0);
   const int64_t channels = x.defined() && x.dim() >= 2 ? x.size(1) : 1;
   return kernels::group_norm("instance_norm", x, channels, c.input(1), c.input(2), c.p<NormParams>().eps);
+}
+
+// stats: running mean, running var, weight, bias as the op received them.
+std::shared_ptr<const kernels::QChannelAffine> int8_batch_norm(absl::Span<const Tensor> stats, const void* params,
+                                                               const QuantParamsPtr& in, const QuantParamsPtr& out,
+                                                               bool relu) {
+  const Tensor none;
+  auto at = [&](size_t i) -> const Tensor& { return i < stats.size() ? stats[i] : none; };
+  const double eps = static_cast<const NormParams*>(params)->eps;
+  return std::make_shared<const kernels::QChannelAffine>(
+      kernels::batch_norm_affine(at(0), at(1), at(2), at(3), eps, in->scale(), out->scale()), in, out, relu);
 }
 
 }  // namespace
@@ -92,6 +104,9 @@ void register_norm_ops(OpRegistry& r) {
   bn.num_activation_inputs = 1;  // then running mean, running var, weight, bias
   bn.infer_sizes = same_sizes;
   bn.fold = fold_into_weights;
+  bn.role = QuantRole::kChannelAffine;  // on its own; after a conv or linear it is folded instead
+  bn.int8_affine = int8_batch_norm;
+  bn.fusion_site = kAfterNorm;  // batch_norm -> relu, as PyTorch's quantized::batch_norm2d_relu
 
   OpDef& ln = r.define(OpKind::kLayerNorm, "layer_norm").with_params<NormParams>();
   ln.run = run_layer_norm;

@@ -130,6 +130,10 @@ std::vector<ModelSpec> build_registry() {
   specs.back().example_input = [shape = specs.back().input_shape](Variant v, int64_t batch, uint64_t seed) {
     return dbrq::randn(shape(v, batch), seed);
   };
+  specs.push_back(spec_for<DenseNet>("densenet",
+                                     "DenseNet-121 (torchvision architecture and keys): pre-activation dense blocks",
+                                     dbrq::DType::kF32, densenet_config));
+  set_image_input(&specs.back(), 3, 224, 32);
   return specs;
 }
 
@@ -174,6 +178,18 @@ GruClassifierConfig gru_classifier_config(Variant variant) {
     c.vocab_size = 50;
     c.embedding_dim = 16;
     c.hidden_size = 24;
+  }
+  return c;
+}
+
+DenseNetConfig densenet_config(Variant variant) {
+  DenseNetConfig c;
+  if (variant == Variant::kTiny) {
+    c.growth_rate = 8;
+    c.block_config = {2, 2};
+    c.num_init_features = 16;
+    c.bn_size = 2;
+    c.num_classes = 10;
   }
   return c;
 }

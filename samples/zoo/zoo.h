@@ -12,7 +12,7 @@
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
 // Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier",
-// and issue 12's "dcgan_generator", "unet", "kws_conv1d".
+// and issue 12's "dcgan_generator", "unet", "kws_conv1d", "densenet".
 // Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
@@ -28,6 +28,8 @@
 //     dcgan_generator  nz 64, ngf 32 / nz 16, ngf 8; [N, nz, 1, 1] N(0, 1) latents -> [N, 3, 32, 32]
 //     unet             base width 32 on 128x128 / base width 8 on 64x64; 3 channels -> 4 classes
 //     kws_conv1d       64 / 16 channels; [N, 40, 98] N(0, 1) MFCC-like features -> 12 keywords
+//   "densenet" is torchvision's DenseNet-121 on 224x224 images (kFull) and, kTiny, growth 8, blocks
+//          2-2, 16 initial features, bn_size 2, 10 classes on 32x32 images.
 // The decoder LM's `run` is one call on the token ids with an empty cache and returns its logits
 // [N, S, vocab]; generation (DecoderLM::generate) needs the typed model.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
@@ -44,6 +46,7 @@
 #include "samples/zoo/bert_encoder.h"
 #include "samples/zoo/dcgan_generator.h"
 #include "samples/zoo/decoder_lm.h"
+#include "samples/zoo/densenet.h"
 #include "samples/zoo/gru_classifier.h"
 #include "samples/zoo/kws_conv1d.h"
 #include "samples/zoo/mobilenet_v2.h"
@@ -72,6 +75,7 @@ UNetConfig unet_config(Variant variant);
 int64_t unet_example_hw(Variant variant);  // height = width of unet's example input
 KwsConv1dConfig kws_conv1d_config(Variant variant);
 constexpr int64_t kKwsFrames = 98;  // frames of kws_conv1d's example input (1 s of 10 ms hops)
+DenseNetConfig densenet_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
 // Prompt length of decoder_lm's example input.

@@ -576,6 +576,34 @@ TEST(Int8OpsGolden, SoftplusMish) {
     const kernels::Eltwise e = dbrq::op_def(c.kind).eltwise(&p);
     const kernels::Lut lut = kernels::make_lut(*in, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
     expect_codes(c.name, kernels::apply_lut(qinput(c.name, "x"), lut, out));
+// batch_norm on its own (+ relu): the OpDef's int8_affine kernel, as ChannelAffineExec builds it
+
+TEST(Int8OpsGolden, BatchNorm) {
+  struct Case {
+    const char* name;
+    bool relu, affine;
+    double eps;
+  };
+  const Case cases[] = {
+      {"bn2d", false, true, 1e-5},   {"bn2d_relu", true, true, 1e-5}, {"bn2d_no_affine", false, false, 1e-3},
+      {"bn1d", false, true, 1e-5},   {"bn1d_ncl_relu", true, true, 1e-5},
+  };
+  for (const Case& c : cases) {
+    const std::string n = c.name;
+    std::ostringstream desc;
+    desc << "batch_norm relu=" << yes(c.relu) << " affine=" << yes(c.affine) << " eps=" << c.eps;
+    begin_case(n, desc.str());
+    std::vector<Tensor> stats = {g(n + ".mean"), g(n + ".var"), c.affine ? g(n + ".w") : Tensor(),
+                                 c.affine ? g(n + ".b") : Tensor()};
+    dbrq::NormParams p;
+    p.eps = c.eps;
+    const auto k = dbrq::op_def(OpKind::kBatchNorm).int8_affine(stats, &p, qparams_of(n, "x"), qparams_of(n, "out"),
+                                                                  c.relu);
+    const Tensor x = qinput(n, "x");
+    // Row-major input (one channel's positions at a time) and, for 4-D, channels-last (a pixel's
+    // channels at a time: what follows a conv or pool in a converted model).
+    expect_codes(n, k->run(x));
+    if (x.dim() == 4) expect_codes(n, k->run(qinput(n, "x", MemoryFormat::kChannelsLast)));
   }
 }
 

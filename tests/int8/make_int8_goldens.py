@@ -470,6 +470,13 @@ def make_op_goldens():
     unary_case("elu", "elu alpha=1", lambda q: torch.ops.quantized.elu(q, f32(0.031), 133, 1.0))
     unary_case("elu_alpha", "elu alpha=0.5", lambda q: torch.ops.quantized.elu(q, f32(0.027), 40, 0.5),
                scale=0.04, zp=100)
+    # batch_norm on its own (pre-activation blocks): PyTorch's quantized::batch_norm{1d,2d}(_relu).
+    # 40 channels: PyTorch's vector loop takes 32 channels at a time, its scalar tail the rest.
+    bn_case("bn2d", (2, 24, 7, 7), relu=False)
+    bn_case("bn2d_relu", (2, 40, 6, 6), relu=True, x_zp=60)
+    bn_case("bn2d_no_affine", (2, 16, 5, 5), relu=False, affine=False, eps=1e-3)
+    bn_case("bn1d", (16, 20), relu=False)
+    bn_case("bn1d_ncl_relu", (4, 12, 9), relu=True, x_zp=200)
 
     # ---- issue 12 op families: stack, clamp, pad, repeat ----
     # stack as a converted model runs it: inputs brought to the output's parameters, then joined;
@@ -557,6 +564,34 @@ def make_op_goldens():
                memory_format=cl)
 
     write_safetensors(os.path.join(GOLDEN_DIR, "int8_ops.safetensors"), tensors, meta)
+
+
+def bn_case(case, shape, relu, affine=True, eps=1e-5, x_scale=0.04, x_zp=128):
+    c = shape[1]
+    qx = put_input(case, "x", rand_codes(shape), f32(x_scale), x_zp)
+    mean = torch.randn(c) * 0.5
+    var = torch.rand(c) * 2 + 0.1
+    w = torch.randn(c) * 0.8 + 1.0 if affine else None
+    b = torch.randn(c) * 0.3 if affine else None
+    put(f"{case}.mean", mean)
+    put(f"{case}.var", var)
+    if affine:
+        put(f"{case}.w", w)
+        put(f"{case}.b", b)
+    ref = F.batch_norm(qx.dequantize(), mean, var, w, b, False, 0.0, eps)
+    if relu:
+        ref = F.relu(ref)
+    s, z = minmax_qparams(ref)
+    s = f32(s)
+    if len(shape) == 4:
+        op = torch.ops.quantized.batch_norm2d_relu if relu else torch.ops.quantized.batch_norm2d
+    else:
+        op = torch.ops.quantized.batch_norm1d_relu if relu else torch.ops.quantized.batch_norm1d
+    # 1.13's kernels insist on a weight and bias; without affine they are 1 and 0 (exactly what the
+    # kernel would use for absent ones), and the file holds none.
+    pw, pb = (w, b) if affine else (torch.ones(c), torch.zeros(c))
+    put_output(case, op(qx, pw, pb, mean, var, eps, s, z))
+    meta[case] = f"batch_norm relu={int(relu)} affine={int(affine)} eps={eps:g}"
 
 
 # ---------------------------------------------------------------------------------------------

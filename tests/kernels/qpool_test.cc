@@ -78,6 +78,25 @@ TEST(QAvgPool2d, SlicedInput) { QAvgPool2dTester().layout(Layout::kSliced).zero_
 
 TEST(QAvgPool2d, ManyChannels) { QAvgPool2dTester().channels(32).input_size(6, 6).kernel(3, 3).stride(1, 1).Test(); }
 
+// Channels-last inputs run a loop vectorized over 16 channels (kernels/int8_pool.cc) with a scalar
+// tail: channel counts on both sides of the vector width, with padding either way and ceil_mode.
+TEST(QAvgPool2d, ChannelsAroundVectorWidth) {
+  for (int64_t c : {15, 16, 17, 33, 70}) {
+    for (bool include : {true, false}) {
+      QAvgPool2dTester()
+          .channels(c)
+          .kernel(3, 3)
+          .stride(2, 2)
+          .padding(1, 1)
+          .ceil_mode(true)
+          .count_include_pad(include)
+          .zero_point(static_cast<int32_t>(c))
+          .seed(static_cast<uint32_t>(c))
+          .Test();
+    }
+  }
+}
+
 // ---- qadaptive_avg_pool2d ----
 
 TEST(QAdaptiveAvgPool2d, Default) { QAdaptiveAvgPool2dTester().Test(); }

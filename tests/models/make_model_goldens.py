@@ -47,7 +47,7 @@ from torchvision.models.mobilenetv2 import MobileNetV2
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 from torch_zoo import (BertEncoder, DcganGenerator, DecoderLM, GruClassifier, KwsConv1d, ResNet18W,  # noqa: E402
-                       SmallCnn, UNet, gru_classifier_ids, randomize_norms, write_safetensors)
+                       SmallCnn, UNet, densenet, gru_classifier_ids, randomize_norms, write_safetensors)
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
 
@@ -78,6 +78,7 @@ DECODER_TINY = {
 DECODER_PROMPTS = [(8, 24), (3, 24)]
 GRU_TINY = {"vocab_size": 50, "embedding_dim": 16, "hidden_size": 24, "num_layers": 2, "num_classes": 4}
 GRU_TINY_STEPS = 12  # samples/zoo/zoo.cc gru_example_seq_len(kTiny)
+DENSENET_TINY = {"growth_rate": 8, "block_config": [2, 2], "num_init_features": 16, "bn_size": 2, "num_classes": 10}
 
 # Issue 12's models (samples/zoo/zoo.cc Variant::kTiny).
 DCGAN_TINY = {"nz": 16, "ngf": 8, "nc": 3}
@@ -313,6 +314,19 @@ def main():
     write_golden("kws_conv1d", kws, torch.randn(3, c, KWS_FRAMES, generator=gen), KWS_TINY)
     write_int8_reference("kws_conv1d", kws, mfcc_like(16, c, KWS_FRAMES, gen), mfcc_like(32, c, KWS_FRAMES, gen),
                          KWS_TINY)
+
+    # DenseNet (pre-activation dense blocks), last and with its own generator: earlier goldens stay
+    # byte-identical. Its full-size keys are torchvision's densenet121's (checked here and in C++).
+    tv_densenet = torchvision.models.densenet121()
+    assert key_shapes(densenet()) == key_shapes(tv_densenet), "densenet() differs from torchvision's densenet121"
+    with open(os.path.join(GOLDEN_DIR, "torchvision_keys.txt"), "a") as f:
+        for k, dtype, shape in key_shapes(tv_densenet):
+            f.write(" ".join(["densenet121", k, DBRQ_DTYPE_NAMES[dtype]] + [str(d) for d in shape]) + "\n")
+    gen = torch.Generator().manual_seed(5678)
+    torch.manual_seed(6)
+    dense = densenet(**DENSENET_TINY)
+    randomize_norms(dense, gen)
+    write_golden("densenet", dense, torch.randn(2, 3, 32, 32, generator=gen), DENSENET_TINY)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,13 @@ TEST(ZooGolden, KwsConv1d) {
              std::make_shared<zoo::KwsConv1d>(zoo::kws_conv1d_config(zoo::Variant::kTiny)));
 }
 
+// Pre-activation dense blocks (batch norm -> relu -> conv on a growing cat), torchvision's class.
+TEST(ZooGolden, DenseNet) {
+  run_golden("densenet",
+             R"({"block_config": [2, 2], "bn_size": 2, "growth_rate": 8, "num_classes": 10, "num_init_features": 16})",
+             std::make_shared<zoo::DenseNet>(zoo::densenet_config(zoo::Variant::kTiny)));
+}
+
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
 // Guards against a golden that a broken load (or a constant output) would also match.
 TEST(ZooGolden, DefaultWeightsDoNotMatch) {
@@ -180,6 +187,12 @@ TEST(ZooKeys, MobileNetV2MatchesTorchvision) {
   const auto model = zoo::make_model("mobilenet_v2", zoo::Variant::kFull);
   expect_torchvision_keys("mobilenet_v2", *model);
   EXPECT_EQ(zoo::parameter_count(*model), 3504872);  // torchvision's mobilenet_v2, as published
+}
+
+TEST(ZooKeys, DenseNetMatchesTorchvisionDenseNet121) {
+  const auto model = zoo::make_model("densenet", zoo::Variant::kFull);
+  expect_torchvision_keys("densenet121", *model);
+  EXPECT_EQ(zoo::parameter_count(*model), 7978856);  // torchvision's densenet121, as published
 }
 
 TEST(ZooKeys, BertUsesHuggingFaceNames) {
@@ -247,7 +260,7 @@ TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
             (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                      "gru_classifier", "dcgan_generator", "unet", "kws_conv1d"}));
+                                      "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -276,7 +289,7 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
                          ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                           "gru_classifier", "dcgan_generator", "unet", "kws_conv1d"),
+                                           "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // ---- issue 12's models: full-size shapes, parameter counts, bad inputs ----

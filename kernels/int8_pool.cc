@@ -1,0 +1,73 @@
+#include "kernels/int8_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/loops.h"
+#include "kernels/simd.h"
+
+namespace dbrq::kernels {
+namespace {
+
+inline uint8_t avg_code(int32_t acc, float multiplier, int32_t zp) {
+  const int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(acc) * multiplier)) + zp;
+  return static_cast<uint8_t>(std::min(std::max(q, 0), 255));
+}
+
+}  // namespace
+
+void qavg_pool2d_nhwc(const uint8_t* src, uint8_t* dst, const PoolGeometry& g, const Pool2dParams& p, int32_t zp) {
+  const int64_t c = g.c;
+  parallel_for(g.n * g.oh, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<int32_t> acc;  // grow-only per worker: no allocation per call
+    acc.resize(static_cast<size_t>(c));
+    for (int64_t nh = lo; nh < hi; ++nh) {
+      const int64_t b = nh / g.oh, oh = nh % g.oh;
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+        int64_t h1 = std::min(h0 + p.kernel_size[0], g.h + p.padding[0]);
+        int64_t w1 = std::min(w0 + p.kernel_size[1], g.w + p.padding[1]);
+        const int64_t pool_size = (h1 - h0) * (w1 - w0);
+        h0 = std::max<int64_t>(h0, 0);
+        w0 = std::max<int64_t>(w0, 0);
+        h1 = std::min(h1, g.h);
+        w1 = std::min(w1, g.w);
+        const int64_t count = (h1 - h0) * (w1 - w0);
+        const int64_t divisor = p.count_include_pad ? pool_size : count;
+        const float multiplier = 1.0f / static_cast<float>(divisor);
+        const int32_t start = -zp * static_cast<int32_t>(count);
+        int32_t* a = acc.data();
+        std::fill(acc.begin(), acc.end(), start);
+        for (int64_t y = h0; y < h1; ++y) {
+          for (int64_t x = w0; x < w1; ++x) {
+            const uint8_t* px = src + ((b * g.h + y) * g.w + x) * c;
+            int64_t ch = 0;
+#ifdef DBRQ_AVX512
+            for (; ch + 16 <= c; ch += 16) {
+              const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(px + ch)));
+              _mm512_storeu_si512(a + ch, _mm512_add_epi32(_mm512_loadu_si512(a + ch), v));
+            }
+#endif
+            for (; ch < c; ++ch) a[ch] += px[ch];
+          }
+        }
+        uint8_t* o = dst + ((b * g.oh + oh) * g.ow + ow) * c;
+        int64_t ch = 0;
+#ifdef DBRQ_AVX512
+        const __m512 vm = _mm512_set1_ps(multiplier);
+        const __m512i vzp = _mm512_set1_epi32(zp), zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
+        for (; ch + 16 <= c; ch += 16) {
+          const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a + ch)), vm);
+          __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
+          q = _mm512_min_epi32(_mm512_max_epi32(q, zero), top);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + ch), _mm512_cvtepi32_epi8(q));
+        }
+#endif
+        for (; ch < c; ++ch) o[ch] = avg_code(a[ch], multiplier, zp);
+      }
+    }
+  });
+}
+
+}  // namespace dbrq::kernels
