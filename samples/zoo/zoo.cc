@@ -103,6 +103,11 @@ std::vector<ModelSpec> build_registry() {
     }
     return dbrq::from_vector(ids, {batch, steps});
   };
+
+  specs.push_back(spec_for<VisionTransformer>(
+      "vit", "ViT-style image classifier (timm key names): patch conv, class token, attention blocks, GELU",
+      dbrq::DType::kF32, vit_config));
+  set_image_input(&specs.back(), 3, vit_config(Variant::kFull).image_size, vit_config(Variant::kTiny).image_size);
   return specs;
 }
 
@@ -147,6 +152,19 @@ GruClassifierConfig gru_classifier_config(Variant variant) {
     c.vocab_size = 50;
     c.embedding_dim = 16;
     c.hidden_size = 24;
+  }
+  return c;
+}
+
+VitConfig vit_config(Variant variant) {
+  VitConfig c;
+  if (variant == Variant::kTiny) {
+    c.image_size = 16;
+    c.patch_size = 4;
+    c.d_model = 32;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.mlp_dim = 64;
   }
   return c;
 }

@@ -11,18 +11,21 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier".
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier", "vit".
 // Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
 //          on 8x8 digits; the decoder LM with its defaults (4 layers, d_model 256, 4 heads, vocab
 //          1024, 256 positions) on a 32-token prompt; the GRU classifier with vocab 10000, 128-d
-//          embeddings, a 2-layer GRU of 128, 4 classes, on sequences of up to 64 tokens).
+//          embeddings, a 2-layer GRU of 128, 4 classes, on sequences of up to 64 tokens; the ViT
+//          classifier with its defaults: 32x32 images, patch 4, d_model 192, 6 layers, 3 heads,
+//          MLP 768, 10 classes).
 //   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
 //          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
 //          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is, the
 //          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens,
-//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens.
+//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens,
+//          the ViT with 16x16 images, patch 4, d_model 32, 2 layers, 2 heads, MLP 64, 10 classes.
 // The decoder LM's `run` is one call on the token ids with an empty cache and returns its logits
 // [N, S, vocab]; generation (DecoderLM::generate) needs the typed model.
 // Weights are PyTorch's default initialization (seed them with dbrq::manual_seed); load real ones
@@ -42,6 +45,7 @@
 #include "samples/zoo/mobilenet_v2.h"
 #include "samples/zoo/resnet.h"
 #include "samples/zoo/small_cnn.h"
+#include "samples/zoo/vit.h"
 
 namespace zoo {
 
@@ -58,6 +62,7 @@ BertConfig bert_config(Variant variant);
 SmallCnnConfig small_cnn_config(Variant variant);
 DecoderConfig decoder_lm_config(Variant variant);
 GruClassifierConfig gru_classifier_config(Variant variant);
+VitConfig vit_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
 // Prompt length of decoder_lm's example input.

@@ -103,6 +103,13 @@ TEST(ZooGolden, GruClassifier) {
              std::make_shared<zoo::GruClassifier>(zoo::gru_classifier_config(zoo::Variant::kTiny)));
 }
 
+TEST(ZooGolden, Vit) {
+  run_golden("vit",
+             R"({"d_model": 32, "image_size": 16, "in_channels": 3, "layer_norm_eps": 1e-06, "mlp_dim": 64, )"
+             R"("num_classes": 10, "num_heads": 2, "num_layers": 2, "patch_size": 4})",
+             std::make_shared<zoo::VisionTransformer>(zoo::vit_config(zoo::Variant::kTiny)));
+}
+
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
 // Guards against a golden that a broken load (or a constant output) would also match.
 TEST(ZooGolden, DefaultWeightsDoNotMatch) {
@@ -230,7 +237,7 @@ TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
             (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                      "gru_classifier"}));
+                                      "gru_classifier", "vit"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -259,7 +266,7 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
                          ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                           "gru_classifier"),
+                                           "gru_classifier", "vit"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
