@@ -323,7 +323,8 @@ int usage() {
                "       dbrq_bench --model=NAME [--mode=fp32|int8|dynamic|prep] [--batch=N] [--threads=N] [--iters=N]\n"
                "                  [--warmup=N] [--reps=N] [--weights=FILE] [--inputs=FILE] [--input_key=K]\n"
                "                  [--example_key=K] [--calib_keys=K1,K2,...] [--new_tokens=N] [--int8_outputs=0|1]\n"
-               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating), gru_classifier\n";
+               "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating), gru_classifier, "
+               "vit\n";
   return 2;
 }
 

@@ -428,13 +428,15 @@ class VitAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
+        # The two attention matmuls; bench/torch_models.py may swap in a oneDNN one. Not in the state dict.
+        self.matmul = torch.matmul
 
     def forward(self, x):
         n, t = x.shape[0], x.shape[1]
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
-        context = torch.matmul(torch.softmax(scores, -1), v)
+        scores = self.matmul(q, k.transpose(-1, -2)) * self.scale
+        context = self.matmul(torch.softmax(scores, -1), v)
         return self.proj(context.permute(0, 2, 1, 3).reshape(n, t, self.num_heads * self.head_dim))
 
 
