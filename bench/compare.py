@@ -279,8 +279,8 @@ def main():
     ap.add_argument("--overhead-bench", required=True)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prep-threads", type=int, default=2)
-    ap.add_argument("--only", default="fp32,int8,densenet,bert,decoder,gru,unet,overhead,prep",
-                    help="comma-separated subset of: fp32,int8,densenet,bert,decoder,gru,unet,overhead,prep")
+    ap.add_argument("--only", default="fp32,int8,densenet,bert,decoder,gru,unet,vit,overhead,prep",
+                    help="comma-separated subset of: fp32,int8,densenet,bert,decoder,gru,unet,vit,overhead,prep")
     ap.add_argument("--workdir", default=None, help="where weights and inputs go (default: a temp dir)")
     ap.add_argument("--baseline-bench", default=None,
                     help="a dbrq_bench built from another revision (bench/before_after.sh): its fp32, int8 and BERT "
@@ -322,6 +322,7 @@ def main():
     names += ["gru_classifier"] if "gru" in only else []
     names += ["unet"] if "unet" in only else []
     names += ["densenet"] if "densenet" in only else []  # last: earlier models keep their seeds
+    names += ["vit"] if "vit" in only else []
     for seed, name in enumerate(names):
         models[name] = tm.make_model(name, seed=10 + seed)
         inputs[name] = tm.make_inputs(name, seed=20 + seed)
@@ -521,6 +522,60 @@ def main():
                 report_before("bert", f"{key}_int8", res, "dbrq int8", "dbrq before int8")
             del variants
             gc.collect()
+
+        # ---- ViT classifier: dbrq static int8 vs PyTorch FX int8 (issue 12) ------------------------
+        if "vit" in only:
+            name = "vit"
+            calib = tm.calibration(inputs[name], name)
+            n_linear = sum(isinstance(m, torch.nn.Linear) for m in models[name].modules())
+            n_matmul = 2 * tm.VIT_FULL["num_layers"]
+            for bs in (1, 8):
+                x = tm.timed_input(inputs[name], name, bs)
+                fp32_vars = tm.fp32_variants(name, models[name], x)
+                for t in threads:
+                    key = f"vit_bs{bs}_t{t}"
+                    log(key)
+                    quiet()
+                    torch.set_num_threads(t)
+                    t0 = time.time()
+                    qm = tm.fx_int8(models[name], x, calib)  # same weights, same 2x8 calibration images as dbrq
+                    log(f"    torch FX prepare+calibrate+convert {time.time() - t0:.1f} s")
+                    d8 = DbrqSide(server, "dbrq int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
+                    d32 = DbrqSide(server, "dbrq fp32", model=name, mode="fp32", batch=bs, threads=t, **files[name])
+                    d8.setup()
+                    ex = d8.info.get("executors", {})
+                    note = (f"dbrq int8 linears {ex.get('int8 linear', 0)}/{n_linear}, "
+                            f"int8 matmuls {ex.get('int8 matmul', 0)}/{n_matmul}")
+                    if t == threads[0]:
+                        r = reference(name, bs)
+                        with torch.inference_mode():
+                            y_t = qm(x)
+                        y_d = dbrq_output(server, d8)
+                        y_32 = dbrq_output(server, d32)
+                        note += (f"; vs torch fp32: SQNR dbrq int8 {sqnr_db(y_d, r):.1f} dB, FX int8 "
+                                 f"{sqnr_db(y_t, r):.1f} dB, dbrq fp32 rel err {rel_err(y_32, r):.1e}")
+                    ts8 = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in tm.int8_variants(qm, x).items()],
+                                       probe)
+                    ts32 = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in fp32_vars.items()], probe)
+                    n, c = iters[bs]
+                    b = before("dbrq before int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
+                    res = interleave([d8, d32] + b + ts8 + ts32, n, c, warmup, monitor, t)
+                    best8 = min((s.label for s in ts8), key=lambda k: res[k])
+                    best32 = min((s.label for s in ts32), key=lambda k: res[k])
+                    report.add("vit", f"{key}_int8", res["dbrq int8"], res[best8], "ms",
+                               note + f"; torch {best8}", goal=0.9, busy=res["busy"])
+                    report.add("vit", f"{key}_fp32", res["dbrq fp32"], res[best32], "ms", f"torch eager {best32}",
+                               busy=res["busy"])
+                    report.add("vit", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
+                               "torch column = dbrq fp32", busy=res["busy"])
+                    report.add("vit", f"{key}_fx_int8_vs_torch_fp32", res[best8], res[best32], "ms",
+                               f"dbrq column = FX int8 ({best8}), torch column = torch fp32 ({best32})",
+                               busy=res["busy"])
+                    report_before("vit", f"{key}_int8", res, "dbrq int8", "dbrq before int8")
+                    del qm, ts8, ts32
+                    gc.collect()
+                del fp32_vars
+                gc.collect()
 
         # ---- decoder LM generation ------------------------------------------------------------
         if "decoder" in only:

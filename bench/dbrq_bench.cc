@@ -324,7 +324,7 @@ int usage() {
                "                  [--warmup=N] [--reps=N] [--weights=FILE] [--inputs=FILE] [--input_key=K]\n"
                "                  [--example_key=K] [--calib_keys=K1,K2,...] [--new_tokens=N] [--int8_outputs=0|1]\n"
                "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating), gru_classifier, "
-               "densenet\n";
+               "dcgan_generator, unet, kws_conv1d, densenet, vit\n";
   return 2;
 }
 

@@ -22,7 +22,10 @@ Run with Debian's interpreter (/usr/bin/python3: python3-torch 1.13, python3-tor
   images). FX quantizes it with get_default_qconfig_mapping('onednn') except per-tensor
   ConvTranspose2d weights (FX 1.13 refuses per-channel ones); the mapping is otherwise unchanged
   for the other models.
-- The encoder's classes, the GRU classifier, the U-Net, randomize_norms and the safetensors reader / writer
+- vit (tools/torch_zoo.py) mirrors samples/zoo/vit.h (timm's names) at its full size: 32x32 images,
+  patch 4, d_model 192, 6 layers, 3 heads, MLP 768. Its fp32 variants are the encoder's (nn.Linear,
+  mkldnn_linear, mkldnn_linear with oneDNN attention matmuls); its int8 is FX (fx_int8).
+- The encoder's classes, the GRU classifier, the U-Net, the ViT, randomize_norms and the safetensors reader / writer
   come from tools/torch_zoo.py, shared with the other PyTorch scripts.
 """
 
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_zoo import BertEncoder, BertSelfAttention, CausalSelfAttention, DecoderLM, randomize_norms  # noqa: E402,F401
 from torch_zoo import GruClassifier, gru_classifier_ids  # noqa: E402
 from torch_zoo import UNet  # noqa: E402
+from torch_zoo import VisionTransformer, VitAttention  # noqa: E402
 from torch_zoo import read_safetensors, write_safetensors  # noqa: E402,F401  (compare.py uses them)
 
 # samples/zoo/zoo.cc, Variant::kFull.
@@ -75,6 +79,9 @@ TOKEN_MODELS = ("bert_encoder", "gru_classifier", "decoder_lm")
 # samples/zoo/zoo.cc unet_config(Variant::kFull) and unet_example_hw.
 UNET_FULL = {"in_channels": 3, "num_classes": 4, "base_width": 32}
 UNET_HW = 128
+# samples/zoo/zoo.cc vit_config(Variant::kFull).
+VIT_FULL = {"image_size": 32, "patch_size": 4, "in_channels": 3, "num_classes": 10, "d_model": 192,
+            "num_layers": 6, "num_heads": 3, "mlp_dim": 768, "layer_norm_eps": 1e-6}
 
 # ---------------------------------------------------------------------------------------------
 # oneDNN-backed linear algebra (PyTorch's own mkldnn ops)
@@ -117,9 +124,10 @@ def with_mkldnn_linears(model):
 
 
 def set_attention_matmul(model, fn):
-    """Runs the two attention matmuls of every BertSelfAttention / CausalSelfAttention of `model` on `fn`."""
+    """Runs the two attention matmuls of every BertSelfAttention / CausalSelfAttention / VitAttention
+    of `model` on `fn`."""
     for mod in model.modules():
-        if isinstance(mod, (BertSelfAttention, CausalSelfAttention)):
+        if isinstance(mod, (BertSelfAttention, CausalSelfAttention, VitAttention)):
             mod.matmul = fn
     return model
 
@@ -192,6 +200,8 @@ def make_model(name, seed):
         m = GruClassifier(**GRU_FULL)
     elif name == "unet":
         m = UNet(**UNET_FULL)
+    elif name == "vit":
+        m = VisionTransformer(VIT_FULL)
     else:
         raise ValueError(f"unknown model {name}")
     randomize_norms(m, torch.Generator().manual_seed(seed + 1000), num_batches_tracked=100)
@@ -218,7 +228,7 @@ def make_inputs(name, seed):
         calib = [ids(4), ids(4)]
         return {"ids_bs1": ids(1), "ids_bs8": ids(8), "ids_example": calib[0][:1].clone(),
                 "ids_calib0": calib[0], "ids_calib1": calib[1]}
-    hw = UNET_HW if name == "unet" else IMAGE_HW
+    hw = UNET_HW if name == "unet" else VIT_FULL["image_size"] if name == "vit" else IMAGE_HW
     img = lambda n: torch.randn(n, 3, hw, hw, generator=g)
     calib = [img(8), img(8)]  # 16 calibration images in two batches of 8
     return {"x_bs1": img(1), "x_bs8": img(8), "example": calib[0][:1].clone(), "calib0": calib[0], "calib1": calib[1]}
@@ -246,7 +256,7 @@ def timed_input(inputs, name, batch):
 def fp32_variants(name, model, x):
     if name == "gru_classifier":
         return {"nn.GRU packed": (model, x), "loop on mkldnn_linear": (GruOnOnednn(model).eval(), x)}
-    if name == "bert_encoder":
+    if name in ("bert_encoder", "vit"):
         lin = with_mkldnn_linears(model)
         both = set_attention_matmul(with_mkldnn_linears(model), matmul_onednn)
         return {"nn.Linear": (model, x), "mkldnn_linear": (lin, x), "mkldnn_linear+attn": (both, x)}

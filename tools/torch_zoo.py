@@ -18,8 +18,10 @@ state_dict of one loads into the other with load_state_dict. ResNet-18 at reduce
 torchvision's own BasicBlock, _make_layer and forward; MobileNetV2 needs nothing here
 (torchvision's class takes width_mult itself). The BERT encoder uses HuggingFace BERT names; the
 decoder LM GPT-2's layout (wte, wpe, h.<i>.ln_1 / attn / ln_2 / mlp, ln_f, lm_head); the
-GRU classifier is nn.Embedding, nn.GRU and nn.Linear under dbrq's names. The DenseNet
-(samples/zoo/densenet.h) is torchvision's DenseNet class itself, at any configuration (densenet()).
+GRU classifier is nn.Embedding, nn.GRU and nn.Linear under dbrq's names; the ViT timm's
+VisionTransformer names (cls_token, pos_embed, patch_embed.proj, blocks.<i>.norm1 / attn.qkv /
+attn.proj / norm2 / mlp.fc1 / mlp.fc2, norm, head). The DenseNet (samples/zoo/densenet.h) is
+torchvision's DenseNet class itself, at any configuration (densenet()).
 
 The safetensors files are written by hand (Debian has no safetensors package): an 8-byte
 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the raw bytes.
@@ -512,6 +514,84 @@ class KwsConv1d(nn.Module):
         y = self.pool2(self.relu3(self.bn3(self.conv3(y))))
         y = self.relu4(self.bn4(self.conv4(y)))
         return self.fc(torch.flatten(self.avgpool(y), 1))
+# VisionTransformer (samples/zoo/vit.h); c is its configuration dict (timm's key names)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.proj = nn.Conv2d(c["in_channels"], c["d_model"], c["patch_size"], stride=c["patch_size"])
+
+    def forward(self, x):
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class VitAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["d_model"]
+        self.num_heads = c["num_heads"]
+        self.head_dim = d // self.num_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        # The two attention matmuls; bench/torch_models.py may swap in a oneDNN one. Not in the state dict.
+        self.matmul = torch.matmul
+
+    def forward(self, x):
+        n, t = x.shape[0], x.shape[1]
+        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = self.matmul(q, k.transpose(-1, -2)) * self.scale
+        context = self.matmul(torch.softmax(scores, -1), v)
+        return self.proj(context.permute(0, 2, 1, 3).reshape(n, t, self.num_heads * self.head_dim))
+
+
+class VitMlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.fc1 = nn.Linear(c["d_model"], c["mlp_dim"])
+        self.act = nn.GELU()  # erf form
+        self.fc2 = nn.Linear(c["mlp_dim"], c["d_model"])
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VitBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(c["d_model"], eps=c["layer_norm_eps"])
+        self.attn = VitAttention(c)
+        self.norm2 = nn.LayerNorm(c["d_model"], eps=c["layer_norm_eps"])
+        self.mlp = VitMlp(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    """Mirror of samples/zoo/vit.cc: [N, C, S, S] images -> [N, classes] logits. The class token is
+    broadcast with expand (dbrq adds it to zeros: the same values)."""
+
+    def __init__(self, c):
+        super().__init__()
+        d = c["d_model"]
+        patches = (c["image_size"] // c["patch_size"]) ** 2
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + patches, d) * 0.02)
+        self.patch_embed = PatchEmbed(c)
+        self.blocks = nn.ModuleList([VitBlock(c) for _ in range(c["num_layers"])])
+        self.norm = nn.LayerNorm(d, eps=c["layer_norm_eps"])
+        self.head = nn.Linear(d, c["num_classes"])
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,6 +134,11 @@ std::vector<ModelSpec> build_registry() {
                                      "DenseNet-121 (torchvision architecture and keys): pre-activation dense blocks",
                                      dbrq::DType::kF32, densenet_config));
   set_image_input(&specs.back(), 3, 224, 32);
+
+  specs.push_back(spec_for<VisionTransformer>(
+      "vit", "ViT-style image classifier (timm key names): patch conv, class token, attention blocks, GELU",
+      dbrq::DType::kF32, vit_config));
+  set_image_input(&specs.back(), 3, vit_config(Variant::kFull).image_size, vit_config(Variant::kTiny).image_size);
   return specs;
 }
 
@@ -190,6 +195,19 @@ DenseNetConfig densenet_config(Variant variant) {
     c.num_init_features = 16;
     c.bn_size = 2;
     c.num_classes = 10;
+  }
+  return c;
+}
+
+VitConfig vit_config(Variant variant) {
+  VitConfig c;
+  if (variant == Variant::kTiny) {
+    c.image_size = 16;
+    c.patch_size = 4;
+    c.d_model = 32;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.mlp_dim = 64;
   }
   return c;
 }

@@ -11,19 +11,22 @@
 //
 //   auto cnn = zoo::make_model("small_cnn");                           // same as find_model(..).make(..)
 //
-// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier",
+// Models: "resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm", "gru_classifier", "vit",
 // and issue 12's "dcgan_generator", "unet", "kws_conv1d", "densenet".
 // Each has two variants:
 //   kFull  the architecture as published (torchvision's ResNet-18 and MobileNetV2 with 1000
 //          classes on 224x224 images; the BERT encoder with its defaults on 128 tokens; SmallCnn
 //          on 8x8 digits; the decoder LM with its defaults (4 layers, d_model 256, 4 heads, vocab
 //          1024, 256 positions) on a 32-token prompt; the GRU classifier with vocab 10000, 128-d
-//          embeddings, a 2-layer GRU of 128, 4 classes, on sequences of up to 64 tokens).
+//          embeddings, a 2-layer GRU of 128, 4 classes, on sequences of up to 64 tokens; the ViT
+//          classifier with its defaults: 32x32 images, patch 4, d_model 192, 6 layers, 3 heads,
+//          MLP 768, 10 classes).
 //   kTiny  the reduced configuration tests/models/ goldens use, small enough for fast tests:
 //          ResNet-18 base width 8, MobileNetV2 width 0.25 (both 10 classes, 64x64 images), BERT
 //          with vocab 1000, d_model 64, 2 layers, 2 heads, FFN 128 on 16 tokens, SmallCnn as is, the
 //          decoder LM with vocab 128, d_model 64, 2 layers, 2 heads, MLP 256, 64 positions on 8 tokens,
-//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens.
+//          the GRU classifier with vocab 50, 16-d embeddings, GRU 2 x 24, 4 classes, up to 12 tokens,
+//          the ViT with 16x16 images, patch 4, d_model 32, 2 layers, 2 heads, MLP 64, 10 classes.
 //   Issue 12's models (kFull / kTiny):
 //     dcgan_generator  nz 64, ngf 32 / nz 16, ngf 8; [N, nz, 1, 1] N(0, 1) latents -> [N, 3, 32, 32]
 //     unet             base width 32 on 128x128 / base width 8 on 64x64; 3 channels -> 4 classes
@@ -53,6 +56,7 @@
 #include "samples/zoo/resnet.h"
 #include "samples/zoo/small_cnn.h"
 #include "samples/zoo/unet.h"
+#include "samples/zoo/vit.h"
 
 namespace zoo {
 
@@ -76,6 +80,7 @@ int64_t unet_example_hw(Variant variant);  // height = width of unet's example i
 KwsConv1dConfig kws_conv1d_config(Variant variant);
 constexpr int64_t kKwsFrames = 98;  // frames of kws_conv1d's example input (1 s of 10 ms hops)
 DenseNetConfig densenet_config(Variant variant);
+VitConfig vit_config(Variant variant);
 // Sequence length of bert_encoder's example input.
 int64_t bert_example_seq_len(Variant variant);
 // Prompt length of decoder_lm's example input.

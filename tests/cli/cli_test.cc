@@ -190,7 +190,7 @@ TEST(CliHelp, TopLevel) {
     EXPECT_EQ(r.err, "");
     EXPECT_THAT(r.out, HasSubstr("usage: dbrq <command>"));
     for (const char* cmd : {"quantize", "eval", "report", "bench"}) EXPECT_THAT(r.out, HasSubstr(cmd));
-    for (const char* model : {"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "gru_classifier"}) {
+    for (const char* model : {"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "gru_classifier", "vit"}) {
       EXPECT_THAT(r.out, HasSubstr(model));
     }
   }

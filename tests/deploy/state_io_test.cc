@@ -112,7 +112,7 @@ TEST_P(RoundTrip, LoadedCalibrationConvertsBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, RoundTrip,
                          ::testing::Values(Case{"small_cnn"}, Case{"resnet18"}, Case{"mobilenet_v2"},
-                                           Case{"bert_encoder"}, Case{"gru_classifier"}),
+                                           Case{"bert_encoder"}, Case{"gru_classifier"}, Case{"vit"}),
                          [](const auto& info) { return info.param.model; });
 
 // Fixture over the small CNN for the error cases.

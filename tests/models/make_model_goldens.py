@@ -21,6 +21,9 @@ The decoder LM's file also holds greedy generations (see write_decoder_golden).
 It also writes torchvision_keys.txt: the ordered state-dict keys, dtypes and shapes of full-size
 torchvision.models.resnet18() and mobilenet_v2(), one "model key dtype dims..." line per tensor.
 
+vit_int8.safetensors (for vit_test): see write_vit_int8_references (PyTorch FX int8 on the same
+weights and calibration batches).
+
 gru_classifier_int8.safetensors (for gru_classifier_test; the weights are gru_classifier's) holds
 token-id batches of other sizes and lengths than the golden input ("ids_<k>": batch 1, equal
 lengths, a row with a 0 inside it, padded widths from 5 to 40), and for each the float64
@@ -47,7 +50,8 @@ from torchvision.models.mobilenetv2 import MobileNetV2
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 from torch_zoo import (BertEncoder, DcganGenerator, DecoderLM, GruClassifier, KwsConv1d, ResNet18W,  # noqa: E402
-                       SmallCnn, UNet, densenet, gru_classifier_ids, randomize_norms, write_safetensors)
+                       SmallCnn, UNet, VisionTransformer, densenet, gru_classifier_ids, randomize_norms,
+                       write_safetensors)
 
 GOLDEN_DIR = os.path.join(HERE, "golden")
 
@@ -87,6 +91,9 @@ UNET_TINY_HW = 64
 KWS_TINY = {"n_mfcc": 40, "channels": 16, "num_classes": 12}
 KWS_FRAMES = 98
 CALIB_BATCH = 8  # FX and dbrq both calibrate on batches of 8, in file order
+VIT_TINY = {"image_size": 16, "patch_size": 4, "in_channels": 3, "num_classes": 10, "d_model": 32,
+            "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "layer_norm_eps": 1e-6}
+VIT_CALIB_BATCHES = 4  # of 8 images each
 
 DBRQ_DTYPE_NAMES = {torch.float32: "f32", torch.int64: "s64"}
 
@@ -168,6 +175,40 @@ def write_gru_int8_references(model, gen):
     path = os.path.join(GOLDEN_DIR, "gru_classifier_int8.safetensors")
     write_safetensors(path, tensors, {"torch": torch.__version__, "engine": torch.backends.quantized.engine})
     print(f"gru_classifier_int8: {os.path.getsize(path)} bytes, {len(batches)} batches")
+
+
+def write_vit_int8_references(model, gen):
+    """vit_int8.safetensors (for vit_test; the weights are vit.safetensors'): calibration batches
+    "calib_<k>" [8, 3, 16, 16], evaluation batches "x_<k>" (batch 16 and batch 3), each with its float64
+    reference "fp32_<k>" and PyTorch FX's int8 result "fx_<k>": prepare_fx with
+    get_default_qconfig_mapping("onednn") on the onednn engine, calibrated on exactly the calib
+    batches, convert_fx."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    torch.backends.quantized.engine = "onednn"
+    model.eval()
+    hw = VIT_TINY["image_size"]
+    calib = [torch.randn(8, 3, hw, hw, generator=gen) for _ in range(VIT_CALIB_BATCHES)]
+    evals = [torch.randn(16, 3, hw, hw, generator=gen), torch.randn(3, 3, hw, hw, generator=gen)]
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("onednn"), example_inputs=(calib[0],))
+    with torch.no_grad():
+        for b in calib:
+            prepared(b)
+    fx = convert_fx(prepared)
+    tensors = [(f"calib_{k}", b) for k, b in enumerate(calib)]
+    sqnrs = []
+    for k, x in enumerate(evals):
+        ref = reference_output(model, x)
+        with torch.no_grad():
+            q = fx(x)
+        sqnrs.append(float(10 * torch.log10(ref.pow(2).sum() / (q - ref).pow(2).sum())))
+        tensors += [(f"x_{k}", x), (f"fp32_{k}", ref), (f"fx_{k}", q)]
+    path = os.path.join(GOLDEN_DIR, "vit_int8.safetensors")
+    write_safetensors(path, tensors, {"torch": torch.__version__, "engine": torch.backends.quantized.engine,
+                                      "config": json.dumps(VIT_TINY, sort_keys=True)})
+    print(f"vit_int8: {os.path.getsize(path)} bytes, FX int8 SQNR vs fp32 "
+          f"{', '.join(f'{s:.2f}' for s in sqnrs)} dB")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,6 +331,14 @@ def main():
     ids[:, -2:] = 0  # the model trims the batch to its longest sequence
     write_golden("gru_classifier", gru, ids, GRU_TINY)
     write_gru_int8_references(gru, gen)
+    # After the GRU classifier, with a generator of its own (earlier goldens stay byte-identical).
+    gen = torch.Generator().manual_seed(5678)
+    torch.manual_seed(6)
+    vit = VisionTransformer(VIT_TINY)
+    randomize_norms(vit, gen)
+    hw = VIT_TINY["image_size"]
+    write_golden("vit", vit, torch.randn(2, 3, hw, hw, generator=gen), VIT_TINY)
+    write_vit_int8_references(vit, gen)
 
     # Issue 12's models, each with a generator of its own (earlier goldens stay byte-identical).
     gen = torch.Generator().manual_seed(1212)

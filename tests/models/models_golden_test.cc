@@ -125,6 +125,11 @@ TEST(ZooGolden, DenseNet) {
   run_golden("densenet",
              R"({"block_config": [2, 2], "bn_size": 2, "growth_rate": 8, "num_classes": 10, "num_init_features": 16})",
              std::make_shared<zoo::DenseNet>(zoo::densenet_config(zoo::Variant::kTiny)));
+TEST(ZooGolden, Vit) {
+  run_golden("vit",
+             R"({"d_model": 32, "image_size": 16, "in_channels": 3, "layer_norm_eps": 1e-06, "mlp_dim": 64, )"
+             R"("num_classes": 10, "num_heads": 2, "num_layers": 2, "patch_size": 4})",
+             std::make_shared<zoo::VisionTransformer>(zoo::vit_config(zoo::Variant::kTiny)));
 }
 
 // The golden output must depend on the loaded weights: a freshly initialized model disagrees.
@@ -260,7 +265,7 @@ TEST(ZooKeys, GruClassifierUsesPyTorchNames) {
 TEST(ZooRegistry, NamesAndUnknownModel) {
   EXPECT_EQ(zoo::model_names(),
             (std::vector<std::string>{"resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                      "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet"}));
+                                      "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet", "vit"}));
   EXPECT_THROW_MSG(zoo::make_model("resnet50"), dbrq::ValueError, "known models: resnet18, mobilenet_v2");
   EXPECT_THROW_MSG(zoo::parse_variant("huge"), dbrq::ValueError, "unknown variant \"huge\"");
   auto cnn = zoo::make_model("small_cnn");
@@ -289,7 +294,7 @@ TEST_P(ZooBatch, RunsAtTwoBatchSizes) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ZooBatch,
                          ::testing::Values("resnet18", "mobilenet_v2", "bert_encoder", "small_cnn", "decoder_lm",
-                                           "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet"),
+                                           "gru_classifier", "dcgan_generator", "unet", "kws_conv1d", "densenet", "vit"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // ---- issue 12's models: full-size shapes, parameter counts, bad inputs ----
