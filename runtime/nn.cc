@@ -483,6 +483,10 @@ Sequential::Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module
   for (auto& [name, m] : named_modules) push_back(name, std::move(m));
 }
 
+Functional::Functional(Function function) : CallableModule("Functional"), function_(std::move(function)) {
+  DBRQ_ENSURE(function_ != nullptr, ValueError, "Functional: the function is empty");
+}
+
 namespace detail {
 
 const std::shared_ptr<Module>& child_at(const Module& m, size_t i) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -471,11 +472,66 @@ class SequentialBase : public CallableModule<Derived> {
   explicit SequentialBase(std::string type_name) : CallableModule<Derived>(std::move(type_name)) {}
 };
 
+namespace detail {
+template <typename T>
+struct IsNamedItem : std::false_type {};
+template <typename S, typename M>
+struct IsNamedItem<std::pair<S, M>>
+    : std::bool_constant<std::is_convertible_v<S, std::string> && std::is_convertible_v<M, std::shared_ptr<Module>>> {};
+// An argument of Sequential(a, b, c): a module pointer, a holder, or a (name, module) pair.
+template <typename T>
+constexpr bool is_sequential_item() {
+  using D = std::decay_t<T>;
+  return std::is_convertible_v<const D&, std::shared_ptr<Module>> || IsNamedItem<D>::value;
+}
+}  // namespace detail
+
 class Sequential final : public SequentialBase<Sequential> {
  public:
   Sequential() : SequentialBase("Sequential") {}
   explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
   explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
+  // libtorch's variadic form: Sequential(conv, std::make_shared<ReLU>(), Fire(64, 16)), each a
+  // std::shared_ptr to a module, a holder (DBRQ_MODULE) or a (name, module) pair; unnamed ones are
+  // named by their position ("0", "1", ...).
+  template <typename First, typename... Rest,
+            typename = std::enable_if_t<detail::is_sequential_item<First>() &&
+                                        (detail::is_sequential_item<Rest>() && ...)>>
+  explicit Sequential(First&& first, Rest&&... rest) : Sequential() {
+    add_item(first);
+    (add_item(rest), ...);
+  }
+
+ private:
+  template <typename T>
+  void add_item(const T& item) {
+    if constexpr (detail::IsNamedItem<T>::value) {
+      push_back(std::string(item.first), std::shared_ptr<Module>(item.second));
+    } else {
+      push_back(std::shared_ptr<Module>(item));
+    }
+  }
+};
+
+// Wraps a function of one tensor as a module, to put it in a Sequential (libtorch's
+// nn::Functional). Extra arguments are bound after the tensor:
+//
+//   Sequential(conv, Functional(dbrq::relu), Functional(dbrq::leaky_relu, 0.2),
+//              Functional([](const Tensor& x) { return dbrq::max_pool2d(x, 3, 2, 1); }));
+//
+// Not a layer: the ops it runs are recorded in its own quantization state like any user module's,
+// so a function of several ops works as well as one op.
+class Functional final : public CallableModule<Functional> {
+ public:
+  using Function = std::function<Tensor(const Tensor&)>;
+  explicit Functional(Function function);
+  template <typename F, typename A, typename... More>
+  Functional(F function, A arg, More... more)
+      : Functional(Function([function, arg, more...](const Tensor& x) -> Tensor { return function(x, arg, more...); })) {}
+  Tensor forward(const Tensor& x) { return function_(x); }
+
+ private:
+  Function function_;
 };
 
 // Holds modules for the user's forward to iterate; not callable itself.
