@@ -71,6 +71,113 @@ struct Conv2dOptions {
   DBRQ_OPTION(bool, bias) = true;
 };
 
+// Options of the other layers, as libtorch's (`BatchNorm2dOptions(64).eps(1e-3)`); each layer takes
+// its options object as well as its positional arguments. Options dbrq cannot honour at inference
+// are refused by the layer's constructor (BatchNorm's track_running_stats(false)).
+struct LinearOptions {
+  using Self = LinearOptions;
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  DBRQ_OPTION(int64_t, in_features);
+  DBRQ_OPTION(int64_t, out_features);
+  DBRQ_OPTION(bool, bias) = true;
+};
+
+struct BatchNormOptions {
+  using Self = BatchNormOptions;
+  BatchNormOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT: implicit as libtorch's
+  DBRQ_OPTION(int64_t, num_features);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  // Only training updates the running statistics with it; kept for ports and printing.
+  DBRQ_OPTION(double, momentum) = 0.1;
+  DBRQ_OPTION(bool, affine) = true;
+  DBRQ_OPTION(bool, track_running_stats) = true;
+};
+using BatchNorm1dOptions = BatchNormOptions;
+using BatchNorm2dOptions = BatchNormOptions;
+
+// Square windows (the layers' int arguments); stride 0: the kernel size.
+struct MaxPool2dOptions {
+  using Self = MaxPool2dOptions;
+  MaxPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(int64_t, dilation) = 1;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+};
+
+struct AvgPool2dOptions {
+  using Self = AvgPool2dOptions;
+  AvgPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+  DBRQ_OPTION(bool, count_include_pad) = true;
+};
+
+struct AdaptiveAvgPool2dOptions {
+  using Self = AdaptiveAvgPool2dOptions;
+  AdaptiveAvgPool2dOptions(int64_t output_size) : output_size_({output_size, output_size}) {}  // NOLINT
+  AdaptiveAvgPool2dOptions(Int2 output_size) : output_size_(output_size) {}                     // NOLINT
+  DBRQ_OPTION(Int2, output_size);
+};
+
+struct LayerNormOptions {
+  using Self = LayerNormOptions;
+  LayerNormOptions(std::vector<int64_t> normalized_shape) : normalized_shape_(std::move(normalized_shape)) {}  // NOLINT
+  DBRQ_OPTION(std::vector<int64_t>, normalized_shape);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  DBRQ_OPTION(bool, elementwise_affine) = true;
+};
+
+struct EmbeddingOptions {
+  using Self = EmbeddingOptions;
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  DBRQ_OPTION(int64_t, num_embeddings);
+  DBRQ_OPTION(int64_t, embedding_dim);
+};
+
+struct DropoutOptions {
+  using Self = DropoutOptions;
+  DropoutOptions(double p = 0.5) : p_(p) {}  // NOLINT
+  DBRQ_OPTION(double, p);
+};
+
+struct LeakyReLUOptions {
+  using Self = LeakyReLUOptions;
+  DBRQ_OPTION(double, negative_slope) = 0.01;
+};
+
+struct ELUOptions {
+  using Self = ELUOptions;
+  DBRQ_OPTION(double, alpha) = 1.0;
+};
+
+struct HardtanhOptions {
+  using Self = HardtanhOptions;
+  DBRQ_OPTION(double, min_val) = -1.0;
+  DBRQ_OPTION(double, max_val) = 1.0;
+};
+
+struct SoftmaxOptions {
+  using Self = SoftmaxOptions;
+  SoftmaxOptions(int64_t dim) : dim_(dim) {}  // NOLINT
+  DBRQ_OPTION(int64_t, dim);
+};
+
+struct FlattenOptions {
+  using Self = FlattenOptions;
+  DBRQ_OPTION(int64_t, start_dim) = 1;
+  DBRQ_OPTION(int64_t, end_dim) = -1;
+};
+
+struct GELUOptions {
+  using Self = GELUOptions;
+  DBRQ_OPTION(std::string, approximate) = "none";
+};
+
 class Conv2d final : public Layer<Conv2d> {
  public:
   explicit Conv2d(const Conv2dOptions& options);
@@ -92,6 +199,7 @@ class Conv2d final : public Layer<Conv2d> {
 class Linear final : public Layer<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  explicit Linear(const LinearOptions& o) : Linear(o.in_features(), o.out_features(), o.bias()) {}
   Tensor forward(const Tensor& x) { return linear(x, weight, bias); }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -117,6 +225,16 @@ class BatchNormBase : public Layer<Derived> {
 
  protected:
   BatchNormBase(std::string name, int64_t num_features, double eps, bool affine);
+  BatchNormBase(std::string name, const BatchNormOptions& o)
+      : BatchNormBase(checked_running_stats(name, o), o.num_features(), o.eps(), o.affine()) {}
+
+ private:
+  // dbrq always normalizes with the running statistics (PyTorch without them uses the batch's).
+  static std::string checked_running_stats(std::string name, const BatchNormOptions& o) {
+    DBRQ_ENSURE(o.track_running_stats(), ValueError, name,
+                ": track_running_stats(false) is not supported (dbrq normalizes with running statistics at inference)");
+    return name;
+  }
 
  private:
   int64_t num_features_;
@@ -127,17 +245,20 @@ class BatchNorm2d final : public BatchNormBase<BatchNorm2d> {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
+  explicit BatchNorm2d(const BatchNormOptions& o) : BatchNormBase("BatchNorm2d", o) {}
 };
 
 class BatchNorm1d final : public BatchNormBase<BatchNorm1d> {
  public:
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
+  explicit BatchNorm1d(const BatchNormOptions& o) : BatchNormBase("BatchNorm1d", o) {}
 };
 
 class LayerNorm final : public Layer<LayerNorm> {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  explicit LayerNorm(const LayerNormOptions& o) : LayerNorm(o.normalized_shape(), o.eps(), o.elementwise_affine()) {}
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
       : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
   Tensor forward(const Tensor& x);
@@ -153,6 +274,7 @@ class LayerNorm final : public Layer<LayerNorm> {
 class Embedding final : public Layer<Embedding> {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  explicit Embedding(const EmbeddingOptions& o) : Embedding(o.num_embeddings(), o.embedding_dim()) {}
   Tensor forward(const Tensor& indices) { return embedding(indices, weight); }
   std::string extra_repr() const override;
 
@@ -177,6 +299,7 @@ class ReLU6 final : public Layer<ReLU6> {
 class Hardtanh final : public Layer<Hardtanh> {
  public:
   explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
+  explicit Hardtanh(const HardtanhOptions& o) : Hardtanh(o.min_val(), o.max_val()) {}
   Tensor forward(const Tensor& x) { return hardtanh(x, min_, max_); }
 
  private:
@@ -186,6 +309,7 @@ class Hardtanh final : public Layer<Hardtanh> {
 class LeakyReLU final : public Layer<LeakyReLU> {
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
+  explicit LeakyReLU(const LeakyReLUOptions& o) : LeakyReLU(o.negative_slope()) {}
   Tensor forward(const Tensor& x) { return leaky_relu(x, slope_); }
 
  private:
@@ -195,6 +319,7 @@ class LeakyReLU final : public Layer<LeakyReLU> {
 class ELU final : public Layer<ELU> {
  public:
   explicit ELU(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
+  explicit ELU(const ELUOptions& o) : ELU(o.alpha()) {}
   Tensor forward(const Tensor& x) { return elu(x, alpha_); }
   std::string extra_repr() const override { return absl::StrCat("alpha=", alpha_); }
 
@@ -229,6 +354,7 @@ class Tanh final : public Layer<Tanh> {
 class GELU final : public Layer<GELU> {
  public:
   explicit GELU(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
+  explicit GELU(const GELUOptions& o) : GELU(o.approximate()) {}
   Tensor forward(const Tensor& x) { return gelu(x, approximate_); }
 
  private:
@@ -244,6 +370,7 @@ class SiLU final : public Layer<SiLU> {
 class Softmax final : public Layer<Softmax> {
  public:
   explicit Softmax(int64_t dim) : Layer("Softmax"), dim_(dim) {}
+  explicit Softmax(const SoftmaxOptions& o) : Softmax(o.dim()) {}
   Tensor forward(const Tensor& x) { return softmax(x, dim_); }
 
  private:
@@ -255,6 +382,8 @@ class MaxPool2d final : public Layer<MaxPool2d> {
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
                      bool ceil_mode = false);
+  explicit MaxPool2d(const MaxPool2dOptions& o)
+      : MaxPool2d(o.kernel_size(), o.stride(), o.padding(), o.dilation(), o.ceil_mode()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -267,6 +396,8 @@ class AvgPool2d final : public Layer<AvgPool2d> {
  public:
   explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
+  explicit AvgPool2d(const AvgPool2dOptions& o)
+      : AvgPool2d(o.kernel_size(), o.stride(), o.padding(), o.ceil_mode(), o.count_include_pad()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -280,6 +411,7 @@ class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
   explicit AdaptiveAvgPool2d(int64_t output_size) : AdaptiveAvgPool2d({output_size, output_size}) {}
   explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
       : Layer("AdaptiveAvgPool2d"), output_size_(output_size) {}
+  explicit AdaptiveAvgPool2d(const AdaptiveAvgPool2dOptions& o) : AdaptiveAvgPool2d(o.output_size()) {}
   Tensor forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
   std::string extra_repr() const override;
 
@@ -290,6 +422,7 @@ class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
+  explicit Flatten(const FlattenOptions& o) : Flatten(o.start_dim(), o.end_dim()) {}
   Tensor forward(const Tensor& x) { return flatten(x, start_, end_); }
 
  private:
@@ -299,6 +432,7 @@ class Flatten final : public Layer<Flatten> {
 class Dropout final : public Layer<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
+  explicit Dropout(const DropoutOptions& o) : Dropout(o.p()) {}
   Tensor forward(const Tensor& x) { return dropout(x, p_, this->is_training()); }
   std::string extra_repr() const override;
 
