@@ -1,5 +1,6 @@
 #include "runtime/nn.h"
 
+#include "runtime/init.h"
 #include "runtime/ops/op_call.h"
 
 #include <algorithm>
@@ -28,6 +29,10 @@ std::string pair(const std::array<int64_t, 2>& v) { return absl::StrCat("(", v[0
 }  // namespace
 
 void manual_seed(uint64_t seed) { g_init_seed.store(seed); }
+
+namespace detail {
+uint64_t next_init_seed() { return next_seed(); }
+}  // namespace detail
 
 namespace nn {
 
