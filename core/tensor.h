@@ -195,6 +195,35 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor dequantize() const;
 
+  // Methods mirroring the functional API of runtime/ops.h, as PyTorch's Tensor methods:
+  // x.mean({2, 3}) is dbrq::mean(x, {2, 3}), the same dispatched op (recorded and quantized alike).
+  Tensor add(const Tensor& other) const;
+  Tensor add(double other) const;
+  Tensor sub(const Tensor& other) const;
+  Tensor sub(double other) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(double other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(double other) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor relu() const;
+  Tensor sigmoid() const;
+  Tensor tanh() const;
+  Tensor clamp(double min, double max) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor mean(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  // PyTorch's chunk and split: views (narrow) along dim. chunk: ceil(size / chunks) per piece, so
+  // possibly fewer pieces; split: pieces of split_size (the last may be smaller), or of the given
+  // sizes, which must add up to the dim's size.
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split(std::vector<int64_t> split_sizes, int64_t dim = 0) const;
+  std::vector<Tensor> split_with_sizes(std::vector<int64_t> split_sizes, int64_t dim = 0) const {
+    return split(std::move(split_sizes), dim);
+  }
+
   // In-place ops; they may rebind *this (e.g. an int8 tensor that must become f32).
   Tensor& add_(const Tensor& other);
   Tensor& add_(double other);

@@ -50,6 +50,11 @@ void throw_foreign_forward(const Module& module, const char* callable_mangled) {
              "> (for a Sequential with its own forward: dbrq::nn::SequentialBase<", actual, ">)");
 }
 
+void throw_empty_holder(const char* impl_mangled) {
+  DBRQ_THROW(UsageError, "an empty module holder of ", demangle_type_name(impl_mangled),
+             " (made from nullptr) was used: assign it a module first, e.g. x = register_module(\"x\", X(...))");
+}
+
 }  // namespace detail
 
 Module::Module(std::string type_name, std::type_index type) : type_name_(std::move(type_name)), type_(type) {}

@@ -80,6 +80,17 @@ constexpr bool runs_own_forward() {
 [[noreturn]] void throw_foreign_forward(const Module& module, const char* callable_mangled);
 }  // namespace detail
 
+template <typename Impl>
+class ModuleHolder;
+
+namespace detail {
+template <typename T, typename = void>
+struct IsModuleHolder : std::false_type {};
+template <typename T>
+struct IsModuleHolder<T, std::void_t<typename T::ContainedType>>
+    : std::is_base_of<ModuleHolder<typename T::ContainedType>, T> {};
+}  // namespace detail
+
 class Module {
  public:
   virtual ~Module();
@@ -100,6 +111,13 @@ class Module {
                   "forward: dbrq::nn::SequentialBase<X>)");
     add_child(name, module);
     return module;
+  }
+  // The same for a holder (`register_module("fire", Fire(64, 16))`, see DBRQ_MODULE): registers the
+  // module it holds and returns the holder, of the holder's own type.
+  template <typename H, typename = std::enable_if_t<detail::IsModuleHolder<std::decay_t<H>>::value>>
+  std::decay_t<H> register_module(const std::string& name, H&& holder) {
+    register_module(name, holder.ptr());
+    return std::forward<H>(holder);
   }
   // Registers (or, for an existing name, replaces) a parameter / buffer and returns it.
   Tensor register_parameter(const std::string& name, Tensor tensor);
@@ -354,9 +372,7 @@ class CallableModule : public Module {
   template <typename... Args>
   auto operator()(Args&&... args) {
     // A vtable load and a pointer compare (the type_info objects are unique when they match).
-    if (__builtin_expect(typeid(*this) != typeid(Derived), 0)) {
-      detail::throw_foreign_forward(*this, typeid(Derived).name());
-    }
+    if (__builtin_expect(typeid(*this) != typeid(Derived), 0)) check_foreign_forward();
     Interceptor* active = ::dbrq::detail::tls_interceptor;
     if (__builtin_expect(active == nullptr, 1)) {
       if (interceptor() == nullptr) return derived().forward(std::forward<Args>(args)...);
@@ -405,6 +421,9 @@ class CallableModule : public Module {
 
  private:
   Derived& derived() { return static_cast<Derived&>(*this); }
+  // The object is of a class derived from Derived: fine for a holder's HookedForward<Derived>
+  // (whose forward is this call operator), refused for anything else.
+  void check_foreign_forward();
 
   template <typename Out>
   static std::vector<Tensor> collect(Out out) {
@@ -450,8 +469,113 @@ class CallableModule : public Module {
   }
 };
 
+namespace detail {
+// The object a DBRQ_MODULE holder makes for a user's Impl: the Impl, whose `forward` (found first
+// by `holder->forward(x)`) is the hooked call operator, so that libtorch's two spellings,
+// `fire(x)` and `fire->forward(x)`, both go through the hooks. The call operator still runs
+// Impl::forward (static_cast to Impl), the user's body.
+template <typename Impl>
+class HookedForward final : public Impl {
+ public:
+  using Impl::Impl;
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    return Impl::operator()(std::forward<Args>(args)...);
+  }
+};
+// Wrap user callable classes (final built-in layers cannot be derived from; their forward is
+// direct, see docs/porting_from_libtorch.md).
+template <typename Impl>
+constexpr bool wraps_forward() {
+  return !std::is_final_v<Impl> && std::is_base_of_v<CallableModule<Impl>, Impl>;
+}
+template <typename Impl>
+using HeldType = std::conditional_t<wraps_forward<Impl>(), HookedForward<Impl>, Impl>;
+
+// Throws UsageError: an empty holder (made from nullptr) was used.
+[[noreturn]] void throw_empty_holder(const char* impl_mangled);
+}  // namespace detail
+
+// A shared handle to a module, as libtorch's ModuleHolder: copies share the module. Made by
+// DBRQ_MODULE(Name) for `struct NameImpl`, so ported libtorch code reads the same:
+//
+//   struct FireImpl : dbrq::nn::CallableModule<FireImpl> {
+//     FireImpl(int64_t in, int64_t squeeze) { ... }
+//     dbrq::Tensor forward(const dbrq::Tensor& x);
+//   };
+//   DBRQ_MODULE(Fire);
+//
+//   Fire fire{nullptr};                               // empty; assigned later
+//   fire = register_module("fire", Fire(64, 16));
+//   dbrq::Tensor y = fire(x);                         // the hooked call (prepare / convert see it)
+//
+// `fire->forward(x)` is also the hooked call: the held object is a HookedForward<FireImpl>, whose
+// forward goes through the module's call operator (see below). Everything else (`fire->conv`,
+// `fire->named_parameters()`) is the module's own.
+template <typename Impl>
+class ModuleHolder {
+ public:
+  using ContainedType = Impl;
+  // The class of the held object: HookedForward<Impl> for a user module, else Impl.
+  using Held = detail::HeldType<Impl>;
+
+  // Constructs the module from the arguments (none: its default constructor).
+  template <typename... Args, typename = std::enable_if_t<std::is_constructible_v<Held, Args&&...>>>
+  explicit ModuleHolder(Args&&... args) : impl_(std::make_shared<Held>(std::forward<Args>(args)...)) {}
+  // Empty; using it throws UsageError until a module is assigned.
+  ModuleHolder(std::nullptr_t) {}  // NOLINT: `Fire fire = nullptr` as in libtorch
+  // Holds an existing module (of the held class: a holder's ptr(), or std::make_shared<Held>).
+  ModuleHolder(std::shared_ptr<Held> module) : impl_(std::move(module)) {}  // NOLINT
+
+  // Held, not Impl: `holder->forward(x)` must find HookedForward's forward.
+  Held* operator->() const { return get(); }
+  Held& operator*() const { return *get(); }
+  Held* get() const {
+    if (impl_ == nullptr) detail::throw_empty_holder(typeid(Impl).name());
+    return impl_.get();
+  }
+  std::shared_ptr<Impl> ptr() const {
+    if (impl_ == nullptr) detail::throw_empty_holder(typeid(Impl).name());
+    return impl_;
+  }
+  bool is_empty() const { return impl_ == nullptr; }
+  explicit operator bool() const { return impl_ != nullptr; }
+  // For containers taking std::shared_ptr<Module> (Sequential, ModuleList, replace_module).
+  template <typename M, typename = std::enable_if_t<std::is_base_of_v<M, Impl>>>
+  operator std::shared_ptr<M>() const {  // NOLINT
+    return ptr();
+  }
+
+  // The module's hooked call operator.
+  template <typename... Args>
+  auto operator()(Args&&... args) const {
+    return (*get())(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::shared_ptr<Held> impl_;
+};
+
+template <typename Derived>
+void CallableModule<Derived>::check_foreign_forward() {
+  if constexpr (detail::wraps_forward<Derived>()) {
+    if (typeid(*this) == typeid(detail::HookedForward<Derived>)) return;
+  }
+  detail::throw_foreign_forward(*this, typeid(Derived).name());
+}
+
 }  // namespace nn
 }  // namespace dbrq
+
+// Defines `Name`, a ModuleHolder of `NameImpl` (libtorch's TORCH_MODULE): `Name(args...)` makes
+// a module, `Name(nullptr)` an empty holder.
+#define DBRQ_MODULE(Name)                                                   \
+  class Name : public ::dbrq::nn::ModuleHolder<Name##Impl> {                \
+   public:                                                                  \
+    using ::dbrq::nn::ModuleHolder<Name##Impl>::ModuleHolder;               \
+    using Impl = Name##Impl;                                                \
+    Name() = default;                                                       \
+  }
 
 // Declares the tensors of a user type that a module's forward takes or returns, so the tracer sees
 // them (dtype changes at module boundaries, int8 outputs dequantized for the caller). Place it at

@@ -1,5 +1,6 @@
 #include "runtime/nn.h"
 
+#include "runtime/init.h"
 #include "runtime/ops/op_call.h"
 
 #include <algorithm>
@@ -29,6 +30,10 @@ std::string pair(const std::array<int64_t, 2>& v) { return absl::StrCat("(", v[0
 }  // namespace
 
 void manual_seed(uint64_t seed) { g_init_seed.store(seed); }
+
+namespace detail {
+uint64_t next_init_seed() { return next_seed(); }
+}  // namespace detail
 
 namespace nn {
 
@@ -704,6 +709,10 @@ Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequentia
 
 Sequential::Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules) : Sequential() {
   for (auto& [name, m] : named_modules) push_back(name, std::move(m));
+}
+
+Functional::Functional(Function function) : CallableModule("Functional"), function_(std::move(function)) {
+  DBRQ_ENSURE(function_ != nullptr, ValueError, "Functional: the function is empty");
 }
 
 namespace detail {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,113 @@ struct Conv2dOptions {
   DBRQ_OPTION(bool, bias) = true;
 };
 
+// Options of the other layers, as libtorch's (`BatchNorm2dOptions(64).eps(1e-3)`); each layer takes
+// its options object as well as its positional arguments. Options dbrq cannot honour at inference
+// are refused by the layer's constructor (BatchNorm's track_running_stats(false)).
+struct LinearOptions {
+  using Self = LinearOptions;
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  DBRQ_OPTION(int64_t, in_features);
+  DBRQ_OPTION(int64_t, out_features);
+  DBRQ_OPTION(bool, bias) = true;
+};
+
+struct BatchNormOptions {
+  using Self = BatchNormOptions;
+  BatchNormOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT: implicit as libtorch's
+  DBRQ_OPTION(int64_t, num_features);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  // Only training updates the running statistics with it; kept for ports and printing.
+  DBRQ_OPTION(double, momentum) = 0.1;
+  DBRQ_OPTION(bool, affine) = true;
+  DBRQ_OPTION(bool, track_running_stats) = true;
+};
+using BatchNorm1dOptions = BatchNormOptions;
+using BatchNorm2dOptions = BatchNormOptions;
+
+// Square windows (the layers' int arguments); stride 0: the kernel size.
+struct MaxPool2dOptions {
+  using Self = MaxPool2dOptions;
+  MaxPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(int64_t, dilation) = 1;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+};
+
+struct AvgPool2dOptions {
+  using Self = AvgPool2dOptions;
+  AvgPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+  DBRQ_OPTION(bool, count_include_pad) = true;
+};
+
+struct AdaptiveAvgPool2dOptions {
+  using Self = AdaptiveAvgPool2dOptions;
+  AdaptiveAvgPool2dOptions(int64_t output_size) : output_size_({output_size, output_size}) {}  // NOLINT
+  AdaptiveAvgPool2dOptions(Int2 output_size) : output_size_(output_size) {}                     // NOLINT
+  DBRQ_OPTION(Int2, output_size);
+};
+
+struct LayerNormOptions {
+  using Self = LayerNormOptions;
+  LayerNormOptions(std::vector<int64_t> normalized_shape) : normalized_shape_(std::move(normalized_shape)) {}  // NOLINT
+  DBRQ_OPTION(std::vector<int64_t>, normalized_shape);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  DBRQ_OPTION(bool, elementwise_affine) = true;
+};
+
+struct EmbeddingOptions {
+  using Self = EmbeddingOptions;
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  DBRQ_OPTION(int64_t, num_embeddings);
+  DBRQ_OPTION(int64_t, embedding_dim);
+};
+
+struct DropoutOptions {
+  using Self = DropoutOptions;
+  DropoutOptions(double p = 0.5) : p_(p) {}  // NOLINT
+  DBRQ_OPTION(double, p);
+};
+
+struct LeakyReLUOptions {
+  using Self = LeakyReLUOptions;
+  DBRQ_OPTION(double, negative_slope) = 0.01;
+};
+
+struct ELUOptions {
+  using Self = ELUOptions;
+  DBRQ_OPTION(double, alpha) = 1.0;
+};
+
+struct HardtanhOptions {
+  using Self = HardtanhOptions;
+  DBRQ_OPTION(double, min_val) = -1.0;
+  DBRQ_OPTION(double, max_val) = 1.0;
+};
+
+struct SoftmaxOptions {
+  using Self = SoftmaxOptions;
+  SoftmaxOptions(int64_t dim) : dim_(dim) {}  // NOLINT
+  DBRQ_OPTION(int64_t, dim);
+};
+
+struct FlattenOptions {
+  using Self = FlattenOptions;
+  DBRQ_OPTION(int64_t, start_dim) = 1;
+  DBRQ_OPTION(int64_t, end_dim) = -1;
+};
+
+struct GELUOptions {
+  using Self = GELUOptions;
+  DBRQ_OPTION(std::string, approximate) = "none";
+};
+
 class Conv2d final : public Layer<Conv2d> {
  public:
   explicit Conv2d(const Conv2dOptions& options);
@@ -91,6 +199,7 @@ class Conv2d final : public Layer<Conv2d> {
 class Linear final : public Layer<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  explicit Linear(const LinearOptions& o) : Linear(o.in_features(), o.out_features(), o.bias()) {}
   Tensor forward(const Tensor& x) { return linear(x, weight, bias); }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -116,6 +225,16 @@ class BatchNormBase : public Layer<Derived> {
 
  protected:
   BatchNormBase(std::string name, int64_t num_features, double eps, bool affine);
+  BatchNormBase(std::string name, const BatchNormOptions& o)
+      : BatchNormBase(checked_running_stats(name, o), o.num_features(), o.eps(), o.affine()) {}
+
+ private:
+  // dbrq always normalizes with the running statistics (PyTorch without them uses the batch's).
+  static std::string checked_running_stats(std::string name, const BatchNormOptions& o) {
+    DBRQ_ENSURE(o.track_running_stats(), ValueError, name,
+                ": track_running_stats(false) is not supported (dbrq normalizes with running statistics at inference)");
+    return name;
+  }
 
  private:
   int64_t num_features_;
@@ -126,17 +245,20 @@ class BatchNorm2d final : public BatchNormBase<BatchNorm2d> {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
+  explicit BatchNorm2d(const BatchNormOptions& o) : BatchNormBase("BatchNorm2d", o) {}
 };
 
 class BatchNorm1d final : public BatchNormBase<BatchNorm1d> {
  public:
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
+  explicit BatchNorm1d(const BatchNormOptions& o) : BatchNormBase("BatchNorm1d", o) {}
 };
 
 class LayerNorm final : public Layer<LayerNorm> {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  explicit LayerNorm(const LayerNormOptions& o) : LayerNorm(o.normalized_shape(), o.eps(), o.elementwise_affine()) {}
   explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
       : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
   Tensor forward(const Tensor& x);
@@ -152,6 +274,7 @@ class LayerNorm final : public Layer<LayerNorm> {
 class Embedding final : public Layer<Embedding> {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  explicit Embedding(const EmbeddingOptions& o) : Embedding(o.num_embeddings(), o.embedding_dim()) {}
   Tensor forward(const Tensor& indices) { return embedding(indices, weight); }
   std::string extra_repr() const override;
 
@@ -176,6 +299,7 @@ class ReLU6 final : public Layer<ReLU6> {
 class Hardtanh final : public Layer<Hardtanh> {
  public:
   explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
+  explicit Hardtanh(const HardtanhOptions& o) : Hardtanh(o.min_val(), o.max_val()) {}
   Tensor forward(const Tensor& x) { return hardtanh(x, min_, max_); }
 
  private:
@@ -185,6 +309,7 @@ class Hardtanh final : public Layer<Hardtanh> {
 class LeakyReLU final : public Layer<LeakyReLU> {
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
+  explicit LeakyReLU(const LeakyReLUOptions& o) : LeakyReLU(o.negative_slope()) {}
   Tensor forward(const Tensor& x) { return leaky_relu(x, slope_); }
 
  private:
@@ -194,6 +319,7 @@ class LeakyReLU final : public Layer<LeakyReLU> {
 class ELU final : public Layer<ELU> {
  public:
   explicit ELU(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
+  explicit ELU(const ELUOptions& o) : ELU(o.alpha()) {}
   Tensor forward(const Tensor& x) { return elu(x, alpha_); }
   std::string extra_repr() const override { return absl::StrCat("alpha=", alpha_); }
 
@@ -259,6 +385,7 @@ class Tanh final : public Layer<Tanh> {
 class GELU final : public Layer<GELU> {
  public:
   explicit GELU(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
+  explicit GELU(const GELUOptions& o) : GELU(o.approximate()) {}
   Tensor forward(const Tensor& x) { return gelu(x, approximate_); }
 
  private:
@@ -274,6 +401,7 @@ class SiLU final : public Layer<SiLU> {
 class Softmax final : public Layer<Softmax> {
  public:
   explicit Softmax(int64_t dim) : Layer("Softmax"), dim_(dim) {}
+  explicit Softmax(const SoftmaxOptions& o) : Softmax(o.dim()) {}
   Tensor forward(const Tensor& x) { return softmax(x, dim_); }
 
  private:
@@ -285,6 +413,8 @@ class MaxPool2d final : public Layer<MaxPool2d> {
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
                      bool ceil_mode = false);
+  explicit MaxPool2d(const MaxPool2dOptions& o)
+      : MaxPool2d(o.kernel_size(), o.stride(), o.padding(), o.dilation(), o.ceil_mode()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -297,6 +427,8 @@ class AvgPool2d final : public Layer<AvgPool2d> {
  public:
   explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
+  explicit AvgPool2d(const AvgPool2dOptions& o)
+      : AvgPool2d(o.kernel_size(), o.stride(), o.padding(), o.ceil_mode(), o.count_include_pad()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -310,6 +442,7 @@ class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
   explicit AdaptiveAvgPool2d(int64_t output_size) : AdaptiveAvgPool2d({output_size, output_size}) {}
   explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
       : Layer("AdaptiveAvgPool2d"), output_size_(output_size) {}
+  explicit AdaptiveAvgPool2d(const AdaptiveAvgPool2dOptions& o) : AdaptiveAvgPool2d(o.output_size()) {}
   Tensor forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
   std::string extra_repr() const override;
 
@@ -510,6 +643,7 @@ class InstanceNorm2d final : public Layer<InstanceNorm2d> {
 class Flatten final : public Layer<Flatten> {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
+  explicit Flatten(const FlattenOptions& o) : Flatten(o.start_dim(), o.end_dim()) {}
   Tensor forward(const Tensor& x) { return flatten(x, start_, end_); }
 
  private:
@@ -519,6 +653,7 @@ class Flatten final : public Layer<Flatten> {
 class Dropout final : public Layer<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
+  explicit Dropout(const DropoutOptions& o) : Dropout(o.p()) {}
   Tensor forward(const Tensor& x) { return dropout(x, p_, this->is_training()); }
   std::string extra_repr() const override;
 
@@ -692,11 +827,66 @@ class SequentialBase : public CallableModule<Derived> {
   explicit SequentialBase(std::string type_name) : CallableModule<Derived>(std::move(type_name)) {}
 };
 
+namespace detail {
+template <typename T>
+struct IsNamedItem : std::false_type {};
+template <typename S, typename M>
+struct IsNamedItem<std::pair<S, M>>
+    : std::bool_constant<std::is_convertible_v<S, std::string> && std::is_convertible_v<M, std::shared_ptr<Module>>> {};
+// An argument of Sequential(a, b, c): a module pointer, a holder, or a (name, module) pair.
+template <typename T>
+constexpr bool is_sequential_item() {
+  using D = std::decay_t<T>;
+  return std::is_convertible_v<const D&, std::shared_ptr<Module>> || IsNamedItem<D>::value;
+}
+}  // namespace detail
+
 class Sequential final : public SequentialBase<Sequential> {
  public:
   Sequential() : SequentialBase("Sequential") {}
   explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
   explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
+  // libtorch's variadic form: Sequential(conv, std::make_shared<ReLU>(), Fire(64, 16)), each a
+  // std::shared_ptr to a module, a holder (DBRQ_MODULE) or a (name, module) pair; unnamed ones are
+  // named by their position ("0", "1", ...).
+  template <typename First, typename... Rest,
+            typename = std::enable_if_t<detail::is_sequential_item<First>() &&
+                                        (detail::is_sequential_item<Rest>() && ...)>>
+  explicit Sequential(First&& first, Rest&&... rest) : Sequential() {
+    add_item(first);
+    (add_item(rest), ...);
+  }
+
+ private:
+  template <typename T>
+  void add_item(const T& item) {
+    if constexpr (detail::IsNamedItem<T>::value) {
+      push_back(std::string(item.first), std::shared_ptr<Module>(item.second));
+    } else {
+      push_back(std::shared_ptr<Module>(item));
+    }
+  }
+};
+
+// Wraps a function of one tensor as a module, to put it in a Sequential (libtorch's
+// nn::Functional). Extra arguments are bound after the tensor:
+//
+//   Sequential(conv, Functional(dbrq::relu), Functional(dbrq::leaky_relu, 0.2),
+//              Functional([](const Tensor& x) { return dbrq::max_pool2d(x, 3, 2, 1); }));
+//
+// Not a layer: the ops it runs are recorded in its own quantization state like any user module's,
+// so a function of several ops works as well as one op.
+class Functional final : public CallableModule<Functional> {
+ public:
+  using Function = std::function<Tensor(const Tensor&)>;
+  explicit Functional(Function function);
+  template <typename F, typename A, typename... More>
+  Functional(F function, A arg, More... more)
+      : Functional(Function([function, arg, more...](const Tensor& x) -> Tensor { return function(x, arg, more...); })) {}
+  Tensor forward(const Tensor& x) { return function_(x); }
+
+ private:
+  Function function_;
 };
 
 // Holds modules for the user's forward to iterate; not callable itself.

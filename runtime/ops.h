@@ -207,6 +207,23 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vect
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel_size, std::vector<int64_t> stride = {},
                   std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+// Square windows given as ints, as PyTorch's `max_pool2d(x, 3, 2, 1)`; stride 0: the kernel size.
+inline Tensor max_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = 0, int64_t padding = 0,
+                         int64_t dilation = 1, bool ceil_mode = false) {
+  return max_pool2d(x, std::array<int64_t, 2>{kernel_size, kernel_size},
+                    stride == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{stride, stride},
+                    std::array<int64_t, 2>{padding, padding}, std::array<int64_t, 2>{dilation, dilation}, ceil_mode);
+}
+inline Tensor avg_pool2d(const Tensor& x, int64_t kernel_size, int64_t stride = 0, int64_t padding = 0,
+                         bool ceil_mode = false, bool count_include_pad = true) {
+  return avg_pool2d(x, std::array<int64_t, 2>{kernel_size, kernel_size},
+                    stride == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{stride, stride},
+                    std::array<int64_t, 2>{padding, padding}, ceil_mode, count_include_pad);
+}
+inline Tensor adaptive_avg_pool2d(const Tensor& x, int64_t output_size) {
+  return adaptive_avg_pool2d(x, std::array<int64_t, 2>{output_size, output_size});
+}
+
 // 1-D pooling of [N, C, L] (F.max_pool1d, ...); stride defaults to kernel_size.
 Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = std::nullopt,
                   int64_t padding = 0, int64_t dilation = 1, bool ceil_mode = false);

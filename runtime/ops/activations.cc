@@ -146,6 +146,13 @@ Tensor& Tensor::clamp_(double min, double max) {
   return ops::call_inplace(OpKind::kClamp, *this, nullptr, &p, 0.0, false, run_activation);
 }
 
+Tensor Tensor::relu() const { return ::dbrq::relu(*this); }
+Tensor Tensor::sigmoid() const { return ::dbrq::sigmoid(*this); }
+Tensor Tensor::tanh() const { return ::dbrq::tanh(*this); }
+Tensor Tensor::clamp(double min, double max) const { return ::dbrq::clamp(*this, min, max); }
+Tensor Tensor::softmax(int64_t dim) const { return ::dbrq::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return ::dbrq::log_softmax(*this, dim); }
+
 namespace ops {
 namespace {
 

@@ -106,6 +106,15 @@ Tensor& Tensor::div_(double other) {
   return ops::call_inplace(OpKind::kDiv, *this, nullptr, nullptr, other, true, run_binary_inplace);
 }
 
+Tensor Tensor::add(const Tensor& other) const { return ::dbrq::add(*this, other); }
+Tensor Tensor::add(double other) const { return ::dbrq::add(*this, other); }
+Tensor Tensor::sub(const Tensor& other) const { return ::dbrq::sub(*this, other); }
+Tensor Tensor::sub(double other) const { return ::dbrq::sub(*this, other); }
+Tensor Tensor::mul(const Tensor& other) const { return ::dbrq::mul(*this, other); }
+Tensor Tensor::mul(double other) const { return ::dbrq::mul(*this, other); }
+Tensor Tensor::div(const Tensor& other) const { return ::dbrq::div(*this, other); }
+Tensor Tensor::div(double other) const { return ::dbrq::div(*this, other); }
+
 namespace ops {
 
 void register_binary_ops(OpRegistry& r) {

@@ -34,6 +34,8 @@ Tensor matmul(const Tensor& input, const Tensor& other) {
   return ops::call(OpKind::kMatmul, in, nullptr, run_matmul);
 }
 
+Tensor Tensor::matmul(const Tensor& other) const { return ::dbrq::matmul(*this, other); }
+
 namespace ops {
 
 void register_matmul_ops(OpRegistry& r) {

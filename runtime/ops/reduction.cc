@@ -42,6 +42,13 @@ Tensor std(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
   return reduce(OpKind::kStd, x, std::move(dims), keepdim, unbiased, run_std);
 }
 
+Tensor Tensor::mean(std::vector<int64_t> dims, bool keepdim) const {
+  return ::dbrq::mean(*this, std::move(dims), keepdim);
+}
+Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const {
+  return ::dbrq::sum(*this, std::move(dims), keepdim);
+}
+
 namespace ops {
 
 void register_reduction_ops(OpRegistry& r) {

@@ -3,6 +3,7 @@
 // contiguous), plus dropout and identity, and issue 12's stack, expand, repeat and pad. Their eager
 // kernels take every dtype and keep quantization parameters, so int8 passes through them unchanged
 // (kShare); cat and stack share one observer between their inputs and their output (kCat).
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -613,6 +614,42 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
   p.memory_format = static_cast<int>(format);
   const Tensor* in[] = {this};
   return ops::call(OpKind::kContiguous, in, &p, run_contiguous);
+}
+
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const {
+  DBRQ_ENSURE(chunks >= 1, ValueError, "chunk: chunks must be >= 1, got ", chunks);
+  const int64_t d = wrap_dim(dim);
+  const int64_t size = sizes()[d];
+  return split(std::max<int64_t>((size + chunks - 1) / chunks, 1), d);
+}
+
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t dim) const {
+  DBRQ_ENSURE(split_size >= 1, ValueError, "split: split_size must be >= 1, got ", split_size);
+  const int64_t d = wrap_dim(dim);
+  const int64_t size = sizes()[d];
+  std::vector<Tensor> out;
+  for (int64_t start = 0; start < size || (size == 0 && out.empty()); start += split_size) {
+    out.push_back(narrow(d, start, std::min(split_size, size - start)));
+  }
+  return out;
+}
+
+std::vector<Tensor> Tensor::split(std::vector<int64_t> split_sizes, int64_t dim) const {
+  const int64_t d = wrap_dim(dim);
+  const int64_t size = sizes()[d];
+  int64_t total = 0;
+  for (int64_t s : split_sizes) {
+    DBRQ_ENSURE(s >= 0, ValueError, "split: sizes must be >= 0, got ", s);
+    total += s;
+  }
+  DBRQ_ENSURE(total == size, ValueError, "split: sizes add up to ", total, " but dim ", d, " has size ", size);
+  std::vector<Tensor> out;
+  int64_t start = 0;
+  for (int64_t s : split_sizes) {
+    out.push_back(narrow(d, start, s));
+    start += s;
+  }
+  return out;
 }
 
 namespace ops {
