@@ -31,15 +31,41 @@ struct Consts {
 };
 
 #ifdef DBRQ_AVX512
-inline void store16(uint8_t* out, __m512 y, __m512 lo, __m512 hi, __m512i vzp) {
+// The AVX-512 loops (compiled for AVX-512 whatever the build targets, run when simd::use_avx512()):
+// each handles whole vectors and returns where it stopped.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+DBRQ_TARGET_AVX512 inline void store16(uint8_t* out, __m512 y, __m512 lo, __m512 hi, __m512i vzp) {
   y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
   const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtusepi32_epi8(q));
 }
-inline __m512 load16(const uint8_t* in, __m512 in_zp) {
+DBRQ_TARGET_AVX512 inline __m512 load16(const uint8_t* in, __m512 in_zp) {
   return _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)))),
                        in_zp);
 }
+DBRQ_TARGET_AVX512 int64_t affine_channels_avx512(const uint8_t* in, uint8_t* out, int64_t n, const float* alpha,
+                                                  const float* beta, const Consts& k) {
+  int64_t c = 0;
+  const __m512 zin = _mm512_set1_ps(k.in_zp), lo = _mm512_set1_ps(k.lo), hi = _mm512_set1_ps(k.hi);
+  const __m512i vzp = _mm512_set1_epi32(k.out_zp);
+  for (; c + 16 <= n; c += 16) {
+    const __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c), load16(in + c, zin), _mm512_loadu_ps(beta + c));
+    store16(out + c, y, lo, hi, vzp);
+  }
+  return c;
+}
+DBRQ_TARGET_AVX512 int64_t affine_positions_avx512(const uint8_t* in, uint8_t* out, int64_t n, float a, float b,
+                                                   const Consts& k) {
+  int64_t i = 0;
+  const __m512 zin = _mm512_set1_ps(k.in_zp), lo = _mm512_set1_ps(k.lo), hi = _mm512_set1_ps(k.hi);
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  const __m512i vzp = _mm512_set1_epi32(k.out_zp);
+  for (; i + 16 <= n; i += 16) store16(out + i, _mm512_fmadd_ps(va, load16(in + i, zin), vb), lo, hi, vzp);
+  return i;
+}
+#pragma GCC diagnostic pop
 #endif
 
 // out[c] = affine(in[c]) with alpha[c], beta[c], c < n (one pixel's channels).
@@ -47,12 +73,7 @@ void affine_channels(const uint8_t* in, uint8_t* out, int64_t n, const float* al
                      const Consts& k) {
   int64_t c = 0;
 #ifdef DBRQ_AVX512
-  const __m512 zin = _mm512_set1_ps(k.in_zp), lo = _mm512_set1_ps(k.lo), hi = _mm512_set1_ps(k.hi);
-  const __m512i vzp = _mm512_set1_epi32(k.out_zp);
-  for (; c + 16 <= n; c += 16) {
-    const __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(alpha + c), load16(in + c, zin), _mm512_loadu_ps(beta + c));
-    store16(out + c, y, lo, hi, vzp);
-  }
+  if (simd::use_avx512()) c = affine_channels_avx512(in, out, n, alpha, beta, k);
 #endif
   for (; c < n; ++c) out[c] = affine_one(in[c], alpha[c], beta[c], k.in_zp, k.lo, k.hi, k.out_zp);
 }
@@ -61,10 +82,7 @@ void affine_channels(const uint8_t* in, uint8_t* out, int64_t n, const float* al
 void affine_positions(const uint8_t* in, uint8_t* out, int64_t n, float a, float b, const Consts& k) {
   int64_t i = 0;
 #ifdef DBRQ_AVX512
-  const __m512 zin = _mm512_set1_ps(k.in_zp), lo = _mm512_set1_ps(k.lo), hi = _mm512_set1_ps(k.hi);
-  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-  const __m512i vzp = _mm512_set1_epi32(k.out_zp);
-  for (; i + 16 <= n; i += 16) store16(out + i, _mm512_fmadd_ps(va, load16(in + i, zin), vb), lo, hi, vzp);
+  if (simd::use_avx512()) i = affine_positions_avx512(in, out, n, a, b, k);
 #endif
   for (; i < n; ++i) out[i] = affine_one(in[i], a, b, k.in_zp, k.lo, k.hi, k.out_zp);
 }

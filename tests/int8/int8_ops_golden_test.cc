@@ -576,6 +576,10 @@ TEST(Int8OpsGolden, SoftplusMish) {
     const kernels::Eltwise e = dbrq::op_def(c.kind).eltwise(&p);
     const kernels::Lut lut = kernels::make_lut(*in, *out, [e](float x) { return kernels::eltwise_reference(e, x); });
     expect_codes(c.name, kernels::apply_lut(qinput(c.name, "x"), lut, out));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // batch_norm on its own (+ relu): the OpDef's int8_affine kernel, as ChannelAffineExec builds it
 
 TEST(Int8OpsGolden, BatchNorm) {

@@ -125,6 +125,8 @@ TEST(ZooGolden, DenseNet) {
   run_golden("densenet",
              R"({"block_config": [2, 2], "bn_size": 2, "growth_rate": 8, "num_classes": 10, "num_init_features": 16})",
              std::make_shared<zoo::DenseNet>(zoo::densenet_config(zoo::Variant::kTiny)));
+}
+
 TEST(ZooGolden, Vit) {
   run_golden("vit",
              R"({"d_model": 32, "image_size": 16, "in_channels": 3, "layer_norm_eps": 1e-06, "mlp_dim": 64, )"

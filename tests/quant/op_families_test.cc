@@ -120,7 +120,9 @@ TEST(OpFamilies, PreluSoftplusMishRunInt8) {
   EXPECT_EQ(ops[1].executor, "int8 prelu (8 per-channel tables)");
   ASSERT_TRUE(ops[1].weight_qparams != nullptr);
   EXPECT_TRUE(ops[1].weight_qparams->is_per_channel()) << "the qconfig's per-channel s8 weights";
-  EXPECT_EQ(ops[2].role, "fp32") << "batch_norm after prelu neither folds nor runs int8: " << ops[2].executor;
+  // batch_norm after prelu does not fold into prelu's weight; it runs int8 on its own.
+  EXPECT_EQ(ops[2].role, "channel_affine") << ops[2].executor;
+  EXPECT_EQ(ops[2].fused_into, -1);
   EXPECT_EQ(ops[5].executor, "int8 softplus (256-entry table)");
   EXPECT_EQ(ops[6].executor, "int8 mish (256-entry table)");
   EXPECT_EQ(ops[7].executor, "int8 prelu (1 table)");
