@@ -38,7 +38,8 @@ ABSL_FLAG(int32_t, threads, 0, "threads for every kernel (0: one per core)");
 ABSL_FLAG(std::string, progress, "auto", "progress bars: auto, always or never");
 ABSL_FLAG(std::string, model, "",
           "instead of the digits demo, run a zoo model with random weights and random calibration data: "
-          "resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm, gru_classifier, vit");
+          "resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm, gru_classifier, vit, dcgan_generator, "
+          "unet, kws_conv1d, densenet");
 ABSL_FLAG(std::string, variant, "full", "with --model: full or tiny");
 ABSL_FLAG(uint64_t, seed, 0, "with --model: seed of the random weights and data");
 

@@ -43,7 +43,8 @@
 #include "samples/zoo/zoo.h"
 
 ABSL_FLAG(std::string, model, "",
-          "zoo model: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm, gru_classifier or vit");
+          "zoo model: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm, gru_classifier, vit, "
+          "dcgan_generator, unet, kws_conv1d or densenet");
 ABSL_FLAG(std::string, variant, "full", "model configuration: full (as published) or tiny (the test-sized one)");
 ABSL_FLAG(std::string, weights, "",
           "weights (safetensors with the model's state-dict keys), loaded strictly; "
