@@ -1,5 +1,6 @@
 #include "tracer/interceptor.h"
 
+#include <cctype>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -191,6 +192,11 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
     param_names_[t.storage().get()] = name;
     param_fingerprints_[t.storage().get()] = name_fingerprint(name);
   }
+  for (const auto& [fqn, m] : root.named_modules()) {
+    for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
+      if (t.defined()) param_owners_[t.storage().get()] = {m, fqn};
+    }
+  }
 }
 
 QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what) {
@@ -274,6 +280,9 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
                                         const ProducerTags& producers, const QConfigPtr& qconfig) {
   AutoQuantizationState& s = *owner->state;
   const LeafQuantInfo* leaf = top->leaf;
+  const OpDef& def = op_def(call.kind);
+  const size_t n_act = def.activation_inputs(call.inputs.size());
+  if (leaf == nullptr && n_act < call.inputs.size()) check_layer_bypass(call, def, s, qconfig, n_act);
   SeenOpInfo& op = s.add_record(tag, call.kind, producers);
   op.global_index = static_cast<int>(model_->records().size());
   op.program_index = op.global_index;
@@ -282,8 +291,6 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
   op.fqn = leaf != nullptr ? leaf->fqn() : s.fqn();
   op.leaf = leaf != nullptr ? top->module : nullptr;
   op.qconfig = qconfig;
-  const OpDef& def = op_def(call.kind);
-  const size_t n_act = def.activation_inputs(call.inputs.size());
   for (size_t i = 0; i < n_act; ++i) {
     const Tensor& t = *call.inputs[i];
     if (!t.defined()) continue;
@@ -306,6 +313,56 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
   if (call.params != nullptr && def.params_fingerprint != nullptr) op.params_fingerprint = def.params_fingerprint(call.params);
   model_->set_dirty(true);
   return op;
+}
+
+namespace {
+
+// Whether a layer of class `type` runs op `kind` in its forward: the OpDef's layer when it names
+// one, else the op's name matched against the class ("conv2d" - "Conv2d", "conv_transpose2d" -
+// "ConvTranspose2d", "batch_norm" - "BatchNorm2d"): lowercase, underscores dropped, a prefix.
+bool layer_runs(const OpDef& def, OpKind kind, const std::string& type) {
+  if (def.layer != nullptr) return type == def.layer;
+  auto norm = [](const std::string& v) {
+    std::string o;
+    for (char c : v) {
+      if (c != '_') o.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    }
+    return o;
+  };
+  const std::string op = norm(op_name(kind)), cls = norm(type);
+  return !op.empty() && cls.compare(0, op.size(), op) == 0;
+}
+
+}  // namespace
+
+void QuantInterceptor::check_layer_bypass(const OpCall& call, const OpDef& def, const AutoQuantizationState& s,
+                                          const QConfigPtr& qconfig, size_t n_act) {
+  for (size_t i = n_act; i < call.inputs.size(); ++i) {
+    const Tensor& w = *call.inputs[i];
+    if (!w.defined()) continue;
+    auto it = param_owners_.find(w.storage().get());
+    if (it == param_owners_.end() || !layer_runs(def, call.kind, it->second.first->type_name())) continue;
+    const nn::Module& layer = *it->second.first;
+    const std::string& fqn = it->second.second;
+    const auto* info = dynamic_cast<const LeafQuantInfo*>(layer.extension());
+    const QConfigPtr& own = info != nullptr ? info->qconfig() : nullptr;
+    const std::string what = absl::StrCat(
+        op_name(call.kind), " in module \"", s.fqn(), "\" (", s.type_name(), ") runs on the parameters of layer \"",
+        fqn, "\" (", layer.type_name(), ") outside that layer's call (layer->forward(x) on a built-in layer is a "
+        "direct call): dbrq records it as a functional op of \"", s.fqn(), "\"");
+    const bool same = (own == nullptr && qconfig == nullptr) ||
+                      (own != nullptr && qconfig != nullptr && *own == *qconfig);
+    DBRQ_ENSURE(same, UsageError, what, ", so the qconfig set for the layer (", own ? own->to_string() : "None",
+                ") would not apply (it gets ", qconfig ? qconfig->to_string() : "None",
+                "). Call the layer as (*layer)(x) or layer(x), not layer->forward(x)");
+    std::lock_guard<std::mutex> lock(warned_mu_);
+    if (warned_.insert({&layer, -1 - static_cast<int>(call.kind)}).second) {
+      log()->warn("{}; its qconfig is the same here, but call the layer as (*layer)(x) so that per-layer settings "
+                  "apply to it",
+                  what);
+    }
+    return;
+  }
 }
 
 void QuantInterceptor::note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op) {

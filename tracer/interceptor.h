@@ -149,6 +149,13 @@ class QuantInterceptor : public Interceptor {
   std::shared_ptr<ModelQuantState> model_;
   std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter or buffer fqn
   std::unordered_map<const void*, uint64_t> param_fingerprints_;  // storage -> name_fingerprint(fqn)
+  // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
+  std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
+  // A functional op running a layer's own computation on that layer's parameters outside the
+  // layer's call (a built-in layer's forward called directly): raises when the layer's qconfig
+  // differs from the one the op gets, warns once otherwise.
+  void check_layer_bypass(const OpCall& call, const OpDef& def, const AutoQuantizationState& s,
+                          const QConfigPtr& qconfig, size_t n_act);
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
   bool strict_paths_ = false;  // an uncalibrated path after convert raises
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert

@@ -2,8 +2,10 @@
 // small SqueezeNet head, written as in libtorch's C++ frontend with `torch::` replaced by `dbrq::`
 // (plus the differences the document lists), then prepared, calibrated and converted.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,57 @@ TEST(FirePort, BuiltinArrowForwardIsQuantizedTheSame) {
   EXPECT_EQ(fqns[0], (std::vector<std::string>{"0.squeeze:conv2d+relu", "0.expand1x1:conv2d+relu",
                                                "0.expand3x3:conv2d+relu"}));
   EXPECT_EQ(fqns[1], (std::vector<std::string>{"0:conv2d+relu", "0:conv2d+relu", "0:conv2d+relu"}));
+}
+
+// The same bypass is not silent: prepare warns once per layer when the layer's qconfig is the one
+// the op gets anyway, and raises (UsageError naming the layer) when a qconfig set for the layer by
+// name or type would not apply.
+TEST(FirePort, BuiltinArrowForwardIsReported) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  log()->sinks().push_back(sink);
+  {
+    manual_seed(5);
+    auto seq = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/true));
+    seq->eval();
+    prepare(*seq, {randn({2, 16, 7, 7}, 2)});
+    (*seq)(randn({2, 16, 7, 7}, 3));
+  }
+  log()->sinks().pop_back();
+  const std::string text = out.str();
+  EXPECT_NE(text.find("conv2d in module \"0\" (FireImpl) runs on the parameters of layer \"0.squeeze\" (Conv2d) outside "
+                      "that layer's call"),
+            std::string::npos)
+      << text;
+  size_t warnings = 0;
+  for (size_t at = text.find("outside that layer's call"); at != std::string::npos;
+       at = text.find("outside that layer's call", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 3u) << "once per layer (squeeze, expand1x1, expand3x3), not per call";
+
+  // A qconfig for one layer that the direct call would drop: an error, not a silent default.
+  manual_seed(5);
+  auto seq = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/true));
+  seq->eval();
+  QConfigMapping mapping = default_qconfig_mapping("onednn");
+  mapping.set_module_name("0.expand3x3", nullptr);
+  try {
+    prepare(*seq, {randn({2, 16, 7, 7}, 2)}, mapping);
+    ADD_FAILURE() << "prepare did not throw";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    for (const char* part : {"layer \"0.expand3x3\" (Conv2d) outside that layer's call",
+                             "the qconfig set for the layer (None) would not apply",
+                             "Call the layer as (*layer)(x) or layer(x), not layer->forward(x)"}) {
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+    }
+  }
+  // Called as (*layer)(x), the same mapping prepares, and the layer runs fp32 as asked.
+  manual_seed(5);
+  auto good = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/false));
+  good->eval();
+  prepare(*good, {randn({2, 16, 7, 7}, 2)}, mapping);
 }
 
 }  // namespace
