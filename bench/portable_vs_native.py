@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The portable build (x86-64-v2, run-time kernel dispatch) against a -march=native build, same run.
+"""The portable build (--config=portable: x86-64-v2, run-time kernel dispatch) against the default
+-march=native build, same run.
 
 Usage: bench/portable_vs_native.sh [--rounds=N] [--iters=N]   (builds both, then runs this)
 

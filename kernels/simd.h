@@ -2,11 +2,11 @@
 // its scalar twin does: multiply in f32, clamp in f32 (so huge values and NaN saturate instead of
 // overflowing), round half to even.
 //
-// Builds target a portable baseline (x86-64-v2, .bazelrc), so the AVX-512 loops are compiled with a
-// target attribute and chosen at run time: once per process, from the CPU (AVX512F + AVX512BW),
-// unless DBRQ_PORTABLE_KERNELS=1 is set or a test forces the portable loops (force_portable). The
-// result is bit-identical either way (tests/kernels/simd_dispatch_test). oneDNN dispatches its own
-// JIT code. Internal to kernels/.
+// A portable build (--config=portable: x86-64-v2, .bazelrc) must not assume AVX-512, so the
+// AVX-512 loops are compiled with a target attribute in every build and chosen at run time: once
+// per process, from the CPU (AVX512F + AVX512BW), unless DBRQ_PORTABLE_KERNELS=1 is set or a test
+// forces the portable loops (force_portable). The result is bit-identical either way
+// (tests/kernels/simd_dispatch_test). oneDNN dispatches its own JIT code. Internal to kernels/.
 #pragma once
 
 #include <algorithm>

@@ -336,7 +336,7 @@ TEST(Int8E2e, ResNet18SqnrAtLeastFx) {
 }
 
 
-// The library builds for a portable baseline and picks kernels/simd.h's AVX-512 loops at run time:
+// kernels/simd.h picks its AVX-512 loops at run time (what a portable build, --config=portable, relies on):
 // the converted ResNet-18 computes the same bytes with the portable loops (as on a CPU without
 // AVX-512, or with DBRQ_PORTABLE_KERNELS=1). Loop-level checks: tests/kernels/simd_dispatch_test.
 TEST(Int8E2e, PortableLoopsGiveTheSameBytes) {
