@@ -8,6 +8,8 @@
 #   runtime      core, kernels, runtime
 #   quant_state  core, runtime, quant_state         (data only: no kernels)
 #   tracer       core, kernels, runtime, quant_state, tracer
+#   distributed  core, runtime, quant_state, tracer, distributed   (optional MPI layer, issue 15:
+#                                                    the only folder that includes <mpi.h>)
 #
 # and samples/ and bench/ use the public API only ("dbrq.h" and samples' own headers; the
 # overhead benchmark, which times kernels directly, may include kernels/). Prints every
@@ -24,8 +26,9 @@ declare -A allowed=(
   [runtime]="core kernels runtime"
   [quant_state]="core runtime quant_state"
   [tracer]="core kernels runtime quant_state tracer"
+  [distributed]="core runtime quant_state tracer distributed"
 )
-project_dirs="core kernels runtime quant_state tracer samples bench tools tests"
+project_dirs="core kernels runtime quant_state tracer distributed samples bench tools tests"
 violations=0
 
 report() {
@@ -63,6 +66,12 @@ while IFS= read -r hit; do
   case "$hit" in kernels/*) ;; *) report "$hit (only kernels/ may use oneDNN)" ;; esac
 done < <(grep -rn --include='*.h' --include='*.cc' -E '#[[:space:]]*include[[:space:]]*<(dnnl|oneapi/dnnl)' \
            core runtime quant_state tracer samples bench tools 2>/dev/null)
+
+# MPI only in distributed/: the core library and the plain CLI never link it.
+while IFS= read -r hit; do
+  case "$hit" in distributed/*) ;; *) report "$hit (only distributed/ may use MPI)" ;; esac
+done < <(grep -rn --include='*.h' --include='*.cc' -E '#[[:space:]]*include[[:space:]]*[<"]mpi\.h[>"]' \
+           core kernels runtime quant_state tracer samples bench tools 2>/dev/null)
 
 # Users of the public API.
 for dir in samples bench; do

@@ -13,6 +13,7 @@ PACKAGES=(
   libdnnl-dev                             # oneDNN 2.6
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin              # optional MPI layer (//distributed, dbrq_mpi, tests/distributed)
 )
 if [ "${1:-}" != "--build-only" ]; then
   PACKAGES+=(

@@ -24,12 +24,13 @@ if out=$("$check" "$root" 2>&1); then record repository_is_layered ""; else reco
 # tree NAME: a minimal clean tree in $tmp/NAME.
 tree() {
   local d="$tmp/$1"
-  mkdir -p "$d"/{core,kernels,runtime,quant_state,tracer,samples,bench}
+  mkdir -p "$d"/{core,kernels,runtime,quant_state,tracer,distributed,samples,bench}
   echo '#include "core/tensor.h"' >"$d/core/tensor.h"
   printf '#include <dnnl.hpp>\n#include "core/tensor.h"\n' >"$d/kernels/int8.h"
   printf '#include "kernels/int8.h"\n' >"$d/runtime/ops.h"
   printf '#include "runtime/ops.h"\n' >"$d/quant_state/state.h"
   printf '#include "quant_state/state.h"\n#include "kernels/int8.h"\n' >"$d/tracer/convert.cc"
+  printf '#include <mpi.h>\n#include "tracer/convert.h"\n' >"$d/distributed/calibrate.cc"
   printf '#include "dbrq.h"\n' >"$d/samples/demo.cc"
   printf '#include "tracer/quantize.h"\n' >"$d/dbrq.h"
   echo "$d"
@@ -56,6 +57,9 @@ expect_violation runtime_includes_quant_state runtime/ops.h '#include "quant_sta
 expect_violation quant_state_includes_kernels quant_state/state.h '#include "kernels/int8.h"' 'quant_state/ may include only from'
 expect_violation onednn_outside_kernels runtime/ops.h '#include <dnnl.hpp>' 'only kernels/ may use oneDNN'
 expect_violation sample_includes_internals samples/demo.cc '#include "quant_state/state.h"' 'samples/demo.cc:2'
+expect_violation tracer_includes_distributed tracer/convert.cc '#include "distributed/calibrate.h"' 'tracer/ may include only from'
+expect_violation distributed_includes_kernels distributed/calibrate.cc '#include "kernels/int8.h"' 'distributed/ may include only from'
+expect_violation mpi_outside_distributed tracer/convert.cc '#include <mpi.h>' 'only distributed/ may use MPI'
 expect_violation public_header_reexports_internals dbrq.h '#include "tracer/internal.h"' 'dbrq.h: includes internal header'
 
 echo "$pass passed, $fail failed"
