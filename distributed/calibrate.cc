@@ -144,50 +144,72 @@ ReductionStats calibrate(Comm& comm, const Replica& replica, const DistributedOp
   ModelQuantState& m = model_quant_state(*model);
   const std::string type = model->type_name();
 
-  // 2. Every other rank's statistics (with its paths) to rank 0.
-  t = Clock::now();
-  std::string own;
-  if (!root) {
-    const RankStatus s = attempt("serialize", [&] {
-      subtract(m, baseline);
-      SaveQuantStateOptions with_stats;
-      with_stats.include_observer_stats = true;
-      own = framed('D', quant_state_to_json(m, type, with_stats));
+  // 2./3. Statistics (with paths) reduced to rank 0, which turns them into parameters. Messages
+  //       are 'D' + a document with statistics, or 'E' + "rank r of n: <what failed>".
+  SaveQuantStateOptions with_stats;
+  with_stats.include_observer_stats = true;
+  const std::string who = absl::StrCat("rank ", comm.rank(), " of ", comm.size(), ": ");
+  std::string errors;  // of this rank and of what it received
+  auto add_error = [&](const std::string& e) { absl::StrAppend(&errors, errors.empty() ? "" : "; ", e); };
+  auto merge_in = [&](const std::string& d, int from) {
+    st.gathered_bytes += static_cast<int64_t>(d.size());
+    if (d.empty() || d[0] != 'D') {
+      add_error(d.empty() ? absl::StrCat("rank ", from, " of ", comm.size(), ": no statistics") : d.substr(1));
+      return;
+    }
+    if (!errors.empty()) return;  // the run fails anyway
+    const auto t0 = Clock::now();
+    const RankStatus s = attempt("merge", [&] {
+      merge_quant_state(m, type, d.substr(1), absl::StrCat("(statistics of rank ", from, ")"));
     });
-    if (!s.ok) own = framed('E', s.message);
+    st.merge_ms += ms_since(t0);
+    if (!s.ok) add_error(who + s.message);
+  };
+  auto serialized = [&]() {
+    const auto t0 = Clock::now();
+    std::string doc;
+    if (errors.empty()) {
+      const RankStatus s = attempt("serialize", [&] { doc = framed('D', quant_state_to_json(m, type, with_stats)); });
+      if (!s.ok) add_error(who + s.message);
+    }
+    if (!errors.empty()) doc = framed('E', errors);
+    st.serialize_ms += ms_since(t0);
+    st.stats_bytes = static_cast<int64_t>(doc.size());
+    return doc;
+  };
+  if (!root) {
+    const RankStatus s = attempt("serialize", [&] { subtract(m, baseline); });
+    if (!s.ok) add_error(who + s.message);
   }
-  st.serialize_ms = ms_since(t);
-  st.stats_bytes = static_cast<int64_t>(own.size());
   t = Clock::now();
-  const std::vector<std::string> docs = comm.gather(own, 0, "gathering statistics");
-  st.gather_ms = ms_since(t);
-
-  // 3. Rank 0 merges them into its replica and turns them into parameters.
-  t = Clock::now();
+  if (options.reduction == Reduction::kGather) {
+    const std::vector<std::string> docs = comm.gather(root ? std::string() : serialized(), 0, "gathering statistics");
+    if (root) {
+      for (int r = 1; r < comm.size(); ++r) merge_in(docs[static_cast<size_t>(r)], r);
+    }
+  } else {
+    for (int step = 1; step < comm.size(); step *= 2) {
+      if (comm.rank() % (2 * step) == step) {
+        comm.send(serialized(), comm.rank() - step, "reducing statistics");
+        break;
+      }
+      if (comm.rank() + step < comm.size()) merge_in(comm.receive(comm.rank() + step, "reducing statistics"), comm.rank() + step);
+    }
+  }
+  st.gather_ms = ms_since(t) - st.merge_ms - st.serialize_ms;
   std::string reply, file_text;
   if (root) {
-    std::string errors;
-    for (int r = 1; r < comm.size(); ++r) {
-      const std::string& d = docs[static_cast<size_t>(r)];
-      st.gathered_bytes += static_cast<int64_t>(d.size());
-      if (d.empty() || d[0] != 'D') {
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", "rank ", r, " of ", comm.size(), ": ",
-                        d.empty() ? std::string("no statistics") : d.substr(1));
-      }
-    }
+    t = Clock::now();
     if (errors.empty()) {
-      const RankStatus s = attempt("merge", [&] {
-        for (int r = 1; r < comm.size(); ++r) {
-          merge_quant_state(m, type, docs[static_cast<size_t>(r)].substr(1), absl::StrCat("(statistics of rank ", r, ")"));
-        }
+      const RankStatus s = attempt("parameters", [&] {
         file_text = quant_state_to_json(m, type, options.save_options);
         reply = framed('D', quant_state_to_json(m, type));  // parameters only: what convert needs
       });
-      if (!s.ok) errors = absl::StrCat("rank 0 of ", comm.size(), ": ", s.message);
+      if (!s.ok) add_error(who + s.message);
     }
     if (!errors.empty()) reply = framed('E', errors);
+    st.merge_ms += ms_since(t);
   }
-  st.merge_ms = ms_since(t);
 
   // 4. Rank 0's parameters to every rank, which load them (and so convert identically).
   t = Clock::now();

@@ -69,7 +69,17 @@ struct Replica {
   std::function<void(nn::Module&, Shard&)> calibrate;
 };
 
+enum class Reduction {
+  // Binomial tree: in round k, rank r with r % 2^(k+1) == 2^k sends its (merged) statistics to
+  // rank r - 2^k, which merges them: log2(n) rounds, the merges of a round run in parallel.
+  kTree,
+  // Every rank's statistics straight to rank 0, which merges them one after the other (n - 1
+  // merges on one rank); simpler, and fine for a few ranks.
+  kGather,
+};
+
 struct DistributedOptions {
+  Reduction reduction = Reduction::kTree;
   // Written by rank 0 when not empty, atomically (PATH.tmp.<pid>, then renamed over PATH).
   std::string save_path;
   SaveQuantStateOptions save_options;
@@ -83,13 +93,13 @@ struct ReductionStats {
   double calibrate_ms = 0;  // this rank's shard
   double vote_ms = 0;       // the success vote after calibration (includes waiting for the slowest rank)
   double serialize_ms = 0;  // this rank's statistics to text
-  double gather_ms = 0;     // statistics to rank 0
-  double merge_ms = 0;      // rank 0: merging the other ranks' statistics
+  double gather_ms = 0;     // statistics to rank 0 (tree: this rank's time in the reduction, merges excluded)
+  double merge_ms = 0;      // merging other ranks' statistics on this rank (rank 0: and computing parameters)
   double broadcast_ms = 0;  // merged parameters to every rank
   double load_ms = 0;       // ranks other than 0: loading them
   double save_ms = 0;       // rank 0: writing the file (and the final vote)
   int64_t stats_bytes = 0;      // this rank's serialized statistics
-  int64_t gathered_bytes = 0;   // rank 0: received from the other ranks
+  int64_t gathered_bytes = 0;   // statistics received from other ranks (rank 0, gather: from all)
   int64_t broadcast_bytes = 0;  // the merged parameters (sent to each other rank)
   // The reduction alone: serialize + gather + merge + broadcast + load (what 1 rank never pays).
   double reduction_ms() const { return serialize_ms + gather_ms + merge_ms + broadcast_ms + load_ms; }

@@ -13,6 +13,7 @@ namespace dbrq::distributed {
 namespace {
 
 constexpr int kNoticeTag = 7315;  // early-stop notices (notify_failure)
+constexpr int kDataTag = 7316;    // send / receive
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -176,6 +177,30 @@ std::vector<std::string> Comm::gather(const std::string& mine, int root, const s
   } else {
     bytes_sent_ += static_cast<int64_t>(mine.size());
   }
+  return out;
+}
+
+void Comm::send(const std::string& data, int to, const std::string& stage) {
+  const long long len = static_cast<long long>(data.size());
+  MPI_Request req;
+  check_mpi(MPI_Isend(&len, 1, MPI_LONG_LONG, to, kDataTag, MPI_COMM_WORLD, &req), "MPI_Isend");
+  wait(&req, stage);
+  check_mpi(MPI_Isend(data.data(), checked_count(data.size(), stage), MPI_CHAR, to, kDataTag, MPI_COMM_WORLD, &req),
+            "MPI_Isend");
+  wait(&req, stage);
+  bytes_sent_ += static_cast<int64_t>(data.size());
+}
+
+std::string Comm::receive(int from, const std::string& stage) {
+  long long len = 0;
+  MPI_Request req;
+  check_mpi(MPI_Irecv(&len, 1, MPI_LONG_LONG, from, kDataTag, MPI_COMM_WORLD, &req), "MPI_Irecv");
+  wait(&req, stage);
+  std::string out(static_cast<size_t>(len), '\0');
+  check_mpi(MPI_Irecv(out.data(), checked_count(out.size(), stage), MPI_CHAR, from, kDataTag, MPI_COMM_WORLD, &req),
+            "MPI_Irecv");
+  wait(&req, stage);
+  bytes_received_ += static_cast<int64_t>(out.size());
   return out;
 }
 

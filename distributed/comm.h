@@ -73,6 +73,9 @@ class Comm {
 
   // `root` receives every rank's bytes (its own included), in rank order; other ranks get {}.
   std::vector<std::string> gather(const std::string& mine, int root, const std::string& stage);
+  // Point to point (the tree reduction): bytes to / from one rank, with the same deadline.
+  void send(const std::string& data, int to, const std::string& stage);
+  std::string receive(int from, const std::string& stage);
   // Every rank receives root's `data` (ignored elsewhere).
   std::string broadcast(const std::string& data, int root, const std::string& stage);
 
@@ -84,7 +87,7 @@ class Comm {
   bool stop_requested();
   void finish_notices(const std::vector<RankStatus>& statuses);
 
-  // Bytes this rank sent and received through gather / broadcast.
+  // Bytes this rank sent and received through gather / broadcast / send / receive.
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
 

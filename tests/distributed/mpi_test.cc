@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -126,13 +127,16 @@ TEST(MpiCalibration, MinMaxResNet18FromFourRanksIsBitIdenticalToOneProcess) {
   expect_same_outputs(ref + ".rank0.bin", out, 4);
 }
 
-TEST(MpiCalibration, MinMaxDigitsFromTwoAndFourRanksIsBitIdenticalToOneProcess) {
+TEST(MpiCalibration, MinMaxDigitsFromTwoThreeAndFourRanksIsBitIdenticalToOneProcess) {
   const std::string ref = dbrq::testing::temp_path("digits_single.json");
   expect_ok(single(digits_args("minmax", ref)));
-  for (int np : {2, 4}) {
-    SCOPED_TRACE(np);
-    const std::string out = dbrq::testing::temp_path("digits_mpi" + std::to_string(np) + ".json");
-    expect_ok(mpirun(np, digits_args("minmax", out)).r);
+  // 3 ranks: a tree with an odd rank out; gather: the flat reduction.
+  for (const auto& [np, reduction] : std::vector<std::pair<int, std::string>>{{2, "tree"}, {3, "tree"}, {4, "tree"}, {4, "gather"}}) {
+    SCOPED_TRACE(std::to_string(np) + " ranks, " + reduction);
+    const std::string out = dbrq::testing::temp_path("digits_mpi" + std::to_string(np) + reduction + ".json");
+    std::vector<std::string> args = digits_args("minmax", out);
+    args.push_back("--reduction=" + reduction);
+    expect_ok(mpirun(np, args).r);
     EXPECT_EQ(dbrq::testing::read_file(out), dbrq::testing::read_file(ref));
     expect_same_outputs(ref + ".rank0.bin", out, np);
   }
@@ -213,5 +217,82 @@ TEST(MpiCalibration, AHungRankIsCaughtByTheTimeout) {
   EXPECT_THAT(t.r.err, HasSubstr("rank 0 of 2: calibration vote: no answer from every rank within 5 s"));
   EXPECT_FALSE(dbrq::testing::file_exists(out));
 }
+
+// ---- the command line tool: `mpirun -np N dbrq_mpi quantize ... --distributed` ----
+
+namespace cli {
+
+std::string dbrq() { return dbrq::testing::runfile("tools/cli/dbrq"); }
+std::string dbrq_mpi() { return dbrq::testing::runfile("tools/cli/dbrq_mpi"); }
+
+std::vector<std::string> quantize_args(const std::string& calib, const std::string& out) {
+  return {"quantize", "--model=small_cnn", "--weights=" + digits_weights(), "--calib=" + calib,
+          "--observer=minmax", "--batch_size=32", "--progress=never", "--out=" + out};
+}
+
+Timed mpirun_cli(int np, std::vector<std::string> args) {
+  std::vector<std::string> full = {"--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np), dbrq_mpi()};
+  full.insert(full.end(), args.begin(), args.end());
+  full.push_back("--distributed");
+  const auto t = std::chrono::steady_clock::now();
+  Timed out;
+  out.r = dbrq::testing::run_binary(DBRQ_MPIRUN, full, mpi_env());
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return out;
+}
+
+TEST(MpiCli, DistributedQuantizeWritesTheSameFileAsThePlainTool) {
+  const std::string ref = dbrq::testing::temp_path("cli_single.json");
+  const std::string out = dbrq::testing::temp_path("cli_mpi4.json");
+  expect_ok(dbrq::testing::run_binary(dbrq(), quantize_args(digits_calib(), ref), {{"OMP_NUM_THREADS", "1"}}));
+  const Timed t = mpirun_cli(4, quantize_args(digits_calib(), out));
+  expect_ok(t.r);
+  EXPECT_EQ(dbrq::testing::read_file(out), dbrq::testing::read_file(ref));
+  // One report (rank 0's), with the reduction's cost.
+  EXPECT_EQ(count(t.r.out, "saved:"), 1u) << t.r.out;
+  EXPECT_THAT(t.r.out, HasSubstr("reduction: "));
+  EXPECT_THAT(t.r.out, HasSubstr("\"ranks\": 4"));
+}
+
+TEST(MpiCli, AMissingShardFileFailsEveryRankNamingIt) {
+  // --calib with %r: one file per rank; rank 1's does not exist.
+  const std::string shard0 = dbrq::testing::temp_path("shard_0.safetensors");
+  {
+    std::ofstream f(shard0, std::ios::binary);
+    f << dbrq::testing::read_file(digits_calib());
+  }
+  const std::string pattern = shard0.substr(0, shard0.size() - std::string("0.safetensors").size()) + "%r.safetensors";
+  const std::string out = dbrq::testing::temp_path("cli_missing.json");
+  const Timed t = mpirun_cli(2, quantize_args(pattern, out));
+  EXPECT_NE(t.r.exit_code, 0);
+  EXPECT_LT(t.seconds, 30.0);
+  EXPECT_EQ(count(t.r.err, "dbrq quantize: error: distributed calibration failed on rank 1 of 2: prepare: IOError: "
+                           "--calib: "),
+            2u)
+      << t.r.err;
+  EXPECT_THAT(t.r.err, HasSubstr("shard_1.safetensors"));
+  EXPECT_THAT(t.r.err, HasSubstr("[DistributedError]"));
+  EXPECT_FALSE(dbrq::testing::file_exists(out));
+  EXPECT_FALSE(temp_file_left(out));
+}
+
+TEST(MpiCli, ThePlainToolRefusesDistributedAndSaysWhichBinaryToUse) {
+  std::vector<std::string> args = quantize_args(digits_calib(), dbrq::testing::temp_path("plain.json"));
+  args.push_back("--distributed");
+  const RunResult r = dbrq::testing::run_binary(dbrq(), args);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("dbrq quantize: --distributed needs the MPI build of dbrq"));
+  EXPECT_THAT(r.err, HasSubstr("//tools/cli:dbrq_mpi"));
+}
+
+TEST(MpiCli, MpiTimeoutWithoutDistributedIsAUsageError) {
+  std::vector<std::string> args = quantize_args(digits_calib(), dbrq::testing::temp_path("plain2.json"));
+  args.push_back("--mpi_timeout=5");
+  const RunResult r = dbrq::testing::run_binary(dbrq_mpi(), args);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--mpi_timeout needs --distributed"));
+}
+
+}  // namespace cli
 
 }  // namespace

@@ -8,7 +8,7 @@
 //              [--fail_rank=R]      rank R's data has the wrong shape: the model throws on it
 //              [--missing_rank=R]   rank R's shard file does not exist (an unreadable shard)
 //              [--hang_rank=R]      rank R never finishes calibrating (caught by --timeout)
-//              [--timeout=S]
+//              [--timeout=S] [--reduction=tree|gather]
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
     };
     dbrq::distributed::DistributedOptions options;
     options.save_path = out;
+    if (a.count("reduction") && a.at("reduction") == "gather") options.reduction = dbrq::distributed::Reduction::kGather;
     const dbrq::distributed::ReductionStats st = dbrq::distributed::calibrate(comm, replica, options);
     dbrq::convert(*model);
     write_outputs(job, *model, out + ".rank" + std::to_string(rank) + ".bin");

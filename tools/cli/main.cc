@@ -39,6 +39,9 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "dbrq.h"
+#ifdef DBRQ_WITH_MPI
+#include "distributed/calibrate.h"
+#endif
 #include "samples/demo/pipeline.h"
 #include "samples/zoo/zoo.h"
 
@@ -66,6 +69,10 @@ ABSL_FLAG(int32_t, iters, 50, "timed runs per model (after 3 warm-up runs)");
 ABSL_FLAG(int64_t, calib_batches, 4, "random batches to calibrate on when there is no --state");
 ABSL_FLAG(bool, include_stats, false,
           "also save observer statistics (histograms), so calibration can continue after loading");
+ABSL_FLAG(bool, distributed, false,
+          "calibrate across MPI ranks: run as `mpirun -np N dbrq_mpi quantize ... --distributed`; rank r of n "
+          "takes batches r, r+n, ...; a --calib path with %r is one shard file per rank (docs/distributed.md)");
+ABSL_FLAG(double, mpi_timeout, 600, "with --distributed: longest wait (seconds) for the other ranks at a collective");
 ABSL_FLAG(std::string, progress, "auto",
           "progress bar on stderr: auto (in place on a terminal, plain lines otherwise), always or never");
 ABSL_FLAG(std::string, log_level, "",
@@ -121,6 +128,7 @@ const std::map<std::string, std::string>& metavars() {
       {"iters", "N"},          {"calib_batches", "N"},
       {"include_stats", ""},   {"progress", "auto|always|never"},
       {"log_level", "LEVEL"},
+      {"distributed", ""},     {"mpi_timeout", "SECONDS"},
   };
   return *m;
 }
@@ -163,10 +171,13 @@ const std::vector<Command>& commands() {
                       {"batches"},
                       {"batch_size", false, "", "32"},
                       {"include_stats"},
-                      {"progress"}}),
+                      {"progress"},
+                      {"distributed"},
+                      {"mpi_timeout"}}),
               common_flags()),
        "dbrq quantize --model=small_cnn --weights=samples/data/digits_small_cnn.safetensors \\\n"
-       "      --calib=samples/data/digits_calib.safetensors --out=out/digits.qstate.json",
+       "      --calib=samples/data/digits_calib.safetensors --out=out/digits.qstate.json\n"
+       "mpirun -np 4 dbrq_mpi quantize ... --distributed   (the MPI build: //tools/cli:dbrq_mpi)",
        run_quantize},
       {"eval", "compare a quantized model with fp32: accuracy, or SQNR without labels",
        "dbrq eval --model=NAME --state=STATE.json --data=DATA.safetensors [flags]",
@@ -345,6 +356,17 @@ void validate_flags(const Command& c) {
   if (absl::GetFlag(FLAGS_threads) < 0) usage_error("--threads must be >= 0 (0: one per core)");
   if (absl::GetFlag(FLAGS_iters) < 1) usage_error("--iters must be >= 1");
   if (absl::GetFlag(FLAGS_calib_batches) < 1) usage_error("--calib_batches must be >= 1");
+  if (!(absl::GetFlag(FLAGS_mpi_timeout) > 0)) usage_error("--mpi_timeout must be > 0 seconds");
+  if (g_set_flags.count("mpi_timeout") && !absl::GetFlag(FLAGS_distributed)) {
+    usage_error("--mpi_timeout needs --distributed");
+  }
+#ifndef DBRQ_WITH_MPI
+  if (absl::GetFlag(FLAGS_distributed)) {
+    usage_error(
+        "--distributed needs the MPI build of dbrq: install OpenMPI (tools/setup.sh), bazel build -c opt "
+        "//tools/cli:dbrq_mpi, then: mpirun -np N bazel-bin/tools/cli/dbrq_mpi quantize ... --distributed");
+  }
+#endif
 }
 
 // ---- shared steps ----
@@ -435,7 +457,14 @@ std::shared_ptr<dbrq::nn::Module> quantized_from_state(const Setup& s, const dbr
 
 // ---- subcommands ----
 
+#ifdef DBRQ_WITH_MPI
+int run_quantize_distributed();
+#endif
+
 int run_quantize() {
+#ifdef DBRQ_WITH_MPI
+  if (absl::GetFlag(FLAGS_distributed)) return run_quantize_distributed();
+#endif
   check_output_path("out", path_flag(FLAGS_out));
   Setup s = build_model();
   const pipeline::Dataset calib = load_data("calib", FLAGS_calib, s);
@@ -453,6 +482,88 @@ int run_quantize() {
   std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << "\n";
   return kExitOk;
 }
+
+#ifdef DBRQ_WITH_MPI
+std::string one_line(std::string s);
+std::string error_kind(const std::exception& e);
+
+// `mpirun -np N dbrq_mpi quantize ... --distributed` (docs/distributed.md): every rank builds the
+// model, loads its data and prepares on the first batch; rank r calibrates batches r, r+n, ...
+// (or every batch of its own file when --calib contains %r); rank 0 merges, saves once. Errors
+// are printed here, by every rank, before MPI_Finalize: a rank exiting non-zero makes mpirun end
+// the others, which must have printed by then.
+int run_quantize_distributed() {
+  dbrq::distributed::MpiSession mpi(nullptr, nullptr);
+  int exit_code = kExitOk;
+  int rank = 0;
+  try {
+    dbrq::distributed::Comm comm(absl::GetFlag(FLAGS_mpi_timeout));
+    rank = comm.rank();
+    if (rank != 0) std::cout.setstate(std::ios::failbit);  // one report, from rank 0
+    check_output_path("out", path_flag(FLAGS_out));
+    const std::string calib_flag = absl::GetFlag(FLAGS_calib);
+    const bool presharded = calib_flag.find("%r") != std::string::npos;
+    const pipeline::RunOptions opts = data_run_options();
+    Setup s;
+    pipeline::Dataset calib;
+    int64_t batches = 0;
+    dbrq::distributed::Replica replica;
+    replica.prepare = [&]() -> dbrq::nn::Module& {
+      s = build_model();
+      const std::string path = absl::StrReplaceAll(calib_flag, {{"%r", std::to_string(rank)}});
+      calib = for_flag("calib", [&] {
+        pipeline::Dataset d = pipeline::load_dataset(pipeline::resolve_user_path(path));
+        pipeline::check_dataset_fits(d, *s.spec, s.variant);
+        return d;
+      });
+      std::cout << "calib:     " << calib_flag << ": " << pipeline::describe(calib) << "\n";
+      batches = calib.num_batches(opts.batch_size, opts.max_batches);
+      dbrq::prepare(*s.model, {calib.input_batch(0, opts.batch_size)},
+                    pipeline::qconfig_mapping_for(absl::GetFlag(FLAGS_observer)));
+      return *s.model;
+    };
+    int64_t done = 0;
+    replica.calibrate = [&](dbrq::nn::Module& m, dbrq::distributed::Shard& shard) {
+      std::vector<int64_t> mine;  // a shard file per rank: all of it; one shared file: batches r, r+n, ...
+      if (presharded) {
+        for (int64_t b = 0; b < batches; ++b) mine.push_back(b);
+      } else {
+        mine = shard.items(batches);
+      }
+      for (int64_t b : mine) {
+        if (shard.stop_requested()) return;
+        s.spec->run(m, calib.input_batch(b, opts.batch_size));
+        ++done;
+      }
+    };
+    dbrq::distributed::DistributedOptions options;
+    options.save_path = path_flag(FLAGS_out);
+    options.save_options.include_observer_stats = absl::GetFlag(FLAGS_include_stats);
+    const dbrq::distributed::ReductionStats st = dbrq::distributed::calibrate(comm, replica, options);
+    std::cout << absl::StrFormat("calibrated: %d ranks, %d batches on rank 0 in %s\n", comm.size(), done,
+                                 format_ms(st.calibrate_ms))
+              << absl::StrFormat("reduction: %d bytes of statistics gathered, %d bytes of parameters broadcast, "
+                                 "%s (gather %s, merge %s, broadcast %s)\n",
+                                 st.gathered_bytes, st.broadcast_bytes, format_ms(st.reduction_ms()),
+                                 format_ms(st.gather_ms), format_ms(st.merge_ms), format_ms(st.broadcast_ms))
+              << "saved:     " << absl::GetFlag(FLAGS_out) << "\n"
+              << absl::StrFormat(  // for scripts (bench/distributed_calibration.py)
+                     "timing: {\"ranks\": %d, \"batches_rank0\": %d, \"prepare_ms\": %.3f, \"calibrate_ms\": %.3f, "
+                     "\"vote_ms\": %.3f, \"reduction_ms\": %.3f, \"gather_ms\": %.3f, \"merge_ms\": %.3f, "
+                     "\"broadcast_ms\": %.3f, \"save_ms\": %.3f, \"gathered_bytes\": %d, \"broadcast_bytes\": %d}\n",
+                     comm.size(), done, st.prepare_ms, st.calibrate_ms, st.vote_ms, st.reduction_ms(), st.gather_ms,
+                     st.merge_ms, st.broadcast_ms, st.save_ms, st.gathered_bytes, st.broadcast_bytes);
+  } catch (const std::exception& e) {
+    const std::string line =
+        absl::StrCat("dbrq quantize: error: ", one_line(e.what()), " [", error_kind(e), "]\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: every rank shares the pipe
+    std::fflush(stderr);
+    exit_code = kExitFailure;
+  }
+  std::cout.clear();
+  return exit_code;
+}
+#endif
 
 int run_eval() {
   Setup s = build_model();
