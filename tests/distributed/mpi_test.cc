@@ -206,6 +206,15 @@ TEST(MpiCalibration, AnUnreadableShardFailsEveryRankWithItsMessage) {
   expect_every_rank_failed(t, 2, out, "distributed calibration failed on rank 1 of 2: prepare: IOError: ");
 }
 
+TEST(MpiCalibration, RankZeroFailingToWriteFailsEveryRankAndLeavesNoFile) {
+  const std::string dir = dbrq::testing::temp_path("no_such_dir");
+  const std::string out = dir + "/state.json";
+  const Timed t = mpirun(2, resnet_args("minmax", out));
+  EXPECT_NE(t.r.exit_code, 0);
+  EXPECT_EQ(count(t.r.err, "distributed calibration failed on rank 0 of 2: save: IOError: cannot open"), 2u) << t.r.err;
+  EXPECT_FALSE(dbrq::testing::file_exists(dir));
+}
+
 TEST(MpiCalibration, AHungRankIsCaughtByTheTimeout) {
   const std::string out = dbrq::testing::temp_path("hang.json");
   std::vector<std::string> args = resnet_args("minmax", out);

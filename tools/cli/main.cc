@@ -7,6 +7,8 @@
 //                 --out=report.html --csv=report.csv   (one command line)
 //   dbrq bench    --model=resnet18 --batch_size=1 --threads=2 --iters=50
 //   dbrq quantize --help
+//   mpirun -np 4 dbrq_mpi quantize ... --distributed   (//tools/cli:dbrq_mpi: this file with MPI,
+//                                                       docs/distributed.md)
 //
 // Exit codes: 0 success; 2 usage error (unknown subcommand or flag, missing or invalid flag value);
 // 1 failure (missing file, weights or state that do not fit the model, ...). Errors are one line
