@@ -177,6 +177,37 @@ size_t count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+TEST(MpiCalibration, PercentileDigitsFromFourRanksWithinOnePercentOfOneProcess) {
+  const std::string ref = dbrq::testing::temp_path("digits_pct_single.json");
+  const std::string out = dbrq::testing::temp_path("digits_pct_mpi4.json");
+  expect_histogram_within_one_percent(digits_args("percentile", ref), ref, digits_args("percentile", out), out, 4);
+}
+
+TEST(MpiCalibration, EntropyDigitsFromTwoRanksWithinOnePercentOfOneProcess) {
+  const std::string ref = dbrq::testing::temp_path("digits_ent_single.json");
+  const std::string out = dbrq::testing::temp_path("digits_ent_mpi2.json");
+  expect_histogram_within_one_percent(digits_args("entropy", ref), ref, digits_args("entropy", out), out, 2);
+}
+
+// Even items take one branch, odd items the other: with 2 ranks each rank sees one branch only.
+// Rank 0's merged state must hold both (else its convert would run rank 1's branch in fp32 and
+// count it), rank 1 gets both through the broadcast, and the file equals one process's.
+TEST(MpiCalibration, BranchesSeenOnDifferentRanksAreUnited) {
+  const std::string ref = dbrq::testing::temp_path("if_else_single.json");
+  const std::string out = dbrq::testing::temp_path("if_else_mpi2.json");
+  auto args = [](const std::string& o) {
+    return std::vector<std::string>{"--model=if_else", "--observer=minmax", "--items=6", "--batch=2", "--out=" + o};
+  };
+  expect_ok(single(args(ref)));
+  expect_ok(mpirun(2, args(out)).r);
+  EXPECT_EQ(dbrq::testing::read_file(ref + ".rank0.bin.uncalibrated"), "0");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(dbrq::testing::read_file(out + ".rank" + std::to_string(r) + ".bin.uncalibrated"), "0") << "rank " << r;
+  }
+  EXPECT_EQ(dbrq::testing::read_file(out), dbrq::testing::read_file(ref));
+  expect_same_outputs(ref + ".rank0.bin", out, 2);
+}
+
 // Every rank printed one error naming `needle` (counted in the whole stream: ranks write to one
 // pipe, so their lines may interleave); nothing was written.
 void expect_every_rank_failed(const Timed& t, int np, const std::string& out, const std::string& needle) {

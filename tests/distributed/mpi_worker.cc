@@ -3,12 +3,15 @@
 // quant state, converts, and writes the converted model's output on fixed inputs to
 // OUT.rank<r>.bin so the test can check that every rank converted identically.
 //
-//   mpi_worker --model=small_cnn|resnet18 --observer=minmax|histogram --items=N --batch=B
+//   mpi_worker --model=small_cnn|resnet18|if_else --observer=minmax|histogram --items=N --batch=B
 //              --out=STATE.json [--single] [--digits=DATA.safetensors --weights=W.safetensors]
 //              [--fail_rank=R]      rank R's data has the wrong shape: the model throws on it
 //              [--missing_rank=R]   rank R's shard file does not exist (an unreadable shard)
 //              [--hang_rank=R]      rank R never finishes calibrating (caught by --timeout)
 //              [--timeout=S] [--reduction=tree|gather]
+// if_else (tests/quant/control_flow_models.h) branches on the input's mean: item i has a positive
+// mean for even i, a negative one for odd i, so with 2 ranks each rank sees only one branch.
+// OUT.uncalibrated.rank<r> then holds dbrq::uncalibrated_ops after running both branches.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +24,7 @@
 #include "distributed/calibrate.h"
 #include "samples/demo/pipeline.h"
 #include "samples/zoo/zoo.h"
+#include "tests/quant/control_flow_models.h"
 
 namespace {
 
@@ -40,6 +44,26 @@ int flag_int(const std::map<std::string, std::string>& a, const std::string& k, 
   return it == a.end() ? def : std::stoi(it->second);
 }
 
+// The zoo's interface for a model that is not in the zoo.
+const zoo::ModelSpec& if_else_spec() {
+  static const zoo::ModelSpec* spec = [] {
+    auto* s = new zoo::ModelSpec(zoo::find_model("small_cnn"));
+    s->name = "if_else";
+    s->make = [](zoo::Variant) -> std::shared_ptr<dbrq::nn::Module> {
+      dbrq::manual_seed(11);
+      return std::make_shared<dbrq::control_flow_models::IfElse>();
+    };
+    s->example_input = [](zoo::Variant, int64_t batch, uint64_t seed) {
+      return dbrq::control_flow_models::signed_input({batch, 3, 6, 6}, seed, seed % 2 == 0 ? 1.0 : -1.0);
+    };
+    s->run = [](dbrq::nn::Module& m, const dbrq::Tensor& x) {
+      return (*static_cast<dbrq::control_flow_models::IfElse*>(&m))(x);
+    };
+    return s;
+  }();
+  return *spec;
+}
+
 struct Job {
   const zoo::ModelSpec* spec = nullptr;
   zoo::Variant variant = zoo::Variant::kTiny;
@@ -51,18 +75,22 @@ struct Job {
 
   dbrq::Tensor input(int64_t i) const {
     if (have_digits) return digits.input_batch(i, batch);
-    return spec->example_input(variant, batch, static_cast<uint64_t>(1000 + i));
+    return spec->example_input(variant, batch, static_cast<uint64_t>(1000 + i));  // if_else: sign of i
   }
-  std::shared_ptr<dbrq::nn::Module> build() const { return pipeline::build_model(*spec, variant, weights, 7); }
+  std::shared_ptr<dbrq::nn::Module> build() const {
+    if (spec->name == "if_else") return spec->make(variant);
+    return pipeline::build_model(*spec, variant, weights, 7);
+  }
 };
 
 void write_outputs(const Job& job, dbrq::nn::Module& model, const std::string& path) {
   std::ofstream f(path, std::ios::binary);
-  for (int64_t i = 0; i < 2; ++i) {
+  for (int64_t i = 0; i < 2; ++i) {  // items 0 and 1: both branches of if_else
     const dbrq::Tensor y = job.spec->run(model, job.input(i)).contiguous();
     const std::vector<float> v = y.to_vector<float>();
     f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
   }
+  std::ofstream(path + ".uncalibrated") << dbrq::uncalibrated_ops(model);
 }
 
 }  // namespace
@@ -70,7 +98,7 @@ void write_outputs(const Job& job, dbrq::nn::Module& model, const std::string& p
 int main(int argc, char** argv) {
   const auto a = parse(argc, argv);
   Job job;
-  job.spec = &zoo::find_model(a.at("model"));
+  job.spec = a.at("model") == "if_else" ? &if_else_spec() : &zoo::find_model(a.at("model"));
   job.batch = flag_int(a, "batch", 4);
   job.items = flag_int(a, "items", 8);
   if (a.count("digits")) {
