@@ -246,6 +246,18 @@ TEST(MpiCalibration, RankZeroFailingToWriteFailsEveryRankAndLeavesNoFile) {
   EXPECT_FALSE(dbrq::testing::file_exists(dir));
 }
 
+TEST(MpiCalibration, ARankThatDiesEndsTheJobWithoutAFile) {
+  const std::string out = dbrq::testing::temp_path("dies.json");
+  std::vector<std::string> args = resnet_args("minmax", out);
+  args.push_back("--die_rank=1");
+  args.push_back("--timeout=20");
+  const Timed t = mpirun(2, args);
+  EXPECT_NE(t.r.exit_code, 0);
+  EXPECT_LT(t.seconds, 30.0);
+  EXPECT_FALSE(dbrq::testing::file_exists(out));
+  EXPECT_FALSE(temp_file_left(out));
+}
+
 TEST(MpiCalibration, AHungRankIsCaughtByTheTimeout) {
   const std::string out = dbrq::testing::temp_path("hang.json");
   std::vector<std::string> args = resnet_args("minmax", out);

@@ -8,12 +8,14 @@
 //              [--fail_rank=R]      rank R's data has the wrong shape: the model throws on it
 //              [--missing_rank=R]   rank R's shard file does not exist (an unreadable shard)
 //              [--hang_rank=R]      rank R never finishes calibrating (caught by --timeout)
+//              [--die_rank=R]       rank R exits (code 7) without MPI_Finalize while calibrating
 //              [--timeout=S] [--reduction=tree|gather]
 // if_else (tests/quant/control_flow_models.h) branches on the input's mean: item i has a positive
 // mean for even i, a negative one for odd i, so with 2 ranks each rank sees only one branch.
 // OUT.uncalibrated.rank<r> then holds dbrq::uncalibrated_ops after running both branches.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
     replica.calibrate = [&](dbrq::nn::Module& m, dbrq::distributed::Shard& shard) {
       for (int64_t i : shard.items(job.items)) {
         if (shard.stop_requested()) return;
+        if (flag_int(a, "die_rank", -1) == rank) std::_Exit(7);
         if (flag_int(a, "hang_rank", -1) == rank) {
           for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
         }
