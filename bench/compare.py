@@ -25,8 +25,7 @@ import time
 import torch
 
 import torch_models as tm
-
-MALLOC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+from dbrq_server import MALLOC_ENV, DbrqServer
 
 
 def log(*a):
@@ -120,32 +119,6 @@ class BusyMonitor:
 
 # ---------------------------------------------------------------------------------------------
 # the two sides
-
-
-class DbrqServer:
-    def __init__(self, path):
-        env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}  # dbrq runs with defaults
-        self.p = subprocess.Popen([path, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                  text=True, bufsize=1)
-
-    def call(self, **cmd):
-        self.p.stdin.write(json.dumps(cmd) + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"dbrq_bench exited (command {cmd})")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise RuntimeError(f"dbrq_bench: {reply.get('error')} (command {cmd})")
-        return reply
-
-    def close(self):
-        try:
-            self.p.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-            self.p.stdin.close()
-            self.p.wait(timeout=30)
-        except Exception:
-            self.p.kill()
 
 
 class DbrqSide:

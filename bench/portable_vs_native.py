@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The portable build (--config=portable: x86-64-v2, run-time kernel dispatch) against the default
--march=native build, same run.
+"""The default build (x86-64-v2 baseline, run-time kernel dispatch) against --config=native
+(-march=native), same run.
 
 Usage: bench/portable_vs_native.sh [--rounds=N] [--iters=N]   (builds both, then runs this)
 
@@ -12,32 +12,9 @@ within 3%, i.e. <= 1.03), and a last line with every ratio as JSON.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 
-
-class Server:
-    def __init__(self, path):
-        self.p = subprocess.Popen([path, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  bufsize=1)
-
-    def call(self, **cmd):
-        self.p.stdin.write(json.dumps(cmd) + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"dbrq_bench exited (command {cmd})")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise RuntimeError(f"dbrq_bench: {reply.get('error')} (command {cmd})")
-        return reply
-
-    def close(self):
-        try:
-            self.call(cmd="quit")
-        except Exception:
-            pass
-        self.p.kill()
+from dbrq_server import DbrqServer
 
 
 CASES = [
@@ -54,7 +31,7 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    sides = {"portable": Server(args.portable), "native": Server(args.native)}
+    sides = {"portable": DbrqServer(args.portable), "native": DbrqServer(args.native)}
     ratios = {}
     print(f"{'case':34s} {'portable':>11s} {'native':>11s} {'ratio':>7s}")
     try:

@@ -246,7 +246,11 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
         for (int64_t y = h0; y < h1; ++y) {
           for (int64_t z = w0; z < w1; ++z) {
             const uint8_t* px = src + b * sn + y * sh + z * sw;
-            for (int64_t ch = 0; ch < c; ++ch) acc[static_cast<size_t>(ch)] += px[ch * sc];
+            if (sc == 1) {
+              simd::accumulate_u8(px, acc.data(), c);
+            } else {
+              for (int64_t ch = 0; ch < c; ++ch) acc[static_cast<size_t>(ch)] += px[ch * sc];
+            }
           }
         }
         uint8_t* o = out + b * dn + i * dh + j * dw;

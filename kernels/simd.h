@@ -133,6 +133,15 @@ DBRQ_TARGET_AVX512 inline int64_t qadd_u8(const uint8_t* a, const uint8_t* b, ui
   return i;
 }
 
+DBRQ_TARGET_AVX512 inline int64_t accumulate_u8(const uint8_t* in, int32_t* acc, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm512_storeu_si512(acc + i, _mm512_add_epi32(_mm512_loadu_si512(acc + i), v));
+  }
+  return i;
+}
+
 }  // namespace avx512
 #pragma GCC diagnostic pop
 #endif
@@ -192,6 +201,15 @@ inline void qadd_u8(const uint8_t* a, const uint8_t* b, uint8_t* out, int64_t n,
   if (use_avx512()) i = avx512::qadd_u8(a, b, out, n, sa, pa, sb, pb, relu, inv, zp);
 #endif
   for (; i < n; ++i) out[i] = qadd_one(a[i], b[i], sa, pa, sb, pb, relu, inv, zp);
+}
+
+// acc[i] += in[i] (window sums of pooling; exact in s32).
+inline void accumulate_u8(const uint8_t* in, int32_t* acc, int64_t n) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::accumulate_u8(in, acc, n);
+#endif
+  for (; i < n; ++i) acc[i] += in[i];
 }
 
 // out[i] = lut[in[i]]

@@ -126,5 +126,25 @@ TEST_F(SimdDispatch, QuantizedAddIsBitIdentical) {
   }
 }
 
+TEST_F(SimdDispatch, AccumulateIsBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t n : lengths_) {
+    std::vector<uint8_t> x(static_cast<size_t>(n));
+    for (auto& v : x) v = static_cast<uint8_t>(byte(rng_));
+    // Start from large and negative sums (the zero-point offset of a pooling window).
+    std::vector<int32_t> a(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i)] = static_cast<int32_t>(i * 7919 % 100003) - 50000;
+    std::vector<int32_t> b = a;
+    ref = a;
+    for (int64_t i = 0; i < n; ++i) ref[static_cast<size_t>(i)] += x[static_cast<size_t>(i)];
+    force_portable(false);
+    accumulate_u8(x.data(), a.data(), n);
+    force_portable(true);
+    accumulate_u8(x.data(), b.data(), n);
+    EXPECT_EQ(a, ref) << "n=" << n;
+    EXPECT_EQ(b, ref) << "n=" << n;
+  }
+}
+
 }  // namespace
 }  // namespace dbrq::kernels::simd
