@@ -32,6 +32,8 @@
 #include "runtime/nn.h"
 #include "runtime/ops.h"
 #include "runtime/safetensors.h"
+#include "tracer/autotune.h"
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
+#include "tracer/precision.h"
 #include "tracer/quantize.h"

@@ -160,14 +160,22 @@ AutoQuantizationState::AutoQuantizationState(std::string fqn, std::string type_n
   for (size_t k = 0; k < functional_qconfig_.size(); ++k) {
     const auto kind = static_cast<OpKind>(k);
     functional_qconfig_[k] = model_->mapping().for_op(kind, type_name_, fqn_);
-    functional_seen_[k] = functional_qconfig_[k] != nullptr && model_->seen_kind(kind);
+    functional_seen_[k] = functional_qconfig_[k] != nullptr && !functional_qconfig_[k]->is_bf16() && model_->seen_kind(kind);
   }
 }
 
 QConfigPtr AutoQuantizationState::seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const {
-  if (leaf != nullptr) return model_->seen_kind(kind) ? leaf->qconfig() : nullptr;
+  if (leaf != nullptr) {
+    return model_->seen_kind(kind) && leaf->qconfig() != nullptr && !leaf->qconfig()->is_bf16() ? leaf->qconfig()
+                                                                                                 : nullptr;
+  }
   const size_t k = static_cast<size_t>(kind);
   return functional_seen_[k] ? functional_qconfig_[k] : nullptr;
+}
+
+bool AutoQuantizationState::bf16_op(OpKind kind, const LeafQuantInfo* leaf) const {
+  const QConfigPtr& q = leaf != nullptr ? leaf->qconfig() : functional_qconfig_[static_cast<size_t>(kind)];
+  return q != nullptr && q->is_bf16();
 }
 
 namespace {

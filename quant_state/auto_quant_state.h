@@ -325,6 +325,8 @@ class AutoQuantizationState : public nn::ModuleExtension {
   // Whether an op of `kind` run directly by this module (leaf == nullptr) or by the layer `leaf`
   // is a seen op: recorded and handled by convert. Returns its qconfig (null: not seen).
   QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const;
+  // Whether the mapping marks the op QConfig::bf16() (it is then not a seen op: f32 boundaries).
+  bool bf16_op(OpKind kind, const LeafQuantInfo* leaf) const;
 
   bool recorded() const { return recorded_; }
   void set_recorded(bool on = true) { recorded_ = on; }

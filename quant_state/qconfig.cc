@@ -18,7 +18,14 @@ QConfigPtr QConfig::make(ObserverSpec activation, ObserverSpec weight) {
   return q;
 }
 
+QConfigPtr QConfig::bf16() {
+  auto q = std::make_shared<QConfig>();
+  q->use_bf16 = true;
+  return q;
+}
+
 std::string QConfig::to_string() const {
+  if (use_bf16) return "QConfig(bf16)";
   return absl::StrCat("QConfig(activation=", activation.to_string(), ", weight=", weight.to_string(), ")");
 }
 

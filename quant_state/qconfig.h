@@ -33,10 +33,21 @@ struct QConfig {
   ObserverSpec activation;
   ObserverSpec weight;
 
+  // Not int8 at all: the op keeps f32 tensors at its boundaries and, after convert, computes in
+  // bf16 on oneDNN's bf16 primitives when the CPU has AVX512_BF16 (dbrq::bf16_supported()), in fp32
+  // otherwise. conv2d, linear and matmul have bf16 kernels; other ops under this marker run fp32.
+  // Set it like a null QConfig: per op type, layer type or module (docs/autotune.md).
+  bool use_bf16 = false;
+
   static std::shared_ptr<const QConfig> make(ObserverSpec activation, ObserverSpec weight);
+  // The bf16 marker ("QConfig(bf16)").
+  static std::shared_ptr<const QConfig> bf16();
+  bool is_bf16() const { return use_bf16; }
   // Dynamic quantization: activation parameters computed from each call's data.
   bool is_dynamic() const { return activation.kind == ObserverKind::kPlaceholder; }
-  bool operator==(const QConfig& o) const { return activation == o.activation && weight == o.weight; }
+  bool operator==(const QConfig& o) const {
+    return use_bf16 == o.use_bf16 && activation == o.activation && weight == o.weight;
+  }
   std::string to_string() const;
 };
 using QConfigPtr = std::shared_ptr<const QConfig>;
@@ -73,6 +84,9 @@ class QConfigMapping {
   void validate(nn::Module& model) const;
 
   QConfigPtr global() const { return global_; }
+  const std::vector<std::pair<std::string, QConfigPtr>>& object_types() const { return object_types_; }
+  const std::vector<std::pair<OpKind, QConfigPtr>>& op_types() const { return op_types_; }
+  const std::vector<std::pair<std::string, QConfigPtr>>& module_name_regexes() const { return regexes_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& module_names() const { return module_names_; }
   std::string to_string() const;
 
@@ -92,6 +106,19 @@ class QConfigMapping {
 QConfigMapping default_qconfig_mapping(const std::string& backend = "onednn");
 // Dynamic quantization of linear and matmul only; everything else fp32.
 QConfigMapping default_dynamic_qconfig_mapping();
+
+// A QConfigMapping as a JSON document (format "dbrq.qconfig_mapping", version 1): global, object
+// types (layer classes and functional ops by name), module-name regexes and module names in their
+// order, each QConfig as null (fp32), "bf16" (QConfig::bf16()) or its two observer specs. The
+// document written for a mapping reads back into an equal mapping (same entries, same qconfigs),
+// so a tuned mapping can be shipped next to its quant-state file: prepare needs it to build the
+// same observers. Reading throws FileFormatError naming `source` for anything malformed.
+// (Defined in quant_state/serialization.cc.)
+std::string qconfig_mapping_to_json(const QConfigMapping& mapping);
+QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::string& source = "<string>");
+// The same through files; IOError when unreadable / unwritable.
+void save_qconfig_mapping(const QConfigMapping& mapping, const std::string& path);
+QConfigMapping load_qconfig_mapping(const std::string& path);
 
 // One supported input/weight/output dtype combination.
 struct DTypeConfig {

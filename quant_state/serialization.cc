@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <cerrno>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -1226,6 +1228,122 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   for (size_t g = 0; g < own.records.size(); ++g) own_of[g] = static_cast<int>(g);
   for (size_t g = 0; g < rep.records.size(); ++g) rep_of[static_cast<size_t>(rep_to_merged[g])] = static_cast<int>(g);
   restore_observers(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// QConfigMapping documents.
+
+namespace {
+
+constexpr const char* kMappingFormat = "dbrq.qconfig_mapping";
+
+json qconfig_to_json(const QConfigPtr& q) {
+  if (q == nullptr) return nullptr;
+  if (q->is_bf16()) return "bf16";
+  return json{{"activation", spec_to_json(q->activation)}, {"weight", spec_to_json(q->weight)}};
+}
+
+QConfigPtr qconfig_from_json(const json& j) {
+  if (j.is_null()) return nullptr;
+  if (j.is_string()) {
+    if (j.get<std::string>() == "bf16") return QConfig::bf16();
+    throw WrongType(absl::StrCat("a qconfig must be null, \"bf16\" or an object, got ", excerpt(j)));
+  }
+  if (!j.is_object()) throw WrongType(absl::StrCat("a qconfig must be null, \"bf16\" or an object, got ", excerpt(j)));
+  return QConfig::make(spec_from_json(j.at("activation")), spec_from_json(j.at("weight")));
+}
+
+json named_list(const std::vector<std::pair<std::string, QConfigPtr>>& list) {
+  json a = json::array();
+  for (const auto& [name, q] : list) a.push_back(json{{"name", name}, {"qconfig", qconfig_to_json(q)}});
+  return a;
+}
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  DBRQ_ENSURE(f != nullptr, IOError, "cannot open ", what, " ", path, ": ", std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  DBRQ_ENSURE(!failed, IOError, "cannot read ", what, " ", path);
+  return text;
+}
+
+}  // namespace
+
+std::string qconfig_mapping_to_json(const QConfigMapping& mapping) {
+  json doc;
+  doc["format"] = kMappingFormat;
+  doc["version"] = 1;
+  doc["global"] = qconfig_to_json(mapping.global());
+  doc["object_types"] = named_list(mapping.object_types());
+  json ops = json::array();
+  for (const auto& [kind, q] : mapping.op_types()) ops.push_back(json{{"op", op_name(kind)}, {"qconfig", qconfig_to_json(q)}});
+  doc["op_types"] = ops;
+  doc["module_name_regexes"] = named_list(mapping.module_name_regexes());
+  doc["module_names"] = named_list(mapping.module_names());
+  return doc.dump(1);
+}
+
+QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::string& source) {
+  const std::string where = absl::StrCat("qconfig mapping ", source);
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    DBRQ_THROW(FileFormatError, where, " is not valid JSON: ", e.what());
+  }
+  try {
+    DBRQ_ENSURE(doc.is_object() && doc.contains("format") && doc.at("format") == kMappingFormat, FileFormatError,
+                where, " is not a dbrq qconfig mapping (no \"format\": \"", kMappingFormat, "\")");
+    const int64_t version = get_integer<int64_t>(doc.at("version"), "version");
+    DBRQ_ENSURE(version == 1, FileFormatError, where, " has version ", version, "; this dbrq reads version 1");
+    QConfigMapping m;
+    m.set_global(qconfig_from_json(doc.at("global")));
+    for (const json& e : get_array(doc.at("object_types"), "object_types")) {
+      m.set_object_type(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
+    }
+    for (const json& e : get_array(doc.at("op_types"), "op_types")) {
+      const std::string name = e.at("op").get<std::string>();
+      OpKind kind = OpKind::kNumOpKinds;
+      for (size_t k = 0; k < static_cast<size_t>(OpKind::kNumOpKinds); ++k) {
+        if (name == op_name(static_cast<OpKind>(k))) kind = static_cast<OpKind>(k);
+      }
+      DBRQ_ENSURE(kind != OpKind::kNumOpKinds, FileFormatError, where, ": unknown op \"", name, "\" in op_types");
+      m.set_object_type(kind, qconfig_from_json(e.at("qconfig")));
+    }
+    for (const json& e : get_array(doc.at("module_name_regexes"), "module_name_regexes")) {
+      m.set_module_name_regex(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
+    }
+    for (const json& e : get_array(doc.at("module_names"), "module_names")) {
+      m.set_module_name(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
+    }
+    return m;
+  } catch (const FileFormatError&) {
+    throw;
+  } catch (const json::exception& e) {
+    DBRQ_THROW(FileFormatError, where, " is malformed: ", e.what());
+  } catch (const WrongType& e) {
+    DBRQ_THROW(FileFormatError, where, " is malformed: ", e.what());
+  } catch (const Error& e) {
+    DBRQ_THROW(FileFormatError, where, " has an invalid value: ", e.what());
+  }
+}
+
+void save_qconfig_mapping(const QConfigMapping& mapping, const std::string& path) {
+  const std::string text = qconfig_mapping_to_json(mapping);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  DBRQ_ENSURE(f != nullptr, IOError, "cannot write qconfig mapping ", path, ": ", std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  DBRQ_ENSURE(ok && closed, IOError, "cannot write qconfig mapping ", path);
+}
+
+QConfigMapping load_qconfig_mapping(const std::string& path) {
+  return qconfig_mapping_from_json(read_whole_file(path, "qconfig mapping"), path);
 }
 
 }  // namespace dbrq

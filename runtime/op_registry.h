@@ -121,6 +121,9 @@ struct OpDef {
   OpFn run = nullptr;                  // the eager kernel of the functional form
   int num_activation_inputs = -1;      // leading activation inputs; weights / statistics follow (-1: all)
   SizesFn infer_sizes = nullptr;       // shape rule: output sizes from the inputs, where they follow
+  // bf16 arithmetic with f32 boundaries (kernels/bf16.h), for an op a QConfig::bf16() marker keeps
+  // out of int8 on a CPU with AVX512_BF16; null: such an op runs fp32.
+  OpFn bf16_run = nullptr;
 
   // ---- elementwise activations ----
   // The op as a oneDNN eltwise step: its eager kernel, its post-op when fused, and (through

@@ -5,6 +5,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "core/logging.h"
+#include "kernels/bf16.h"
+#include "tracer/precision.h"
 #include "runtime/ops.h"
 
 namespace dbrq::tracer {
@@ -99,6 +101,14 @@ Tensor run_fp32(const OpCall& call) {
   OpCall c = call;
   c.inputs = absl::MakeConstSpan(ptrs);
   return c.run(c);
+}
+
+Tensor run_bf16(const OpCall& call) {
+  const OpFn bf16 = op_def(call.kind).bf16_run;
+  if (bf16 == nullptr || !kernels::bf16_available()) return run_fp32(call);
+  OpCall c = call;
+  c.run = bf16;
+  return run_fp32(c);  // int8 arguments dequantized, then the bf16 kernel
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,3 +346,8 @@ std::string ChannelAffineExec::describe() const {
 }
 
 }  // namespace dbrq::tracer
+
+namespace dbrq {
+bool bf16_supported() { return kernels::bf16_available(); }
+void force_bf16_fallback(bool on) { kernels::force_bf16_unavailable(on); }
+}  // namespace dbrq

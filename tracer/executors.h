@@ -36,6 +36,9 @@ Tensor prepare_input(const Tensor& t, const InputSpec& spec);
 
 // Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).
 Tensor run_fp32(const OpCall& call);
+// The same with the op's bf16 kernel (OpDef::bf16_run) when it has one and the CPU runs bf16
+// (kernels::bf16_available()); otherwise exactly run_fp32.
+Tensor run_bf16(const OpCall& call);
 
 // A seen op that runs in fp32 (not quantized, or dynamic parameters unavailable).
 class Fp32Exec : public ConvertedOp {

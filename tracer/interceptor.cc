@@ -258,7 +258,9 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
     if (phase == Phase::kTracing && owner->recording) {
       owner->state->non_quant_ops().push_back(
           {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
-           model_->seen_kind(call.kind) ? "qconfig is None" : "no int8 kernel"});
+           !model_->seen_kind(call.kind)           ? "no int8 kernel"
+           : owner->state->bf16_op(call.kind, leaf) ? "qconfig is bf16"
+                                                    : "qconfig is None"});
     }
   } else {
     // After convert, an fp32 op reading a fused chain's inner tensor would read the chain's result.
@@ -269,7 +271,9 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
       }
     }
   }
-  Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
+  // A QConfig::bf16() op computes in bf16 once converted (calibration observes the fp32 model).
+  const bool bf16 = phase == Phase::kConverted && owner->state->bf16_op(call.kind, leaf);
+  Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return bf16 ? run_bf16(call) : run_fp32(call); });
   out.set_trace_id(tag);
   const uint64_t source = fingerprint_mix(static_cast<uint64_t>(tag), owner->state->fqn_fingerprint());
   out.set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));

@@ -3,6 +3,7 @@
 // post-op). conv_transpose2d's is oneDNN's u8 x s8 deconvolution (kernels::QConvTranspose2d), with
 // folded batch norm and activations; conv1d's is QConv2d with H = 1 (kernels::QConv1d).
 #include "core/op_shapes.h"
+#include "kernels/bf16.h"
 #include "kernels/eager.h"
 #include "kernels/int8.h"
 #include "runtime/ops.h"
@@ -13,6 +14,9 @@ namespace {
 
 Tensor run_conv2d(const OpCall& c) {
   return kernels::conv2d(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
+}
+Tensor run_conv2d_bf16(const OpCall& c) {
+  return kernels::conv2d_bf16(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
 }
 
 DimVector conv2d_sizes(const OpCall& c) {
@@ -86,6 +90,7 @@ namespace ops {
 void register_conv_ops(OpRegistry& r) {
   OpDef& d = r.define(OpKind::kConv2d, "conv2d").with_params<Conv2dParams>();
   d.run = run_conv2d;
+  d.bf16_run = run_conv2d_bf16;
   d.num_activation_inputs = 1;  // then weight, bias
   d.infer_sizes = conv2d_sizes;
   d.role = QuantRole::kWeighted;

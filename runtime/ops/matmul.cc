@@ -2,6 +2,7 @@
 // matmul (kernels::QLinear; static, or dynamic with per-call input parameters); matmul of two
 // activations as kernels::QMatmul (built by the tracer for QuantRole::kMatmul).
 #include "core/op_shapes.h"
+#include "kernels/bf16.h"
 #include "kernels/eager.h"
 #include "kernels/int8.h"
 #include "runtime/ops.h"
@@ -12,6 +13,8 @@ namespace {
 
 Tensor run_linear(const OpCall& c) { return kernels::linear(c.input(0), c.input(1), c.input(2)); }
 Tensor run_matmul(const OpCall& c) { return kernels::matmul(c.input(0), c.input(1)); }
+Tensor run_linear_bf16(const OpCall& c) { return kernels::linear_bf16(c.input(0), c.input(1), c.input(2)); }
+Tensor run_matmul_bf16(const OpCall& c) { return kernels::matmul_bf16(c.input(0), c.input(1)); }
 
 DimVector linear_sizes(const OpCall& c) { return linear_output_sizes(c.input(0), c.input(1), c.input(2)); }
 DimVector matmul_sizes(const OpCall& c) {
@@ -41,6 +44,7 @@ namespace ops {
 void register_matmul_ops(OpRegistry& r) {
   OpDef& lin = r.define(OpKind::kLinear, "linear");
   lin.run = run_linear;
+  lin.bf16_run = run_linear_bf16;
   lin.num_activation_inputs = 1;  // then weight, bias
   lin.infer_sizes = linear_sizes;
   lin.role = QuantRole::kWeighted;
@@ -51,6 +55,7 @@ void register_matmul_ops(OpRegistry& r) {
 
   OpDef& mm = r.define(OpKind::kMatmul, "matmul");
   mm.run = run_matmul;
+  mm.bf16_run = run_matmul_bf16;
   mm.infer_sizes = matmul_sizes;
   mm.role = QuantRole::kMatmul;
   mm.dynamic = true;

@@ -27,6 +27,7 @@
 #include <exception>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -77,6 +78,14 @@ ABSL_FLAG(bool, distributed, false,
 ABSL_FLAG(double, mpi_timeout, 600, "with --distributed: longest wait (seconds) for the other ranks at a collective");
 ABSL_FLAG(std::string, progress, "auto",
           "progress bar on stderr: auto (in place on a terminal, plain lines otherwise), always or never");
+ABSL_FLAG(std::string, metric, "accuracy",
+          "tune: what evaluate measures on --data: accuracy (needs labels) or sqnr (int8 outputs vs fp32, dB)");
+ABSL_FLAG(std::string, loss, "relative", "tune: --max_loss is relative (a fraction of fp32's accuracy) or absolute");
+ABSL_FLAG(double, max_loss, 0.01, "tune: tolerable accuracy loss vs fp32 (0: none)");
+ABSL_FLAG(double, min_sqnr, 30.0, "tune: with --metric=sqnr, the output SQNR vs fp32 to reach, in dB");
+ABSL_FLAG(int32_t, trials, 50, "tune: at most this many trials (>= 1)");
+ABSL_FLAG(double, time_limit, 0.0, "tune: stop starting trials after this many seconds (0: no limit)");
+ABSL_FLAG(std::string, log, "", "tune: trial log (JSON); an existing log of the same search is resumed");
 ABSL_FLAG(std::string, log_level, "",
           "dbrq's log level: trace, debug, info, warn, error, critical, off (default: DBRQ_LOG_LEVEL, else warn)");
 
@@ -131,6 +140,10 @@ const std::map<std::string, std::string>& metavars() {
       {"include_stats", ""},   {"progress", "auto|always|never"},
       {"log_level", "LEVEL"},
       {"distributed", ""},     {"mpi_timeout", "SECONDS"},
+      {"metric", "accuracy|sqnr"},
+      {"loss", "relative|absolute"}, {"max_loss", "X"},
+      {"min_sqnr", "DB"},      {"trials", "N"},
+      {"time_limit", "SECONDS"}, {"log", "LOG.json"},
   };
   return *m;
 }
@@ -157,6 +170,7 @@ int run_quantize();
 int run_eval();
 int run_report();
 int run_bench();
+int run_tune();
 
 const std::vector<Command>& commands() {
   static const auto* cmds = new std::vector<Command>{
@@ -224,6 +238,34 @@ const std::vector<Command>& commands() {
                       {"progress"}}),
               common_flags()),
        "dbrq bench --model=resnet18 --batch_size=1 --threads=2 --iters=20", run_bench},
+      {"tune", "search the cheapest quantization recipe that keeps accuracy (autotune)",
+       "dbrq tune --model=NAME --calib=DATA.safetensors --data=DATA.safetensors --out=STATE.json [flags]",
+       "Runs dbrq::autotune: calibrates and evaluates trial after trial, cheapest first (activation\n"
+       "observer histogram/minmax/percentile/entropy, per-channel then per-tensor weights, then the\n"
+       "most sensitive layers to bf16, then fp32, one at a time and accumulated) until the metric on\n"
+       "--data is within --max_loss of fp32 (or --min_sqnr dB for --metric=sqnr). Saves the best\n"
+       "trial as a quant-state file plus OUT.mapping.json (which eval, report and bench pick up),\n"
+       "logs every trial to --log (rerunning resumes it) and prints the trials. Exits 0 also when\n"
+       "the criterion cannot be met: the status line says so and the best found is saved.",
+       concat(concat(model_flags(true),
+                     {{"calib", true},
+                      {"data", true},
+                      {"out", true, "where to write the best trial's quant-state JSON"},
+                      {"metric"},
+                      {"loss"},
+                      {"max_loss"},
+                      {"min_sqnr"},
+                      {"trials"},
+                      {"time_limit"},
+                      {"log"},
+                      {"batches"},
+                      {"batch_size", false, "", "32"},
+                      {"progress"}}),
+              common_flags()),
+       "dbrq tune --model=small_cnn --weights=samples/data/digits_small_cnn.safetensors \\\n"
+       "      --calib=samples/data/digits_calib.safetensors --data=samples/data/digits_test.safetensors \\\n"
+       "      --max_loss=0 --log=out/tune.json --out=out/digits.tuned.qstate.json",
+       run_tune},
   };
   return *cmds;
 }
@@ -369,6 +411,15 @@ void validate_flags(const Command& c) {
         "//tools/cli:dbrq_mpi, then: mpirun -np N bazel-bin/tools/cli/dbrq_mpi quantize ... --distributed");
   }
 #endif
+  if (absl::GetFlag(FLAGS_trials) < 1) usage_error("--trials must be >= 1");
+  if (!(absl::GetFlag(FLAGS_time_limit) >= 0)) usage_error("--time_limit must be >= 0 (0: no limit)");
+  if (!(absl::GetFlag(FLAGS_max_loss) >= 0) || !std::isfinite(absl::GetFlag(FLAGS_max_loss))) {
+    usage_error("--max_loss must be a finite number >= 0");
+  }
+  if (!std::isfinite(absl::GetFlag(FLAGS_min_sqnr))) usage_error("--min_sqnr must be a finite number of dB");
+  const std::string metric = absl::GetFlag(FLAGS_metric), loss = absl::GetFlag(FLAGS_loss);
+  if (metric != "accuracy" && metric != "sqnr") usage_error("invalid --metric \"" + metric + "\"; expected accuracy or sqnr");
+  if (loss != "relative" && loss != "absolute") usage_error("invalid --loss \"" + loss + "\"; expected relative or absolute");
 }
 
 // ---- shared steps ----
@@ -449,6 +500,12 @@ std::shared_ptr<dbrq::nn::Module> quantized_from_state(const Setup& s, const dbr
   std::string observer;
   dbrq::QConfigMapping mapping =
       for_flag("state", [&] { return pipeline::qconfig_mapping_from_state_file(state_path, &observer); });
+  // A state written by `dbrq tune` has its full mapping next to it (layers in bf16 / fp32, weights).
+  struct stat mapping_st;
+  if (::stat((state_path + ".mapping.json").c_str(), &mapping_st) == 0) {
+    mapping = for_flag("state", [&] { return dbrq::load_qconfig_mapping(state_path + ".mapping.json"); });
+    observer += ", mapping " + absl::GetFlag(FLAGS_state) + ".mapping.json";
+  }
   auto q = pipeline::clone_model(*s.spec, s.variant, *s.model);
   dbrq::prepare(*q, {example}, mapping);
   for_flag("state", [&] { dbrq::load_quant_state(*q, state_path); });
@@ -655,6 +712,80 @@ int run_bench() {
   return kExitOk;
 }
 
+int run_tune() {
+  check_output_path("out", path_flag(FLAGS_out));
+  if (!absl::GetFlag(FLAGS_log).empty()) check_output_path("log", path_flag(FLAGS_log));
+  Setup s = build_model();
+  const pipeline::Dataset calib = load_data("calib", FLAGS_calib, s);
+  const pipeline::Dataset data = load_data("data", FLAGS_data, s);
+  std::cout << "calib:     " << absl::GetFlag(FLAGS_calib) << ": " << pipeline::describe(calib) << "\n";
+  std::cout << "data:      " << absl::GetFlag(FLAGS_data) << ": " << pipeline::describe(data) << "\n";
+  const bool accuracy = absl::GetFlag(FLAGS_metric) == "accuracy";
+  if (accuracy && !data.has_labels()) {
+    usage_error("--metric=accuracy needs \"labels\" in --data; use --metric=sqnr for unlabeled data");
+  }
+  const int64_t batch = batch_size_or(32);
+  std::vector<std::vector<dbrq::Tensor>> calibration;
+  for (int64_t i = 0; i < calib.num_batches(batch, absl::GetFlag(FLAGS_batches)); ++i) {
+    calibration.push_back({calib.input_batch(i, batch)});
+  }
+  const int64_t eval_batches = data.num_batches(batch);
+  std::vector<dbrq::Tensor> reference;  // fp32 outputs, for sqnr
+  if (!accuracy) {
+    for (int64_t i = 0; i < eval_batches; ++i) reference.push_back(s.spec->run(*s.model, data.input_batch(i, batch)));
+  }
+  const zoo::ModelSpec& spec = *s.spec;
+  auto evaluate = [&](dbrq::nn::Module& m) -> double {
+    int64_t correct = 0, n = 0;
+    double sig = 0, err = 0;
+    for (int64_t i = 0; i < eval_batches; ++i) {
+      const dbrq::Tensor y = spec.run(m, data.input_batch(i, batch)).contiguous();
+      const std::vector<float> v = y.to_vector<float>();
+      if (accuracy) {
+        if (y.dim() != 2) DBRQ_THROW(dbrq::ValueError, "--metric=accuracy needs [N, classes] outputs, got ", y.shape_string());
+        const int64_t classes = y.size(1);
+        for (int64_t r = 0; r < y.size(0); ++r, ++n) {
+          int64_t arg = 0;
+          for (int64_t c = 1; c < classes; ++c) arg = v[r * classes + c] > v[r * classes + arg] ? c : arg;
+          correct += arg == data.labels[static_cast<size_t>(n)];
+        }
+      } else {
+        const std::vector<float> ref = reference[static_cast<size_t>(i)].contiguous().to_vector<float>();
+        for (size_t k = 0; k < v.size(); ++k) {
+          sig += double(ref[k]) * ref[k];
+          err += (double(ref[k]) - v[k]) * (double(ref[k]) - v[k]);
+        }
+      }
+    }
+    if (accuracy) return n > 0 ? double(correct) / double(n) : 0.0;
+    return err == 0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(sig / err);
+  };
+  dbrq::TuneCriterion criterion =
+      !accuracy ? dbrq::TuneCriterion::at_least(absl::GetFlag(FLAGS_min_sqnr))
+      : absl::GetFlag(FLAGS_loss) == "relative" ? dbrq::TuneCriterion::relative_loss(absl::GetFlag(FLAGS_max_loss))
+                                                : dbrq::TuneCriterion::absolute_loss(absl::GetFlag(FLAGS_max_loss));
+  // An upper bound on the trials: 8 observer / weight configs, then each layer twice.
+  int64_t leaves = 0;
+  for (const auto& [fqn, m] : s.model->named_modules()) leaves += !fqn.empty() && m->children().empty();
+  const int64_t bound = std::min<int64_t>(absl::GetFlag(FLAGS_trials), 8 + 2 * leaves);
+  pipeline::ProgressBar bar("tuning", bound, "trials", progress_mode());
+  dbrq::AutotuneOptions opt;
+  opt.log_path = absl::GetFlag(FLAGS_log).empty() ? "" : path_flag(FLAGS_log);
+  opt.quant_state_path = path_flag(FLAGS_out);
+  opt.on_trial = [&](const dbrq::TuneProgress& p) { bar.update(std::min<int64_t>(p.trials_done, bound)); };
+  dbrq::TuneBudget budget{absl::GetFlag(FLAGS_trials), absl::GetFlag(FLAGS_time_limit)};
+  const dbrq::AutotuneResult r = dbrq::autotune(
+      [&] { return pipeline::clone_model(spec, s.variant, *s.model); }, calibration, evaluate, criterion, budget, opt);
+  bar.finish();
+  std::cout << "\n" << r.to_string();
+  std::cout << "status:    " << dbrq::tune_status_name(r.status) << "\n";
+  if (r.best_trial >= 0) {
+    std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << " and " << absl::GetFlag(FLAGS_out) << ".mapping.json\n";
+  }
+  if (!opt.log_path.empty()) std::cout << "log:       " << absl::GetFlag(FLAGS_log) << "\n";
+  return kExitOk;
+}
+
 // Long bracketed lists (every missing key of a state dict) shortened to their first entries, so
 // the reason stays readable on one line.
 std::string shorten_lists(const std::string& s) {
@@ -718,7 +849,7 @@ int main(int argc, char** argv) {
     command = find_command(first);
     if (command == nullptr) {
       usage_error(absl::StrCat(first.rfind("-", 0) == 0 ? "expected a command before flags, got \"" : "unknown command \"",
-                               first, "\"; commands: quantize, eval, report, bench"));
+                               first, "\"; commands: quantize, eval, report, bench, tune"));
     }
     where = "dbrq " + command->name;
     if (!parse_flags(*command, argc, argv)) {

@@ -1,0 +1,369 @@
+// dbrq::autotune: stops at the first config meeting the criterion (digits model, zero tolerable
+// loss); on a model with one fragile layer it moves exactly that layer out of int8; every bad input
+// (callback throwing, NaN metric, zero budget, impossible criterion, calibration missing a path)
+// gives its status or typed error; a log resumes the search; the saved quant state reproduces the
+// best model exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dbrq.h"
+#include "samples/demo/pipeline.h"
+#include "samples/zoo/zoo.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+using Batches = std::vector<std::vector<Tensor>>;
+
+// ---- the digits model (samples/data) ----
+
+struct Digits {
+  const zoo::ModelSpec& spec = zoo::find_model("small_cnn");
+  std::string weights = pipeline::find_workspace_file("samples/data/digits_small_cnn.safetensors", nullptr);
+  pipeline::Dataset calib =
+      pipeline::load_dataset(pipeline::find_workspace_file("samples/data/digits_calib.safetensors", nullptr));
+  pipeline::Dataset test =
+      pipeline::load_dataset(pipeline::find_workspace_file("samples/data/digits_test.safetensors", nullptr));
+
+  ModelFactory factory() const {
+    return [this] { return pipeline::build_model(spec, zoo::Variant::kFull, weights, 0); };
+  }
+  Batches calibration() const {
+    Batches b;
+    for (int64_t i = 0; i < calib.num_batches(64); ++i) b.push_back({calib.input_batch(i, 64)});
+    return b;
+  }
+  EvaluateFn accuracy() const {
+    return [this](nn::Module& m) {
+      int64_t correct = 0;
+      for (int64_t i = 0; i < test.num_batches(120); ++i) {
+        const std::vector<float> logits = m.forward_tensors({test.input_batch(i, 120)})[0].contiguous().to_vector<float>();
+        const int64_t n = static_cast<int64_t>(logits.size()) / 10;
+        for (int64_t r = 0; r < n; ++r) {
+          int64_t arg = 0;
+          for (int64_t c = 1; c < 10; ++c) arg = logits[r * 10 + c] > logits[r * 10 + arg] ? c : arg;
+          correct += arg == test.labels[static_cast<size_t>(i * 120 + r)];
+        }
+      }
+      return double(correct) / double(test.size());
+    };
+  }
+};
+
+TEST(Autotune, DigitsWithZeroLossStopsAtTheFirstConfigMeetingIt) {
+  Digits d;
+  AutotuneOptions opt;
+  opt.quant_state_path = testing::temp_file("digits.qstate.json");
+  const AutotuneResult r =
+      autotune(d.factory(), d.calibration(), d.accuracy(), TuneCriterion::relative_loss(0.0), TuneBudget{}, opt);
+  SCOPED_TRACE(r.to_string());
+  ASSERT_EQ(r.status, TuneStatus::kMet);
+  ASSERT_FALSE(r.trials.empty());
+  EXPECT_EQ(r.best_trial, static_cast<int>(r.trials.size()) - 1);
+  for (size_t i = 0; i + 1 < r.trials.size(); ++i) {
+    EXPECT_FALSE(r.trials[i].meets) << i;
+    EXPECT_LT(r.trials[i].metric, r.fp32_metric) << i;
+  }
+  EXPECT_TRUE(r.trials.back().meets);
+  EXPECT_GE(r.best_metric, r.fp32_metric);
+  EXPECT_EQ(r.target, r.fp32_metric);
+  EXPECT_GT(r.trials.back().latency_ms, 0.0);
+  // The returned model is converted and scores what the trial scored.
+  ASSERT_NE(r.best_model, nullptr);
+  EXPECT_TRUE(is_converted(*r.best_model));
+  EXPECT_EQ(d.accuracy()(*r.best_model), r.best_metric);
+
+  // The saved quant state and mapping reproduce it exactly.
+  auto again = d.factory()();
+  const Batches calib = d.calibration();
+  prepare(*again, calib[0], load_qconfig_mapping(opt.quant_state_path + ".mapping.json"));
+  load_quant_state(*again, opt.quant_state_path);
+  convert(*again);
+  for (int64_t i = 0; i < d.test.num_batches(120); ++i) {
+    const Tensor x = d.test.input_batch(i, 120);
+    testing::expect_equal(again->forward_tensors({x})[0], r.best_model->forward_tensors({x})[0], "reloaded best");
+  }
+}
+
+// ---- a model with one fragile layer ----
+
+// fc1 -> relu -> fc2 -> relu -> fc3. fc1's channel 0 is always 0 (zero weights, bias -1, relu),
+// and fc2 has a weight of 100 on it in every row: harmless in fp32 (it multiplies 0), but every
+// row's int8 scale (per channel or per tensor) becomes 100/127, which rounds all its real weights
+// to 0. No observer or weight scheme can save fc2; moving fc2 alone out of int8 does.
+struct Fragile : nn::CallableModule<Fragile> {
+  Fragile() {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(16, 32));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 32));
+    fc3 = register_module("fc3", std::make_shared<nn::Linear>(32, 8));
+  }
+  Tensor forward(const Tensor& x) { return (*fc3)(relu((*fc2)(relu((*fc1)(x))))); }
+  std::shared_ptr<nn::Linear> fc1, fc2, fc3;
+};
+
+std::shared_ptr<nn::Module> make_fragile() {
+  manual_seed(5);
+  auto m = std::make_shared<Fragile>();
+  float* w1 = m->fc1->weight.mutable_data<float>();
+  for (int c = 0; c < 16; ++c) w1[c] = 0.f;
+  m->fc1->bias.mutable_data<float>()[0] = -1.f;
+  float* w2 = m->fc2->weight.mutable_data<float>();
+  for (int r = 0; r < 32; ++r) w2[r * 32] = 100.f;
+  m->eval();
+  return m;
+}
+
+// Every observer / weight config gives ~5 dB (fc2's weights all round to 0); with fc2 out of int8
+// the rest of the int8 model gives well above this.
+constexpr double kFragileTarget = 15.0;
+
+struct FragileSetup {
+  Batches calib;
+  std::vector<Tensor> test;
+  std::vector<Tensor> ref;
+  FragileSetup() {
+    for (const Tensor& x : testing::random_batches(8, 31, {64, 16})) calib.push_back({x});
+    test = testing::random_batches(3, 32, {32, 16});
+    auto fp32 = make_fragile();
+    for (const Tensor& x : test) ref.push_back(fp32->forward_tensors({x})[0]);
+  }
+  // SQNR of the model's outputs vs fp32 over the test inputs (+inf for the fp32 model itself).
+  EvaluateFn sqnr() const {
+    return [this](nn::Module& m) {
+      double sig = 0, err = 0;
+      for (size_t i = 0; i < test.size(); ++i) {
+        const std::vector<float> a = ref[i].contiguous().to_vector<float>();
+        const std::vector<float> b = m.forward_tensors({test[i]})[0].contiguous().to_vector<float>();
+        for (size_t k = 0; k < a.size(); ++k) {
+          sig += double(a[k]) * a[k];
+          err += (double(a[k]) - b[k]) * (double(a[k]) - b[k]);
+        }
+      }
+      return err == 0 ? INFINITY : 10 * std::log10(sig / err);
+    };
+  }
+};
+
+TEST(Autotune, FragileLayerIsTheOneMovedOutOfInt8) {
+  FragileSetup f;
+  const AutotuneResult r = autotune(make_fragile, f.calib, f.sqnr(), TuneCriterion::at_least(kFragileTarget), TuneBudget{});
+  SCOPED_TRACE(r.to_string());
+  ASSERT_EQ(r.status, TuneStatus::kMet);
+  EXPECT_TRUE(std::isinf(r.fp32_metric));
+  // No observer / weight-scheme trial helps.
+  ASSERT_GT(r.trials.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_LT(r.trials[i].metric, 10.0) << r.trials[i].config.key();
+  ASSERT_FALSE(r.sensitivity.empty());
+  EXPECT_EQ(r.sensitivity[0].first, "fc2");
+  // Exactly fc2 leaves int8: in bf16 where the CPU has it (bf16 first), else fp32.
+  if (bf16_supported()) {
+    EXPECT_EQ(r.best_config.bf16_layers, std::vector<std::string>{"fc2"});
+    EXPECT_TRUE(r.best_config.fp32_layers.empty());
+  } else {
+    EXPECT_TRUE(r.best_config.bf16_layers.empty());
+    EXPECT_EQ(r.best_config.fp32_layers, std::vector<std::string>{"fc2"});
+  }
+  EXPECT_GE(r.best_metric, kFragileTarget);
+  // Stage 3 started from the default observer (the others were no better beyond noise).
+  EXPECT_EQ(r.best_config.activation, ObserverKind::kHistogram);
+  // fc1 and fc3 still run int8.
+  int int8_linears = 0;
+  for (const QuantizedOpInfo& op : quantized_ops(*r.best_model)) int8_linears += op.kind == OpKind::kLinear;
+  EXPECT_EQ(int8_linears, 2);
+}
+
+TEST(Autotune, ImpossibleCriterionReturnsTheBestFoundAfterTheWholeSpace) {
+  FragileSetup f;
+  const AutotuneResult r = autotune(make_fragile, f.calib, f.sqnr(), TuneCriterion::at_least(1e9), TuneBudget{});
+  SCOPED_TRACE(r.to_string());
+  EXPECT_EQ(r.status, TuneStatus::kNotMet);
+  // 8 observer / weight configs, then each of the 3 layers to bf16 (when available) and fp32.
+  EXPECT_EQ(r.trials.size(), 8u + 3u * (bf16_supported() ? 2u : 1u));
+  ASSERT_GE(r.best_trial, 0);
+  for (const TuneTrial& t : r.trials) EXPECT_LE(t.metric, r.best_metric);
+  ASSERT_NE(r.best_model, nullptr);
+  EXPECT_NEAR(f.sqnr()(*r.best_model), r.best_metric, 1e-9);
+}
+
+TEST(Autotune, TrialAndTimeBudgetsStopTheSearch) {
+  FragileSetup f;
+  const AutotuneResult r = autotune(make_fragile, f.calib, f.sqnr(), TuneCriterion::at_least(1e9), TuneBudget{3, 0});
+  EXPECT_EQ(r.status, TuneStatus::kTrialBudget);
+  EXPECT_EQ(r.trials.size(), 3u);
+  EXPECT_GE(r.best_trial, 0);
+  const AutotuneResult t =
+      autotune(make_fragile, f.calib, f.sqnr(), TuneCriterion::at_least(1e9), TuneBudget{50, 1e-9});
+  EXPECT_EQ(t.status, TuneStatus::kTimeBudget);
+  EXPECT_TRUE(t.trials.empty());
+  EXPECT_EQ(t.best_trial, -1);
+  EXPECT_EQ(t.best_model, nullptr);
+}
+
+TEST(Autotune, NanMetricFailsTheTrialAndTheSearchGoesOn) {
+  FragileSetup f;
+  int calls = 0;
+  const EvaluateFn sqnr = f.sqnr();
+  auto eval = [&](nn::Module& m) { return ++calls == 2 ? NAN : sqnr(m); };  // call 1: fp32; 2: trial 0
+  const AutotuneResult r = autotune(make_fragile, f.calib, eval, TuneCriterion::at_least(-1e9), TuneBudget{});
+  ASSERT_EQ(r.trials.size(), 2u);
+  EXPECT_TRUE(std::isnan(r.trials[0].metric));
+  EXPECT_EQ(r.trials[0].error, "evaluate returned NaN");
+  EXPECT_FALSE(r.trials[0].meets);
+  EXPECT_TRUE(r.trials[1].meets);
+  EXPECT_EQ(r.best_trial, 1);
+}
+
+TEST(Autotune, CallbackThrowingIsReportedWithTheTrialAndLogged) {
+  FragileSetup f;
+  const std::string log = testing::temp_file("throws.json");
+  AutotuneOptions opt;
+  opt.log_path = log;
+  int calls = 0;
+  const EvaluateFn sqnr = f.sqnr();
+  auto eval = [&](nn::Module& m) -> double {
+    if (++calls == 2) throw std::runtime_error("boom");
+    return sqnr(m);
+  };
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, eval, TuneCriterion::at_least(1e9), TuneBudget{}, opt), UsageError,
+                   "autotune: evaluate threw on trial 0 (act=Histogram w=per_channel bf16=[] fp32=[]): boom");
+  const nlohmann::json doc = nlohmann::json::parse(testing::read_text(log));
+  ASSERT_EQ(doc.at("trials").size(), 1u);
+  EXPECT_TRUE(doc.at("trials")[0].at("threw").get<bool>());
+  // A dbrq::Error keeps its type.
+  calls = 0;
+  auto eval2 = [&](nn::Module& m) -> double {
+    if (++calls == 2) DBRQ_THROW(ValueError, "bad labels");
+    return sqnr(m);
+  };
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, eval2, TuneCriterion::at_least(1e9), TuneBudget{}), ValueError,
+                   "evaluate threw on trial 0 (act=Histogram w=per_channel bf16=[] fp32=[]): bad labels");
+  // A factory throwing on the fp32 reference.
+  auto bad_factory = []() -> std::shared_ptr<nn::Module> { throw std::runtime_error("no weights"); };
+  EXPECT_THROW_MSG(autotune(bad_factory, f.calib, sqnr, TuneCriterion::at_least(1), TuneBudget{}), UsageError,
+                   "the model factory threw building the fp32 reference: no weights");
+  // A factory handing out the same (then prepared) model twice.
+  auto shared = make_fragile();
+  EXPECT_THROW_MSG(autotune([&] { return shared; }, f.calib, sqnr, TuneCriterion::at_least(1e9), TuneBudget{}),
+                   ValueError, "returned a prepared model");
+}
+
+TEST(Autotune, BadArgumentsAreValueErrors) {
+  FragileSetup f;
+  const EvaluateFn sqnr = f.sqnr();
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, sqnr, TuneCriterion::at_least(1), TuneBudget{0, 0}), ValueError,
+                   "the budget allows 0 trials; it must allow at least 1");
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, sqnr, TuneCriterion::at_least(1), TuneBudget{5, -1}), ValueError,
+                   "max_seconds must be finite and >= 0");
+  EXPECT_THROW_MSG(autotune(make_fragile, {}, sqnr, TuneCriterion::at_least(1), TuneBudget{}), ValueError,
+                   "no calibration data");
+  EXPECT_THROW_MSG(autotune(make_fragile, {{}}, sqnr, TuneCriterion::at_least(1), TuneBudget{}), ValueError,
+                   "calibration call 0 has 0 tensors");
+  EXPECT_THROW_MSG(autotune(nullptr, f.calib, sqnr, TuneCriterion::at_least(1), TuneBudget{}), ValueError,
+                   "the model factory is empty");
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, nullptr, TuneCriterion::at_least(1), TuneBudget{}), ValueError,
+                   "the evaluate callback is empty");
+  // SQNR vs fp32 is +inf for the fp32 model: a relative loss of it means nothing.
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, sqnr, TuneCriterion::relative_loss(0.01), TuneBudget{}), ValueError,
+                   "a relative loss needs a finite fp32 metric, but the fp32 model scores inf");
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, [](nn::Module&) { return double(NAN); },
+                            TuneCriterion::at_least(1), TuneBudget{}),
+                   ValueError, "evaluate returned NaN for the fp32 model");
+  EXPECT_THROW_MSG(TuneCriterion::relative_loss(-0.1), ValueError, "finite fraction >= 0, got -0.1");
+  EXPECT_THROW_MSG(TuneCriterion::at_least(NAN), ValueError, "the value is NaN");
+}
+
+TEST(Autotune, CriterionTargets) {
+  EXPECT_DOUBLE_EQ(TuneCriterion::relative_loss(0.1).target(0.9), 0.81);
+  EXPECT_DOUBLE_EQ(TuneCriterion::relative_loss(0.1, false).target(2.0), 2.2);
+  EXPECT_DOUBLE_EQ(TuneCriterion::absolute_loss(0.02).target(0.9), 0.88);
+  EXPECT_TRUE(TuneCriterion::absolute_loss(0.02).met(0.88, 0.9));
+  EXPECT_FALSE(TuneCriterion::absolute_loss(0.02).met(0.87, 0.9));
+  EXPECT_TRUE(TuneCriterion::at_most(0.5).met(0.4, 0.0));
+  EXPECT_FALSE(TuneCriterion::at_most(0.5).met(NAN, 0.0));
+}
+
+// A branch on the data: calibration only ever takes one side.
+struct Branchy : nn::CallableModule<Branchy> {
+  Branchy() {
+    a = register_module("a", std::make_shared<nn::Linear>(8, 4));
+    b = register_module("b", std::make_shared<nn::Linear>(8, 4));
+  }
+  Tensor forward(const Tensor& x) { return mean(x).item<float>() > 0 ? (*a)(x) : (*b)(x); }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+TEST(Autotune, CalibrationMissingAPathIsAControlFlowError) {
+  auto make = []() -> std::shared_ptr<nn::Module> {
+    manual_seed(2);
+    auto m = std::make_shared<Branchy>();
+    m->eval();
+    return m;
+  };
+  Batches calib;
+  for (const Tensor& x : testing::random_batches(3, 4, {6, 8})) calib.push_back({relu(x) + 0.1});
+  const Tensor negative = -(relu(randn({6, 8}, 9)) + 0.1);
+  auto eval = [&](nn::Module& m) { return double(m.forward_tensors({negative})[0].contiguous().to_vector<float>()[0]); };
+  EXPECT_THROW_MSG(autotune(make, calib, eval, TuneCriterion::at_least(1e9), TuneBudget{}), ControlFlowError,
+                   "ran a path the calibration data never took");
+}
+
+TEST(Autotune, ResumesFromItsLog) {
+  FragileSetup f;
+  const std::string log = testing::temp_file("resume.json");
+  AutotuneOptions opt;
+  opt.log_path = log;
+  const AutotuneResult first = autotune(make_fragile, f.calib, f.sqnr(), TuneCriterion::at_least(kFragileTarget), TuneBudget{3, 0}, opt);
+  ASSERT_EQ(first.status, TuneStatus::kTrialBudget);
+  ASSERT_EQ(first.trials.size(), 3u);
+  int calls = 0;
+  const EvaluateFn sqnr = f.sqnr();
+  auto counting = [&](nn::Module& m) {
+    ++calls;
+    return sqnr(m);
+  };
+  int progress_calls = 0;
+  opt.on_trial = [&](const TuneProgress& p) {
+    ++progress_calls;
+    EXPECT_EQ(p.trials_done, progress_calls);
+    EXPECT_GE(p.trials_planned, p.trials_done);
+    EXPECT_TRUE(std::isfinite(p.eta_seconds));
+    ASSERT_NE(p.last, nullptr);
+    EXPECT_FALSE(p.last->resumed);
+  };
+  const AutotuneResult second =
+      autotune(make_fragile, f.calib, counting, TuneCriterion::at_least(kFragileTarget), TuneBudget{}, opt);
+  SCOPED_TRACE(second.to_string());
+  EXPECT_EQ(second.status, TuneStatus::kMet);
+  ASSERT_GT(second.trials.size(), 3u);
+  for (size_t i = 0; i < second.trials.size(); ++i) {
+    EXPECT_EQ(second.trials[i].resumed, i < 3) << i;
+    if (i < 3) {
+      EXPECT_EQ(second.trials[i].config.key(), first.trials[i].config.key());
+      EXPECT_EQ(second.trials[i].metric, first.trials[i].metric);
+    }
+  }
+  // fp32 once, the new trials once each (the sensitivity ranking evaluates nothing).
+  EXPECT_EQ(calls, 1 + static_cast<int>(second.trials.size()) - 3);
+  EXPECT_EQ(progress_calls, static_cast<int>(second.trials.size()) - 3);
+  const nlohmann::json doc = nlohmann::json::parse(testing::read_text(log));
+  EXPECT_EQ(doc.at("trials").size(), second.trials.size());
+  EXPECT_EQ(doc.at("format"), "dbrq.autotune_log");
+  // A log of another model (another fp32 metric) is refused, and a broken one is a FileFormatError.
+  auto accuracy_like = [](nn::Module&) { return 0.5; };
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, accuracy_like, TuneCriterion::at_least(1), TuneBudget{}, opt),
+                   ValueError, "was written for an fp32 metric of inf but the fp32 model now scores 0.5");
+  testing::write_text(log, "{\"format\": \"dbrq.autotune_log\", \"version\": 1}");
+  EXPECT_THROW_MSG(autotune(make_fragile, f.calib, sqnr, TuneCriterion::at_least(1), TuneBudget{}, opt),
+                   FileFormatError, "is malformed");
+}
+
+}  // namespace
+}  // namespace dbrq

@@ -1,0 +1,667 @@
+#include "tracer/autotune.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/logging.h"
+#include "tracer/internal.h"
+#include "tracer/introspection.h"
+#include "tracer/numerics.h"
+#include "tracer/precision.h"
+#include "tracer/quantize.h"
+
+namespace dbrq {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kLogFormat = "dbrq.autotune_log";
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string fmt_metric(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return absl::StrFormat("%.6g", v);
+}
+
+// JSON has no inf / NaN: they are written as strings.
+json metric_to_json(double v) {
+  if (std::isfinite(v)) return v;
+  return fmt_metric(v);
+}
+
+double metric_from_json(const json& j) {
+  if (j.is_number()) return j.get<double>();
+  const std::string s = j.get<std::string>();
+  if (s == "inf") return kInf;
+  if (s == "-inf") return -kInf;
+  if (s == "nan") return kNaN;
+  DBRQ_THROW(FileFormatError, "metric must be a number, \"inf\", \"-inf\" or \"nan\", got \"", s, "\"");
+}
+
+ObserverSpec activation_spec(ObserverKind k) {
+  switch (k) {
+    case ObserverKind::kHistogram:
+      return ObserverSpec::histogram();
+    case ObserverKind::kMinMax:
+      return ObserverSpec::min_max();
+    case ObserverKind::kPercentile:
+      return ObserverSpec::percentile_of();
+    case ObserverKind::kEntropy:
+      return ObserverSpec::entropy();
+    default:
+      break;
+  }
+  DBRQ_THROW(ValueError, "autotune: activation observer ", observer_kind_name(k),
+             " is not searched; expected Histogram, MinMax, Percentile or Entropy");
+}
+
+// The four activation observers, cheapest-to-compute first is not the point: the default first.
+const ObserverKind kActivationKinds[] = {ObserverKind::kHistogram, ObserverKind::kMinMax, ObserverKind::kPercentile,
+                                         ObserverKind::kEntropy};
+
+struct Unit {
+  std::string fqn;                  // the op's layer
+  std::vector<std::string> layers;  // every layer of its fused chain
+  double sqnr_db = 0.0;
+};
+
+// A trial that ran (or was resumed) with what it needs beyond the public record.
+struct Trial {
+  TuneTrial t;
+  bool threw = false;  // evaluate or the factory threw: never reused on resume
+};
+
+class Tuner {
+ public:
+  Tuner(const ModelFactory& make, const std::vector<std::vector<Tensor>>& calib, const EvaluateFn& evaluate,
+        const TuneCriterion& criterion, const TuneBudget& budget, const AutotuneOptions& options)
+      : make_(make), calib_(calib), evaluate_(evaluate), criterion_(criterion), budget_(budget), opt_(options) {}
+
+  AutotuneResult run() {
+    start_ = Clock::now();
+    r_.criterion = criterion_;
+    r_.bf16_used = bf16_supported();
+    // The fp32 reference: always evaluated (a log is only resumed for the same model and metric).
+    {
+      std::shared_ptr<nn::Module> fp32 = fresh_model("the fp32 reference");
+      r_.fp32_metric = call_evaluate(*fp32, "the fp32 reference");
+    }
+    DBRQ_ENSURE(!std::isnan(r_.fp32_metric), ValueError,
+                "autotune: evaluate returned NaN for the fp32 model; the metric must be a number");
+    r_.target = criterion_.target(r_.fp32_metric);
+    load_log();
+    planned_ = 8;
+    status_ = TuneStatus::kNotMet;
+    if (search()) status_ = TuneStatus::kMet;
+    finish();
+    return std::move(r_);
+  }
+
+ private:
+  // ---- the search ----
+
+  // True when a trial met the criterion (the search stops there); false when the space or the
+  // budget ran out (status_ says which).
+  bool search() {
+    // Stages 1-2: observer kind, then per-tensor weights.
+    int best = -1, first = -1;
+    for (bool per_channel : {true, false}) {
+      for (ObserverKind k : kActivationKinds) {
+        TuneConfig c;
+        c.activation = k;
+        c.per_channel_weights = per_channel;
+        const int i = trial(c, per_channel ? "observer" : "weights");
+        if (i == -2) return false;
+        if (r_.trials[static_cast<size_t>(i)].meets) return true;
+        if (first < 0) first = i;
+        if (better(i, best)) best = i;
+      }
+    }
+    // Stage 3 starts from the default config unless another closed a real part of the gap to the
+    // target: with a broken layer dominating the metric, the differences between configs are noise
+    // (4.646 vs 4.681 dB, target 15) and the "best" may be an aggressive observer that hurts
+    // everything else.
+    if (first >= 0 && best >= 0 && best != first && !std::isnan(r_.trials[static_cast<size_t>(first)].metric)) {
+      const double m0 = r_.trials[static_cast<size_t>(first)].metric, mb = r_.trials[static_cast<size_t>(best)].metric;
+      const double gap = std::abs(r_.target - m0);
+      if (!(std::abs(mb - m0) >= kBaseGapFraction * gap)) best = first;
+    }
+    // Stage 3: layers to bf16, then fp32, worst SQNR first, accumulated.
+    if (best < 0) {
+      log()->warn("autotune: no observer configuration produced a metric; nothing to rank layers from");
+      return false;
+    }
+    TuneConfig cur = r_.trials[static_cast<size_t>(best)].config;
+    const std::vector<Unit> units = sensitivity(cur);
+    const bool bf16 = bf16_supported();
+    planned_ = 8 + static_cast<int>(units.size()) * (bf16 ? 2 : 1);
+    int cur_trial = best;
+    for (const Unit& u : units) {
+      int tb = -1;
+      if (bf16) {
+        TuneConfig c = cur;
+        c.bf16_layers.insert(c.bf16_layers.end(), u.layers.begin(), u.layers.end());
+        tb = trial(c, "bf16");
+        if (tb == -2) return false;
+        if (r_.trials[static_cast<size_t>(tb)].meets) return true;
+      }
+      TuneConfig c = cur;
+      c.fp32_layers.insert(c.fp32_layers.end(), u.layers.begin(), u.layers.end());
+      const int tf = trial(c, "fp32");
+      if (tf == -2) return false;
+      if (r_.trials[static_cast<size_t>(tf)].meets) return true;
+      // Keep whichever scored better (fp32 when neither has a metric: it is the safe side).
+      cur_trial = tb >= 0 && better(tb, tf) ? tb : tf;
+      cur = r_.trials[static_cast<size_t>(cur_trial)].config;
+    }
+    return false;
+  }
+
+  // Whether trial a has a better metric than trial b (b = -1: none yet).
+  bool better(int a, int b) const {
+    const double ma = r_.trials[static_cast<size_t>(a)].metric;
+    if (std::isnan(ma)) return false;
+    if (b < 0) return true;
+    const double mb = r_.trials[static_cast<size_t>(b)].metric;
+    if (std::isnan(mb)) return true;
+    return criterion_.higher_is_better ? ma > mb : ma < mb;
+  }
+
+  // The part of the default config's gap to the target another config must close to become
+  // stage 3's base.
+  static constexpr double kBaseGapFraction = 0.1;
+
+  // Runs (or resumes) one trial; its index in r_.trials, or -2 when the budget stops the search.
+  int trial(const TuneConfig& c, const std::string& stage) {
+    const std::string key = c.key();
+    auto it = logged_.find(key);
+    if (it != logged_.end() && !it->second.threw) {
+      Trial t = it->second;
+      t.t.index = static_cast<int>(r_.trials.size());
+      t.t.stage = stage;
+      t.t.config = c;
+      t.t.resumed = true;
+      t.t.meets = !std::isnan(t.t.metric) && criterion_.met(t.t.metric, r_.fp32_metric);
+      r_.trials.push_back(t.t);
+      threw_.push_back(false);
+      return t.t.index;
+    }
+    if (run_ >= budget_.max_trials) {
+      status_ = TuneStatus::kTrialBudget;
+      return -2;
+    }
+    if (budget_.max_seconds > 0 && seconds_since(start_) >= budget_.max_seconds) {
+      status_ = TuneStatus::kTimeBudget;
+      return -2;
+    }
+    TuneTrial t;
+    t.index = static_cast<int>(r_.trials.size());
+    t.stage = stage;
+    t.config = c;
+    const auto t0 = Clock::now();
+    std::shared_ptr<nn::Module> model;
+    try {
+      model = build(c, &t);
+    } catch (const std::exception& e) {
+      t.metric = kNaN;
+      t.error = absl::StrCat("threw: ", e.what());
+      r_.trials.push_back(t);
+      threw_.push_back(true);
+      write_log();
+      throw;
+    }
+    ++run_;
+    trial_seconds_ += seconds_since(t0);
+    t.meets = !std::isnan(t.metric) && criterion_.met(t.metric, r_.fp32_metric);
+    r_.trials.push_back(t);
+    threw_.push_back(false);
+    if (better(t.index, best_in_memory_) && !std::isnan(t.metric)) {
+      best_in_memory_ = t.index;
+      best_model_ = model;
+    }
+    write_log();
+    log()->info("autotune: trial {} [{}] {} -> {}{}", t.index, stage, key, fmt_metric(t.metric),
+                t.meets ? " (meets the criterion)" : "");
+    if (opt_.on_trial) {
+      TuneProgress p;
+      p.trials_done = run_;
+      p.trials_planned = std::max(run_, std::min(budget_.max_trials, planned_ - resumed_count()));
+      p.elapsed_seconds = seconds_since(start_);
+      p.eta_seconds = (p.trials_planned - run_) * (trial_seconds_ / run_);
+      p.last = &r_.trials.back();
+      opt_.on_trial(p);
+    }
+    return t.index;
+  }
+
+  int resumed_count() const {
+    int n = 0;
+    for (const TuneTrial& t : r_.trials) n += t.resumed ? 1 : 0;
+    return n;
+  }
+
+  std::shared_ptr<nn::Module> fresh_model(const std::string& what) {
+    std::shared_ptr<nn::Module> m;
+    try {
+      m = make_();
+    } catch (const Error& e) {
+      e.rethrow_with_context(absl::StrCat("autotune: the model factory threw building ", what, ": "));
+    } catch (const std::exception& e) {
+      DBRQ_THROW(UsageError, "autotune: the model factory threw building ", what, ": ", e.what());
+    }
+    DBRQ_ENSURE(m != nullptr, ValueError, "autotune: the model factory returned null building ", what);
+    DBRQ_ENSURE(!is_prepared(*m), ValueError, "autotune: the model factory returned a prepared model building ", what,
+                "; it must build a fresh fp32 model on every call (prepare and convert work in place)");
+    return m;
+  }
+
+  double call_evaluate(nn::Module& m, const std::string& what) {
+    try {
+      return evaluate_(m);
+    } catch (const ControlFlowError& e) {
+      e.rethrow_with_context(absl::StrCat("autotune: evaluating ", what,
+                                          " ran a path the calibration data never took (calibrate on data that "
+                                          "takes every path the evaluation takes): "));
+    } catch (const Error& e) {
+      e.rethrow_with_context(absl::StrCat("autotune: evaluate threw on ", what, ": "));
+    } catch (const std::exception& e) {
+      DBRQ_THROW(UsageError, "autotune: evaluate threw on ", what, ": ", e.what());
+    }
+  }
+
+  // A converted model for config c (the trial's metric and latency into *t when given).
+  std::shared_ptr<nn::Module> build(const TuneConfig& c, TuneTrial* t) {
+    const std::string what = t != nullptr ? absl::StrCat("trial ", t->index, " (", c.key(), ")") : c.key();
+    std::shared_ptr<nn::Module> m = fresh_model(what);
+    prepare(*m, calib_[0], c.mapping());
+    for (const std::vector<Tensor>& batch : calib_) m->forward_tensors(batch);
+    ConvertOptions co;
+    co.strict_paths = true;  // an uncalibrated path must not pass silently as fp32
+    convert(*m, co);
+    if (t == nullptr) return m;
+    t->metric = call_evaluate(*m, what);
+    if (std::isnan(t->metric)) {
+      t->error = "evaluate returned NaN";
+      log()->warn("autotune: {}: evaluate returned NaN; the trial counts as failed", what);
+    }
+    if (opt_.latency_iters > 0) {
+      std::vector<double> ms;
+      for (int i = 0; i < opt_.latency_iters + 1; ++i) {
+        const auto t0 = Clock::now();
+        m->forward_tensors(calib_[0]);
+        if (i > 0) ms.push_back(seconds_since(t0) * 1e3);  // the first call creates primitives
+      }
+      std::sort(ms.begin(), ms.end());
+      t->latency_ms = ms[ms.size() / 2];
+    }
+    return m;
+  }
+
+  // Layers ranked by the SQNR of their op against fp32 under config c (from the log when there).
+  std::vector<Unit> sensitivity(const TuneConfig& c) {
+    std::vector<Unit> units;
+    if (logged_sensitivity_) {
+      units = logged_units_;
+    } else {
+      std::shared_ptr<nn::Module> q = build(c, nullptr);
+      std::shared_ptr<nn::Module> ref = fresh_model("the fp32 reference for compare_numerics");
+      const NumericReport rep = compare_numerics(*ref, *q, calib_);
+      // Leaf layers only: a functional op's fqn is its module, and moving a module moves all of it.
+      std::set<std::string> leaves;
+      for (const auto& [fqn, mod] : ref->named_modules()) {
+        if (!fqn.empty() && mod->children().empty()) leaves.insert(fqn);
+      }
+      const std::vector<QuantizedOpInfo> ops = quantized_ops(*q);
+      // An op's SQNR includes the error its inputs bring: rank by the noise it adds itself, its
+      // noise-to-signal ratio minus its inputs' (a layer after a broken one is not to blame).
+      ModelQuantState& ms = model_quant_state(*q);
+      std::map<std::string, const AutoQuantizationState*> states;
+      for (const AutoQuantizationState* st : ms.states()) states[st->fqn()] = st;
+      std::map<std::pair<std::string, int>, double> reported;
+      for (const OpNumerics& o : rep.ops) reported[{o.module_fqn, o.index}] = o.sqnr_db;
+      auto nsr = [](double db) { return std::isinf(db) ? (db > 0 ? 0.0 : kInf) : std::pow(10.0, -db / 10.0); };
+      auto input_nsr = [&](int64_t id) {
+        for (int hops = 0; hops < 64; ++hops) {  // through ops compare_numerics does not report
+          const ModelQuantState::TensorRecord* tr = ms.tensor(id);
+          if (tr == nullptr || tr->record < 0) return 0.0;  // an fp32 source: exact
+          const auto& [st, idx] = ms.records()[static_cast<size_t>(tr->record)];
+          const SeenOpInfo& p = st->seen_ops()[static_cast<size_t>(idx)];
+          const int base = p.fusion.fused() ? p.fusion.base : p.index;
+          auto it = reported.find({st->fqn(), base});
+          if (it != reported.end()) return nsr(it->second);
+          if (p.inputs.empty()) return 0.0;
+          id = p.inputs[0].id;
+        }
+        return 0.0;
+      };
+      std::vector<std::pair<double, const OpNumerics*>> ranked;
+      for (const OpNumerics& o : rep.ops) {
+        if (!leaves.count(o.fqn) || !std::isfinite(o.sqnr_db)) continue;
+        double in = 0.0;
+        auto st = states.find(o.module_fqn);
+        if (st != states.end() && o.index < static_cast<int>(st->second->seen_ops().size())) {
+          for (const QTensorInfo& t : st->second->seen_ops()[static_cast<size_t>(o.index)].inputs) {
+            in = std::max(in, input_nsr(t.id));
+          }
+        }
+        ranked.emplace_back(nsr(o.sqnr_db) - in, &o);
+      }
+      std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::set<std::string> done;
+      for (const auto& [added, op] : ranked) {
+        const OpNumerics& o = *op;
+        if (done.count(o.fqn)) continue;
+        Unit u;
+        u.fqn = o.fqn;
+        u.sqnr_db = added > 0 ? -10.0 * std::log10(added) : kInf;  // the SQNR of its own noise
+        u.layers.push_back(o.fqn);
+        // The rest of its fused chain (batch norm, activation layers) leaves int8 with it.
+        for (const QuantizedOpInfo& i : ops) {
+          if (i.module == o.module_fqn && i.fused_into == o.index && i.fqn != o.fqn && leaves.count(i.fqn)) {
+            u.layers.push_back(i.fqn);
+          }
+        }
+        for (const std::string& l : u.layers) done.insert(l);
+        units.push_back(std::move(u));
+      }
+      logged_units_ = units;
+      logged_sensitivity_ = true;
+      write_log();
+    }
+    for (const Unit& u : units) r_.sensitivity.emplace_back(u.fqn, u.sqnr_db);
+    return units;
+  }
+
+  void finish() {
+    // Best: the first trial that met the criterion, else the best metric.
+    int best = -1;
+    for (const TuneTrial& t : r_.trials) {
+      if (t.meets) {
+        best = t.index;
+        break;
+      }
+    }
+    if (best < 0) {
+      for (const TuneTrial& t : r_.trials) {
+        if (better(t.index, best)) best = t.index;
+      }
+    }
+    r_.status = status_;
+    r_.best_trial = best;
+    if (best < 0) {
+      log()->warn("autotune: no trial produced a metric");
+      return;
+    }
+    const TuneTrial& b = r_.trials[static_cast<size_t>(best)];
+    r_.best_config = b.config;
+    r_.best_metric = b.metric;
+    // The model of a resumed trial is rebuilt (calibration is deterministic: the same parameters).
+    r_.best_model = best == best_in_memory_ ? best_model_ : build(b.config, nullptr);
+    if (!opt_.quant_state_path.empty()) {
+      save_quant_state(*r_.best_model, opt_.quant_state_path);
+      save_qconfig_mapping(b.config.mapping(), opt_.quant_state_path + ".mapping.json");
+    }
+    if (status_ != TuneStatus::kMet) {
+      log()->warn("autotune: the criterion ({}, target {}) was not met ({}); best found: trial {} with {}",
+                  criterion_.to_string(), fmt_metric(r_.target), tune_status_name(status_), best, fmt_metric(b.metric));
+    }
+  }
+
+  // ---- the log ----
+
+  static json config_json(const TuneConfig& c) {
+    return json{{"activation", observer_kind_name(c.activation)},
+                {"per_channel_weights", c.per_channel_weights},
+                {"bf16_layers", c.bf16_layers},
+                {"fp32_layers", c.fp32_layers}};
+  }
+
+  void write_log() {
+    if (opt_.log_path.empty()) return;
+    json doc;
+    doc["format"] = kLogFormat;
+    doc["version"] = 1;
+    doc["criterion"] = criterion_.to_string();
+    doc["fp32_metric"] = metric_to_json(r_.fp32_metric);
+    doc["bf16_hardware"] = bf16_supported();
+    json trials = json::array();
+    for (size_t i = 0; i < r_.trials.size(); ++i) {
+      const TuneTrial& t = r_.trials[i];
+      trials.push_back(json{{"index", t.index},
+                            {"stage", t.stage},
+                            {"key", t.config.key()},
+                            {"config", config_json(t.config)},
+                            {"metric", metric_to_json(t.metric)},
+                            {"latency_ms", t.latency_ms},
+                            {"meets", t.meets},
+                            {"threw", threw_[i]},
+                            {"error", t.error}});
+    }
+    doc["trials"] = trials;
+    if (logged_sensitivity_) {
+      json s = json::array();
+      for (const Unit& u : logged_units_) s.push_back(json{{"fqn", u.fqn}, {"layers", u.layers}, {"sqnr_db", metric_to_json(u.sqnr_db)}});
+      doc["sensitivity"] = s;
+    }
+    // Written whole to a temporary file, then renamed: an interrupted search leaves a readable log.
+    const std::string tmp = opt_.log_path + ".tmp";
+    write_text_file(tmp, doc.dump(1));
+    DBRQ_ENSURE(std::rename(tmp.c_str(), opt_.log_path.c_str()) == 0, IOError, "autotune: cannot write trial log ",
+                opt_.log_path, ": ", std::strerror(errno));
+  }
+
+  void load_log() {
+    if (opt_.log_path.empty()) return;
+    std::FILE* f = std::fopen(opt_.log_path.c_str(), "rb");
+    if (f == nullptr) return;  // a new search
+    std::string text;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    std::fclose(f);
+    const std::string where = absl::StrCat("autotune log ", opt_.log_path);
+    try {
+      const json doc = json::parse(text);
+      DBRQ_ENSURE(doc.is_object() && doc.value("format", "") == kLogFormat, FileFormatError, where,
+                  " is not a dbrq autotune log (no \"format\": \"", kLogFormat, "\")");
+      DBRQ_ENSURE(doc.at("version").get<int>() == 1, FileFormatError, where, " has version ", doc.at("version").dump(),
+                  "; this dbrq reads version 1");
+      const double f32 = metric_from_json(doc.at("fp32_metric"));
+      const bool same = f32 == r_.fp32_metric || (std::isnan(f32) && std::isnan(r_.fp32_metric)) ||
+                        std::abs(f32 - r_.fp32_metric) <= 1e-9 * std::max(1.0, std::abs(r_.fp32_metric));
+      DBRQ_ENSURE(same, ValueError, where, " was written for an fp32 metric of ", fmt_metric(f32),
+                  " but the fp32 model now scores ", fmt_metric(r_.fp32_metric),
+                  ": another model or metric. Delete the log or give another log path");
+      for (const json& j : doc.at("trials")) {
+        Trial t;
+        t.t.metric = metric_from_json(j.at("metric"));
+        t.t.latency_ms = j.at("latency_ms").get<double>();
+        t.t.error = j.at("error").get<std::string>();
+        t.threw = j.at("threw").get<bool>();
+        const std::string key = j.at("key").get<std::string>();
+        if (!t.threw || !logged_.count(key)) logged_[key] = t;
+      }
+      if (doc.contains("sensitivity")) {
+        for (const json& j : doc.at("sensitivity")) {
+          Unit u;
+          u.fqn = j.at("fqn").get<std::string>();
+          u.layers = j.at("layers").get<std::vector<std::string>>();
+          u.sqnr_db = metric_from_json(j.at("sqnr_db"));
+          logged_units_.push_back(std::move(u));
+        }
+        logged_sensitivity_ = true;
+      }
+    } catch (const json::exception& e) {
+      DBRQ_THROW(FileFormatError, where, " is malformed: ", e.what());
+    }
+    log()->info("autotune: resuming from {} ({} logged trials)", opt_.log_path, logged_.size());
+  }
+
+  const ModelFactory& make_;
+  const std::vector<std::vector<Tensor>>& calib_;
+  const EvaluateFn& evaluate_;
+  TuneCriterion criterion_;
+  TuneBudget budget_;
+  const AutotuneOptions& opt_;
+  AutotuneResult r_;
+  TuneStatus status_ = TuneStatus::kNotMet;
+  Clock::time_point start_;
+  int run_ = 0;              // trials run by this call
+  int planned_ = 0;
+  double trial_seconds_ = 0.0;
+  std::vector<bool> threw_;  // per r_.trials entry
+  std::map<std::string, Trial> logged_;
+  bool logged_sensitivity_ = false;
+  std::vector<Unit> logged_units_;
+  int best_in_memory_ = -1;
+  std::shared_ptr<nn::Module> best_model_;
+};
+
+std::string layer_list(const std::vector<std::string>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
+
+}  // namespace
+
+TuneCriterion TuneCriterion::relative_loss(double fraction, bool higher_is_better) {
+  DBRQ_ENSURE(std::isfinite(fraction) && fraction >= 0.0, ValueError,
+              "TuneCriterion::relative_loss: the tolerable loss must be a finite fraction >= 0, got ", fraction);
+  return TuneCriterion{Kind::kRelativeLoss, fraction, higher_is_better};
+}
+
+TuneCriterion TuneCriterion::absolute_loss(double amount, bool higher_is_better) {
+  DBRQ_ENSURE(std::isfinite(amount) && amount >= 0.0, ValueError,
+              "TuneCriterion::absolute_loss: the tolerable loss must be finite and >= 0, got ", amount);
+  return TuneCriterion{Kind::kAbsoluteLoss, amount, higher_is_better};
+}
+
+TuneCriterion TuneCriterion::at_least(double value) {
+  DBRQ_ENSURE(!std::isnan(value), ValueError, "TuneCriterion::at_least: the value is NaN");
+  return TuneCriterion{Kind::kAtLeast, value, true};
+}
+
+TuneCriterion TuneCriterion::at_most(double value) {
+  DBRQ_ENSURE(!std::isnan(value), ValueError, "TuneCriterion::at_most: the value is NaN");
+  return TuneCriterion{Kind::kAtMost, value, false};
+}
+
+double TuneCriterion::target(double f) const {
+  switch (kind) {
+    case Kind::kAtLeast:
+    case Kind::kAtMost:
+      return value;
+    case Kind::kRelativeLoss:
+    case Kind::kAbsoluteLoss:
+      break;
+  }
+  DBRQ_ENSURE(std::isfinite(f), ValueError, "autotune: a ", kind == Kind::kRelativeLoss ? "relative" : "absolute",
+              " loss needs a finite fp32 metric, but the fp32 model scores ", fmt_metric(f),
+              " (a metric against fp32 itself, like SQNR or MSE?); use TuneCriterion::at_least / at_most");
+  if (kind == Kind::kRelativeLoss) {
+    const double m = std::abs(f) * value;
+    return higher_is_better ? f - m : f + m;
+  }
+  return higher_is_better ? f - value : f + value;
+}
+
+bool TuneCriterion::met(double metric, double fp32_metric) const {
+  if (std::isnan(metric)) return false;
+  const double t = target(fp32_metric);
+  return higher_is_better ? metric >= t : metric <= t;
+}
+
+std::string TuneCriterion::to_string() const {
+  const char* dir = higher_is_better ? "higher is better" : "lower is better";
+  switch (kind) {
+    case Kind::kRelativeLoss:
+      return absl::StrCat("relative loss <= ", fmt_metric(value * 100), "% (", dir, ")");
+    case Kind::kAbsoluteLoss:
+      return absl::StrCat("absolute loss <= ", fmt_metric(value), " (", dir, ")");
+    case Kind::kAtLeast:
+      return absl::StrCat("metric >= ", fmt_metric(value));
+    case Kind::kAtMost:
+      return absl::StrCat("metric <= ", fmt_metric(value));
+  }
+  return "?";
+}
+
+QConfigMapping TuneConfig::mapping() const {
+  QConfigMapping m = default_qconfig_mapping("onednn");
+  const ObserverSpec w = per_channel_weights ? ObserverSpec::per_channel_min_max()
+                                             : ObserverSpec::min_max(DType::kS8, QScheme::kPerTensorSymmetric);
+  m.set_global(QConfig::make(activation_spec(activation), w));
+  for (const std::string& l : bf16_layers) m.set_module_name(l, QConfig::bf16());
+  for (const std::string& l : fp32_layers) m.set_module_name(l, nullptr);
+  return m;
+}
+
+std::string TuneConfig::key() const {
+  return absl::StrCat("act=", observer_kind_name(activation), " w=", per_channel_weights ? "per_channel" : "per_tensor",
+                      " bf16=", layer_list(bf16_layers), " fp32=", layer_list(fp32_layers));
+}
+
+const char* tune_status_name(TuneStatus s) {
+  switch (s) {
+    case TuneStatus::kMet:
+      return "met";
+    case TuneStatus::kNotMet:
+      return "not met (search space exhausted)";
+    case TuneStatus::kTrialBudget:
+      return "not met (trial budget exhausted)";
+    case TuneStatus::kTimeBudget:
+      return "not met (time budget exhausted)";
+  }
+  return "?";
+}
+
+std::string AutotuneResult::to_string() const {
+  std::string s = absl::StrFormat("autotune: %s; fp32 metric %s, target %s (%s)\n", tune_status_name(status),
+                                  fmt_metric(fp32_metric), fmt_metric(target), criterion.to_string());
+  absl::StrAppend(&s, absl::StrFormat("%5s  %-8s  %-12s  %10s  %s\n", "trial", "stage", "metric", "latency", "config"));
+  for (const TuneTrial& t : trials) {
+    absl::StrAppend(&s, absl::StrFormat("%5d  %-8s  %-12s  %8.3fms  %s%s%s%s\n", t.index, t.stage, fmt_metric(t.metric),
+                                        t.latency_ms, t.config.key(), t.meets ? "  <- meets" : "",
+                                        t.resumed ? "  (resumed)" : "", t.error.empty() ? "" : "  " + t.error));
+  }
+  if (best_trial >= 0) {
+    absl::StrAppend(&s, "best: trial ", best_trial, ", ", best_config.key(), ", metric ", fmt_metric(best_metric), "\n");
+  }
+  return s;
+}
+
+AutotuneResult autotune(const ModelFactory& make_model, const std::vector<std::vector<Tensor>>& calibration,
+                        const EvaluateFn& evaluate, const TuneCriterion& criterion, const TuneBudget& budget,
+                        const AutotuneOptions& options) {
+  DBRQ_ENSURE(make_model != nullptr, ValueError, "autotune: the model factory is empty");
+  DBRQ_ENSURE(evaluate != nullptr, ValueError, "autotune: the evaluate callback is empty");
+  DBRQ_ENSURE(!calibration.empty(), ValueError, "autotune: no calibration data (one input list per call expected)");
+  for (size_t i = 0; i < calibration.size(); ++i) {
+    DBRQ_ENSURE(!calibration[i].empty() && calibration[i].size() <= 4, ValueError, "autotune: calibration call ", i,
+                " has ", calibration[i].size(), " tensors; a call takes 1 to 4");
+  }
+  DBRQ_ENSURE(budget.max_trials >= 1, ValueError, "autotune: the budget allows ", budget.max_trials,
+              " trials; it must allow at least 1");
+  DBRQ_ENSURE(std::isfinite(budget.max_seconds) && budget.max_seconds >= 0, ValueError,
+              "autotune: max_seconds must be finite and >= 0 (0: no limit), got ", budget.max_seconds);
+  DBRQ_ENSURE(options.latency_iters >= 0, ValueError, "autotune: latency_iters must be >= 0, got ",
+              options.latency_iters);
+  Tuner t(make_model, calibration, evaluate, criterion, budget, options);
+  return t.run();
+}
+
+}  // namespace dbrq
