@@ -34,4 +34,5 @@
 #include "runtime/safetensors.h"
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
+#include "tracer/onnx_export.h"
 #include "tracer/quantize.h"

@@ -68,6 +68,9 @@ ABSL_FLAG(bool, include_stats, false,
           "also save observer statistics (histograms), so calibration can continue after loading");
 ABSL_FLAG(std::string, progress, "auto",
           "progress bar on stderr: auto (in place on a terminal, plain lines otherwise), always or never");
+ABSL_FLAG(std::string, reference, "",
+          "also write the example input and dbrq's int8 outputs (with each output's quantization step) "
+          "as safetensors, for checking another runtime against dbrq");
 ABSL_FLAG(std::string, log_level, "",
           "dbrq's log level: trace, debug, info, warn, error, critical, off (default: DBRQ_LOG_LEVEL, else warn)");
 
@@ -120,7 +123,7 @@ const std::map<std::string, std::string>& metavars() {
       {"batch_size", "N"},     {"threads", "N"},
       {"iters", "N"},          {"calib_batches", "N"},
       {"include_stats", ""},   {"progress", "auto|always|never"},
-      {"log_level", "LEVEL"},
+      {"log_level", "LEVEL"},  {"reference", "REF.safetensors"},
   };
   return *m;
 }
@@ -147,6 +150,7 @@ int run_quantize();
 int run_eval();
 int run_report();
 int run_bench();
+int run_export();
 
 const std::vector<Command>& commands() {
   static const auto* cmds = new std::vector<Command>{
@@ -211,6 +215,22 @@ const std::vector<Command>& commands() {
                       {"progress"}}),
               common_flags()),
        "dbrq bench --model=resnet18 --batch_size=1 --threads=2 --iters=20", run_bench},
+      {"export", "write the int8 model as an ONNX QDQ graph (ONNX Runtime runs it)",
+       "dbrq export --model=NAME --out=MODEL.onnx [--weights=W.safetensors] [--state=STATE.json] [flags]",
+       "Converts the model to int8 (with the calibration in --state, or on --calib_batches random\n"
+       "batches when there is none), runs it once on the model's example input and writes the ops\n"
+       "that call ran as an ONNX (opset 17) QDQ graph: QuantizeLinear / DequantizeLinear with dbrq's\n"
+       "scales and zero points, s8 weights with per-channel scales (docs/onnx_export.md). Shapes are\n"
+       "the example's (--batch_size).",
+       concat(concat(model_flags(false),
+                     {{"out", true, "where to write the ONNX model"},
+                      {"state", false, "quant-state file to convert with (default: calibrate on random data)"},
+                      {"batch_size", false, "", "1"},
+                      {"calib_batches"},
+                      {"reference"},
+                      {"progress"}}),
+              common_flags()),
+       "dbrq export --model=resnet18 --variant=tiny --out=out/resnet18.onnx", run_export},
   };
   return *cmds;
 }
@@ -539,6 +559,45 @@ int run_bench() {
                                  format_ms(l.mean_ms), format_ms(l.first_ms));
   }
   std::cout << absl::StrFormat("int8 speedup (median): %.2fx\n", i8.median_ms > 0 ? f.median_ms / i8.median_ms : 0.0);
+  return kExitOk;
+}
+
+int run_export() {
+  Setup s = build_model();
+  const int64_t batch = batch_size_or(1);
+  const dbrq::Tensor input = s.spec->example_input(s.variant, batch, /*seed=*/1);
+  std::shared_ptr<dbrq::nn::Module> q;
+  if (!absl::GetFlag(FLAGS_state).empty()) {
+    q = quantized_from_state(s, input);
+  } else {
+    q = pipeline::clone_model(*s.spec, s.variant, *s.model);
+    dbrq::prepare(*q, {input}, dbrq::default_qconfig_mapping("onednn"));
+    const int64_t n = absl::GetFlag(FLAGS_calib_batches);
+    pipeline::ProgressBar bar("calibrating on random data", n, "batches", progress_mode());
+    for (int64_t i = 0; i < n; ++i) {
+      s.spec->run(*q, s.spec->example_input(s.variant, batch, /*seed=*/100 + static_cast<uint64_t>(i)));
+      bar.update(i + 1);
+    }
+    bar.finish();
+    dbrq::convert(*q);
+    std::cout << "state:     calibrated on " << n << " random batches\n";
+  }
+  const std::string out = path_flag(FLAGS_out);
+  const dbrq::OnnxExportSummary r = dbrq::export_onnx(*q, {input}, out);
+  std::cout << absl::StrFormat("onnx:      %s: %d nodes (%d QuantizeLinear), %d initializers, %d bytes, opset 17\n",
+                               out, r.nodes, r.quantize_nodes, r.initializers, r.bytes);
+  const std::string ref = path_flag(FLAGS_reference);
+  if (!ref.empty()) {
+    const std::vector<dbrq::Tensor> outputs = q->forward_tensors({input});
+    dbrq::NamedTensors t{{"input_0", input}};
+    std::map<std::string, std::string> meta;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      t.emplace_back(absl::StrCat("output_", k), outputs[k]);
+      meta[absl::StrCat("output_", k, "_step")] = absl::StrCat(k < r.output_scales.size() ? r.output_scales[k] : 0.f);
+    }
+    dbrq::save_safetensors(ref, t, meta);
+    std::cout << "reference: " << ref << " (input_0, dbrq's int8 outputs)\n";
+  }
   return kExitOk;
 }
 
