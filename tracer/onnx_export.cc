@@ -692,6 +692,35 @@ class Recorder : public Interceptor {
         }
         break;
       }
+      case OpKind::kMaxPool1d:
+      case OpKind::kAvgPool1d: {
+        // Pool2dParams with the length on index 1.
+        const auto& p = c.p<Pool2dParams>();
+        std::vector<Attribute> attrs = {Attribute::Ints("kernel_shape", {p.kernel_size[1]}),
+                                        Attribute::Ints("strides", {p.stride[1]}),
+                                        Attribute::Ints("pads", {p.padding[1], p.padding[1]}),
+                                        Attribute::Int("ceil_mode", p.ceil_mode ? 1 : 0)};
+        if (c.kind == OpKind::kMaxPool1d) {
+          attrs.push_back(Attribute::Ints("dilations", {p.dilation[1]}));
+          y = b_.node("MaxPool", {in(0)}, "max_pool1d", attrs);
+        } else {
+          attrs.push_back(Attribute::Int("count_include_pad", p.count_include_pad ? 1 : 0));
+          y = b_.node("AveragePool", {in(0)}, "avg_pool1d", attrs);
+        }
+        break;
+      }
+      case OpKind::kAdaptiveAvgPool1d: {
+        const int64_t l = c.input(0).size(2), ol = c.p<AdaptivePool2dParams>().output_size[1];
+        if (ol == 1) {
+          y = b_.node("GlobalAveragePool", {in(0)}, "adaptive_avg_pool1d");
+        } else if (l % ol == 0) {
+          y = b_.node("AveragePool", {in(0)}, "adaptive_avg_pool1d",
+                      {Attribute::Ints("kernel_shape", {l / ol}), Attribute::Ints("strides", {l / ol})});
+        } else {
+          unsupported(c, op, absl::StrCat("output length ", ol, " does not divide the input's ", l));
+        }
+        break;
+      }
       case OpKind::kAdaptiveAvgPool2d: {
         const auto& p = c.p<AdaptivePool2dParams>();
         const int64_t h = c.input(0).size(2), w = c.input(0).size(3);
