@@ -99,6 +99,9 @@ struct Value {
   DType dtype = DType::kF32;
   bool pending = false;  // a weighted op's output waiting for its fused residual add
   float step = 0.f;      // the scale of the int8 tensor it was dequantized from (model outputs)
+  // An fp32 op's output: the int8 input it was computed from (dbrq's tensor, and its value here).
+  Tensor feeder;
+  std::string feeder_f;
   std::vector<int64_t> dims;
 };
 
@@ -206,21 +209,33 @@ class Recorder : public Interceptor {
     bind(t, val);
   }
 
-  void add_output(const Tensor& t, size_t k, OnnxExportSummary* summary) {
+  void add_output(const Tensor& t, size_t k, OnnxExportSummary* summary, bool int8_inputs) {
     Value v = value_of(t);
-    summary->output_scales.push_back(v.q != nullptr && !v.q->is_per_channel() ? v.q->scale() : v.step);
     DBRQ_ENSURE(!v.pending, ValueError, "export_onnx: output ", k, " is an unfinished fused result");
+    const std::string name = absl::StrCat("output_", k);
+    graph_output(name, v.f, t, v.q != nullptr && !v.q->is_per_channel() ? v.q->scale() : v.step, summary);
+    if (int8_inputs && v.q == nullptr && v.step == 0.f && v.feeder.defined()) {
+      graph_output(name + "_int8_input", v.feeder_f, v.feeder, v.feeder.qparams()->scale(), summary);
+    }
+  }
+
+  void graph_output(const std::string& name, const std::string& f, const Tensor& t, float step,
+                    OnnxExportSummary* summary) {
     onnx::ValueInfo out;
-    out.name = absl::StrCat("output_", k);
+    out.name = name;
     out.type = elem_type(t.is_quantized() ? DType::kF32 : t.dtype(), "an output");
     out.dims = dims_of(t);
     onnx::Node n;
     n.op_type = "Identity";
     n.name = b_.fresh("n_output");
-    n.inputs = {v.f};
+    n.inputs = {f};
     n.outputs = {out.name};
     b_.graph.nodes.push_back(n);
     b_.graph.outputs.push_back(out);
+    summary->output_names.push_back(name);
+    summary->output_scales.push_back(step);
+    InterceptorScope none(nullptr);
+    summary->output_values.push_back(t.is_quantized() ? dequantize(t) : t);
   }
 
   onnx::Graph& graph() { return b_.graph; }
@@ -874,6 +889,18 @@ class Recorder : public Interceptor {
       }
     }
     set_output(out, y, op_name(c.kind));
+    if (!out.is_quantized() && !int8) {
+      // An fp32 op: remember the int8 tensor it read (for int8_inputs_of_fp32_outputs).
+      for (size_t k = 0; k < n_act && k < c.num_inputs(); ++k) {
+        const Tensor& t = c.input(k);
+        if (t.defined() && t.is_quantized() && !t.qparams()->is_per_channel()) {
+          Value& v = values_[key_of(out)];
+          v.feeder = t;
+          v.feeder_f = value_of(t).f;
+          break;
+        }
+      }
+    }
   }
 
   QuantInterceptor& inner_;
@@ -931,7 +958,7 @@ std::string export_onnx_bytes(nn::Module& model, const std::vector<Tensor>& exam
     InterceptorScope scope(&rec);
     outputs = model.forward_tensors(example_inputs);
   }
-  for (size_t k = 0; k < outputs.size(); ++k) rec.add_output(outputs[k], k, summary);
+  for (size_t k = 0; k < outputs.size(); ++k) rec.add_output(outputs[k], k, summary, options.int8_inputs_of_fp32_outputs);
   onnx::Graph& g = rec.graph();
   g.name = options.graph_name;
   std::string bytes = onnx::encode_model(g, kOpset, "1.0", options.doc_string);

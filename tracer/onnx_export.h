@@ -31,6 +31,10 @@ namespace dbrq {
 struct OnnxExportOptions {
   std::string graph_name = "dbrq";
   std::string doc_string;  // stored in the model
+  // Also output, for each model output dbrq computes in fp32 from an int8 tensor (a final layer
+  // norm, ...), that int8 tensor (dequantized) as "<output>_int8_input": for comparing another
+  // runtime with dbrq at the last int8 tensor (tools/onnx/interop_check.sh).
+  bool int8_inputs_of_fp32_outputs = false;
 };
 
 // What an export wrote.
@@ -42,6 +46,9 @@ struct OnnxExportSummary {
   // Per graph output: the scale of dbrq's int8 tensor it dequantizes (one quantization step), or 0
   // when dbrq computes it in fp32.
   std::vector<float> output_scales;
+  std::vector<std::string> output_names;  // per graph output ("output_0", ...)
+  // Per graph output: dbrq's value of it in the export's call (the int8 ones dequantized).
+  std::vector<Tensor> output_values;
 };
 
 // Writes `model` (prepared and converted) as an ONNX file at `path`, atomically (a temporary file

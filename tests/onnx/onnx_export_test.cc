@@ -354,6 +354,45 @@ TEST(OnnxExport, ExportsThePathTheExampleTakes) {
   EXPECT_EQ(b.count("Tanh"), 1);
 }
 
+// An output dbrq computes in fp32 (exp) from an int8 tensor (the conv's): with
+// int8_inputs_of_fp32_outputs that tensor is an output too, with its scale and dbrq's values.
+struct Fp32Tail : nn::CallableModule<Fp32Tail> {
+  Fp32Tail() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) { return exp((*conv)(x)); }
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+TEST(OnnxExport, Int8InputOfAnFp32Output) {
+  manual_seed(6);
+  Fp32Tail m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 40 + i));
+  convert(m);
+  const Tensor x = randn({1, 3, 4, 4}, 3);
+  OnnxExportSummary plain;
+  const ModelR a = read_model(export_onnx_bytes(m, {x}, {}, &plain));
+  EXPECT_EQ(a.outputs, std::vector<std::string>{"output_0"});
+  EXPECT_EQ(plain.output_scales, std::vector<float>{0.f});  // fp32: no quantization step
+  EXPECT_EQ(a.count("Exp"), 1);
+  OnnxExportOptions options;
+  options.int8_inputs_of_fp32_outputs = true;
+  OnnxExportSummary s;
+  const ModelR b = read_model(export_onnx_bytes(m, {x}, options, &s));
+  EXPECT_EQ(b.outputs, (std::vector<std::string>{"output_0", "output_0_int8_input"}));
+  EXPECT_EQ(s.output_names, b.outputs);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_EQ(ops[0].op, "conv2d");
+  ASSERT_EQ(s.output_scales.size(), 2u);
+  EXPECT_EQ(s.output_scales[1], ops[0].output_qparams->scale());
+  ASSERT_EQ(s.output_values.size(), 2u);
+  EXPECT_EQ(testing::values(s.output_values[0]), testing::values(m(x)));
+  // exp of the dequantized conv output is the fp32 output.
+  const std::vector<float> conv_out = testing::values(s.output_values[1]), out = testing::values(s.output_values[0]);
+  ASSERT_EQ(conv_out.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(std::exp(conv_out[i]), out[i], 1e-5f * out[i]) << i;
+}
+
 // ---- bad inputs ----
 
 TEST(OnnxExportErrors, UnpreparedModel) {

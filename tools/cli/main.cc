@@ -583,20 +583,21 @@ int run_export() {
     std::cout << "state:     calibrated on " << n << " random batches\n";
   }
   const std::string out = path_flag(FLAGS_out);
-  const dbrq::OnnxExportSummary r = dbrq::export_onnx(*q, {input}, out);
+  const std::string ref = path_flag(FLAGS_reference);
+  dbrq::OnnxExportOptions options;
+  options.int8_inputs_of_fp32_outputs = !ref.empty();  // the reference compares at int8 tensors too
+  const dbrq::OnnxExportSummary r = dbrq::export_onnx(*q, {input}, out, options);
   std::cout << absl::StrFormat("onnx:      %s: %d nodes (%d QuantizeLinear), %d initializers, %d bytes, opset 17\n",
                                out, r.nodes, r.quantize_nodes, r.initializers, r.bytes);
-  const std::string ref = path_flag(FLAGS_reference);
   if (!ref.empty()) {
-    const std::vector<dbrq::Tensor> outputs = q->forward_tensors({input});
     dbrq::NamedTensors t{{"input_0", input}};
     std::map<std::string, std::string> meta;
-    for (size_t k = 0; k < outputs.size(); ++k) {
-      t.emplace_back(absl::StrCat("output_", k), outputs[k]);
-      meta[absl::StrCat("output_", k, "_step")] = absl::StrCat(k < r.output_scales.size() ? r.output_scales[k] : 0.f);
+    for (size_t k = 0; k < r.output_names.size(); ++k) {
+      t.emplace_back(r.output_names[k], r.output_values[k]);
+      meta[r.output_names[k] + "_step"] = absl::StrCat(r.output_scales[k]);
     }
     dbrq::save_safetensors(ref, t, meta);
-    std::cout << "reference: " << ref << " (input_0, dbrq's int8 outputs)\n";
+    std::cout << "reference: " << ref << " (input_0, dbrq's outputs: " << absl::StrJoin(r.output_names, ", ") << ")\n";
   }
   return kExitOk;
 }

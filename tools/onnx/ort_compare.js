@@ -1,7 +1,8 @@
 // Runs an ONNX model exported by `dbrq export` in ONNX Runtime (the npm package onnxruntime-node,
 // whose CPU library ships inside it) on the example input of a `dbrq export --reference` file and
 // compares each output with dbrq's int8 output: the share of elements within one quantization
-// step (the output's scale; 1e-4 relative for an fp32 output).
+// step (the output's scale; 1e-4 relative for an fp32 output, which is only reported when the
+// int8 tensor it is computed from is an output too, "<name>_int8_input").
 //
 //   NODE_PATH=~/.cache/dbrq-ort/node_modules node tools/onnx/ort_compare.js MODEL.onnx REF.safetensors \
 //       [--threads=N] [--min_share=0.99] [--bench_iters=N]
@@ -81,11 +82,16 @@ async function main() {
       if (e <= tol) ++within;
     }
     const share = within / got.length;
-    const pass = share >= minShare;
+    // An fp32 output computed from an int8 tensor that is an output too: a one-step difference of
+    // that tensor moves the fp32 result by more than a rounding error (a layer norm spreads it over
+    // the row), so the comparison that counts is the int8 tensor's; this one is reported.
+    const informational = step === 0 && session.outputNames.includes(`${name}_int8_input`);
+    const pass = informational || share >= minShare;
     ok = ok && pass;
     console.log(`${model} ${name}: ${(100 * share).toFixed(2)}% of ${got.length} elements within one step ` +
                 `(${step > 0 ? 'step ' + step.toPrecision(4) : 'fp32 output, 1e-4 relative'}), max error ` +
-                `${maxErr.toPrecision(4)} (${(step > 0 ? maxErr / step : 0).toFixed(2)} steps): ${pass ? 'ok' : 'FAIL'}`);
+                `${maxErr.toPrecision(4)} (${(step > 0 ? maxErr / step : 0).toFixed(2)} steps): ` +
+                `${informational ? `reported (compared at ${name}_int8_input)` : pass ? 'ok' : 'FAIL'}`);
   }
   if (iters > 0) {
     for (let i = 0; i < 3; ++i) await session.run(feeds);
