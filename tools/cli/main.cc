@@ -228,6 +228,7 @@ const std::vector<Command>& commands() {
                       {"batch_size", false, "", "1"},
                       {"calib_batches"},
                       {"reference"},
+                      {"iters", false, "also time dbrq's int8 model on the example: median of N runs (bench/onnx_bench.sh)", "0"},
                       {"progress"}}),
               common_flags()),
        "dbrq export --model=resnet18 --variant=tiny --out=out/resnet18.onnx", run_export},
@@ -598,6 +599,11 @@ int run_export() {
     }
     dbrq::save_safetensors(ref, t, meta);
     std::cout << "reference: " << ref << " (input_0, dbrq's outputs: " << absl::StrJoin(r.output_names, ", ") << ")\n";
+  }
+  if (g_set_flags.count("iters") != 0 && absl::GetFlag(FLAGS_iters) > 0) {
+    const pipeline::Latency l = pipeline::measure_latency(*s.spec, *q, input, absl::GetFlag(FLAGS_iters));
+    std::cout << absl::StrFormat("dbrq int8: median %.3f ms over %d runs, %d threads\n", l.median_ms,
+                                 absl::GetFlag(FLAGS_iters), dbrq::get_num_threads());
   }
   return kExitOk;
 }
