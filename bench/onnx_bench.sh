@@ -32,7 +32,7 @@ if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
   }
 fi
 bazel build -c opt //tools/cli:dbrq >&2 || exit 1
-DBRQ=bazel-bin/tools/cli/dbrq
+DBRQ="$(bazel info -c opt bazel-bin 2>/dev/null)/tools/cli/dbrq"  # not the bazel-bin symlink: another config moves it
 OUT=$(mktemp -d /tmp/dbrq_onnx_bench.XXXXXX)
 med() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 

@@ -450,7 +450,7 @@ class Recorder : public Interceptor {
     std::string w, bias;
   };
   WeightVals weighted_inputs(const OpCall& c, const SeenOpInfo* op, const AutoQuantizationState* s, bool int8,
-                             const QuantParamsPtr& in_q, bool transpose_linear) {
+                             const QuantParamsPtr& in_q, bool transpose_linear, bool deconv = false) {
     WeightVals r;
     if (!int8) {
       const Tensor& w = c.input(1);
@@ -471,6 +471,13 @@ class Recorder : public Interceptor {
                 "export_onnx: ", op_name(c.kind), " (", op->fqn, ") has weights the exporter does not write");
     // The folded bias: the op's bias with every folded batch norm of its chain, as convert folds.
     Tensor w = c.input(1), bias = c.num_inputs() > 2 ? c.input(2) : Tensor();
+    if (deconv) {
+      // The kernel's codes are output-major [K, C, R, S]; ONNX's ConvTranspose takes [C, K, R, S]:
+      // swap the first two dims, the per-channel scales moving to axis 1 (groups 1 only).
+      DBRQ_ENSURE(c.p<ConvTranspose2dParams>().groups == 1, ValueError, "export_onnx: conv_transpose2d (", op->fqn,
+                  ") with groups > 1 has no ONNX form in dbrq's exporter");
+      w = Tensor();  // folded below through the output-major layout
+    }
     for (size_t p = 1; op->fusion.fused() && p < op->fusion.members.size(); ++p) {
       const SeenOpInfo& m = s->seen_ops()[static_cast<size_t>(op->fusion.members[p])];
       const OpDef& md = op_def(m.kind);
@@ -478,10 +485,26 @@ class Recorder : public Interceptor {
       std::vector<Tensor> stats;
       for (const WeightInfo& wi : m.weights) stats.push_back(wi.tensor);
       InterceptorScope none(nullptr);
+      if (!w.defined()) w = op_def(c.kind).int8_weight_layout(c.input(1), c.params);
       md.fold(w, bias, stats, m.params.get(), &w, &bias);
     }
     const std::string name = op->fqn.empty() ? "weight" : op->fqn + ".weight";
-    if (transpose_linear) {
+    if (deconv) {
+      const int64_t k_out = qw.size(0), c_in = qw.size(1), rs = qw.numel() / (k_out * c_in);
+      const std::string bytes = logical_bytes(qw);
+      std::string t(bytes.size(), '\0');
+      for (int64_t k = 0; k < k_out; ++k) {
+        for (int64_t ci = 0; ci < c_in; ++ci) {
+          std::memcpy(&t[static_cast<size_t>((ci * k_out + k) * rs)], &bytes[static_cast<size_t>((k * c_in + ci) * rs)],
+                      static_cast<size_t>(rs));
+        }
+      }
+      QuantParams q = *wq;
+      if (q.is_per_channel()) q.axis = 1;
+      std::vector<int64_t> dims = dims_of(qw);
+      std::swap(dims[0], dims[1]);
+      r.w = b_.dq_const(name, onnx::kInt8, dims, t, q);
+    } else if (transpose_linear) {
       // [out, in] codes -> [in, out] for MatMul, the per-channel axis with them.
       const int64_t n_out = qw.size(0), n_in = qw.size(1);
       const std::string bytes = logical_bytes(qw);
@@ -594,6 +617,24 @@ class Recorder : public Interceptor {
         y = b_.node("Conv", ins, "conv",
                     {Attribute::Ints("strides", stride), Attribute::Ints("pads", pad), Attribute::Ints("dilations", dil),
                      Attribute::Ints("kernel_shape", kernel), Attribute::Int("group", groups)});
+        break;
+      }
+      case OpKind::kConvTranspose2d: {
+        weighted = true;
+        const auto& p = c.p<ConvTranspose2dParams>();
+        const std::string x = in(0);
+        const WeightVals w =
+            weighted_inputs(c, op, s, int8, int8 ? op->executor->input_qparams.at(0) : nullptr, false, int8);
+        std::vector<std::string> ins = {x, w.w};
+        if (!w.bias.empty()) ins.push_back(w.bias);
+        // PyTorch's weight [C, K/groups, R, S] is ONNX's layout already (fp32).
+        y = b_.node("ConvTranspose", ins, "conv_transpose2d",
+                    {Attribute::Ints("strides", {p.stride[0], p.stride[1]}),
+                     Attribute::Ints("pads", {p.padding[0], p.padding[1], p.padding[0], p.padding[1]}),
+                     Attribute::Ints("dilations", {p.dilation[0], p.dilation[1]}),
+                     Attribute::Ints("output_padding", {p.output_padding[0], p.output_padding[1]}),
+                     Attribute::Ints("kernel_shape", {c.input(1).size(2), c.input(1).size(3)}),
+                     Attribute::Int("group", p.groups)});
         break;
       }
       case OpKind::kLinear: {

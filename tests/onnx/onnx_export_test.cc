@@ -393,6 +393,48 @@ TEST(OnnxExport, Int8InputOfAnFp32Output) {
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(std::exp(conv_out[i]), out[i], 1e-5f * out[i]) << i;
 }
 
+// conv_transpose2d: dbrq's kernel runs output-major codes [K, C, R, S]; ONNX's ConvTranspose takes
+// [C, K, R, S] with the per-output-channel scales on axis 1.
+struct Deconv : nn::CallableModule<Deconv> {
+  Deconv() {
+    up = register_module("up", std::make_shared<nn::ConvTranspose2d>(
+                                    nn::ConvTranspose2dOptions(3, 5, 3).stride(2).padding(1).output_padding(1)));
+  }
+  Tensor forward(const Tensor& x) { return relu((*up)(x)); }
+  std::shared_ptr<nn::ConvTranspose2d> up;
+};
+
+TEST(OnnxExport, ConvTransposeWeightsInOnnxLayout) {
+  manual_seed(8);
+  Deconv m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 50 + i));
+  convert(m);
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 2)}));
+  const NodeR* ct = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "ConvTranspose") ct = &n;
+  }
+  ASSERT_NE(ct, nullptr);
+  EXPECT_EQ(g.output_dims[0], (std::vector<int64_t>{1, 5, 8, 8}));
+  const NodeR* w_dq = g.producer(ct->in[1]);
+  ASSERT_NE(w_dq, nullptr);
+  ASSERT_EQ(w_dq->op, "DequantizeLinear");
+  EXPECT_EQ(w_dq->int_attrs.at("axis"), 1);
+  const InitR& w = g.inits.at(w_dq->in[0]);
+  EXPECT_EQ(w.dims, (std::vector<int64_t>{3, 5, 3, 3}));  // PyTorch's and ONNX's [C, K, R, S]
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  const std::vector<float> scales = g.floats(w_dq->in[1]);
+  ASSERT_EQ(scales, ops[0].weight_qparams->scales);
+  // Each code dequantizes to the layer's weight at the same [c, k, r, s] within half a step.
+  const std::vector<float> wf = m.up->weight.to_vector<float>();
+  for (size_t i = 0; i < wf.size(); ++i) {
+    const size_t k = (i / 9) % 5;
+    EXPECT_NEAR(static_cast<int8_t>(w.raw[i]) * scales[k], wf[i], 0.5f * scales[k] + 1e-6f) << i;
+  }
+}
+
 // ---- bad inputs ----
 
 TEST(OnnxExportErrors, UnpreparedModel) {

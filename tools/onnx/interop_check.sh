@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ONNX export interop (issue 14): exports zoo models with `dbrq export` (tiny variants, random
 # weights calibrated on random batches), checks every export with Debian's python3-onnx checker
-# (full_check: types and shapes inferred), and runs ResNet-18, MobileNetV2, the BERT encoder and the
-# small CNN in ONNX Runtime 1.30 (npm onnxruntime-node, installed with --ignore-scripts into
+# (full_check: types and shapes inferred), and runs ResNet-18, MobileNetV2, the BERT encoder, the
+# small CNN, the DCGAN generator and the U-Net in ONNX Runtime 1.30 (npm onnxruntime-node, installed with --ignore-scripts into
 # $DBRQ_ORT_DIR, default ~/.cache/dbrq-ort), requiring >= 99% of output elements within one
 # quantization step of dbrq's int8 outputs (tools/onnx/ort_compare.js).
 #
@@ -34,7 +34,7 @@ if ! bazel build -c opt //tools/cli:dbrq >"$OUT/build.log" 2>&1; then
   echo "$passed passed, $failed failed"
   exit 1
 fi
-DBRQ=bazel-bin/tools/cli/dbrq
+DBRQ="$(bazel info -c opt bazel-bin 2>/dev/null)/tools/cli/dbrq"  # not the bazel-bin symlink: another config moves it
 
 echo "onnx export: zoo models (tiny, batch 2) -> $OUT"
 exported=()
@@ -80,7 +80,7 @@ if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
   fi
 else
   echo "onnx runtime: $(node -e "console.log(require('$ORT_DIR/node_modules/onnxruntime-node/package.json').version)"), $THREADS threads"
-  for m in resnet18 mobilenet_v2 bert_encoder small_cnn; do
+  for m in resnet18 mobilenet_v2 bert_encoder small_cnn dcgan_generator unet; do
     if [ ! -f "$OUT/$m.onnx" ]; then
       fail "$m: no export to run in ONNX Runtime"
       continue
