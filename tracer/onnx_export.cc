@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -331,6 +332,9 @@ class Recorder : public Interceptor {
     auto it = values_.find(key_of(t));
     if (it != values_.end()) return it->second;
     DBRQ_ENSURE(t.defined(), ValueError, "export_onnx: an op received an undefined tensor");
+    DBRQ_ENSURE(written_inplace_.count(t.storage().get()) == 0, ValueError,
+                "export_onnx: a tensor filled by in-place writes through views is read as a whole; the exporter "
+                "cannot write that data flow (it would export the values of this call as a constant)");
     kept_.push_back(t);
     Value v;
     if (t.is_quantized()) {
@@ -577,6 +581,18 @@ class Recorder : public Interceptor {
       y = chain_tail(&base, s, y, static_cast<size_t>(op->fusion.position) + 1, true);
       set_output(out, y, "residual_add");
       return;
+    }
+    if (c.inplace && c.input(0).defined()) {
+      // An in-place write is a new value of its tensor; through a view it would also change the
+      // tensors sharing its storage, which the graph cannot say: refuse rather than export stale data.
+      const void* storage = c.input(0).storage().get();
+      const Key self = key_of(c.input(0));
+      for (const auto& [k, v] : values_) {
+        if (std::get<0>(k) == storage && k != self && std::get<0>(k) != nullptr) {
+          unsupported(c, op, "it writes in place into a tensor that another tensor of the call views");
+        }
+      }
+      written_inplace_.insert(storage);
     }
     const OpDef& def = op_def(c.kind);
     const size_t n_act = def.activation_inputs(c.num_inputs());
@@ -907,6 +923,16 @@ class Recorder : public Interceptor {
                        : b_.node("Cast", {float_of(c.input(0))}, "to", {Attribute::Int("to", elem_type(to, "to's output"))});
         break;
       }
+      case OpKind::kCopy: {
+        // self.copy_(src): self's sizes and dtype with src's values (broadcast).
+        std::string v = float_of(c.input(1));
+        const DType from = c.input(1).is_quantized() ? DType::kF32 : c.input(1).dtype();
+        const DType to = out.is_quantized() ? DType::kF32 : out.dtype();
+        if (from != to) v = b_.node("Cast", {v}, "copy", {Attribute::Int("to", elem_type(to, "copy_'s output"))});
+        y = dims_of(c.input(1)) == dims_of(out) ? b_.node("Identity", {v}, "copy")
+                                                : b_.node("Expand", {v, b_.i64_vec(dims_of(out))}, "copy");
+        break;
+      }
       case OpKind::kQuantize:
         y = b_.node("Identity", {float_of(c.input(0))}, "quantize");
         break;
@@ -953,6 +979,7 @@ class Recorder : public Interceptor {
   std::map<Key, Value> values_;
   std::map<std::tuple<std::string, std::vector<float>, std::vector<int32_t>, int64_t>, std::string> requant_;
   std::vector<Tensor> kept_;
+  std::set<const void*> written_inplace_;  // storages an in-place op wrote during the call
 };
 
 // Clears the probes however the export ends.

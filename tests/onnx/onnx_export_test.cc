@@ -496,6 +496,41 @@ TEST(OnnxExportErrors, OpWithoutOnnxFormIsNamedAndLeavesTheOldFile) {
   EXPECT_EQ(m(randn({1, 3, 4, 4}, 1)).sizes()[1], 4);
 }
 
+// Filling a buffer through views of it (as a recurrent layer stores its steps): the graph cannot
+// say that the buffer changed, so the export refuses instead of writing this call's values as a
+// constant. A copy_ into a whole tensor is fine.
+struct FillsViews : nn::CallableModule<FillsViews> {
+  FillsViews() { fc = register_module("fc", std::make_shared<nn::Linear>(4, 4)); }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*fc)(x);
+    Tensor buf = zeros({2, 4});
+    if (through_view) {
+      Tensor row = buf.narrow(0, 0, 1);
+      row.copy_(y.narrow(0, 0, 1));
+    } else {
+      buf.copy_(y);
+    }
+    return buf + y;
+  }
+  bool through_view = true;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(OnnxExportErrors, InPlaceWritesThroughViews) {
+  manual_seed(9);
+  FillsViews m;
+  m.eval();
+  prepare(m, {randn({2, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({2, 4}, 60 + i));
+  convert(m);
+  EXPECT_THROW_MSG(export_onnx_bytes(m, {randn({2, 4}, 2)}), ValueError,
+                   "copy_ has no ONNX form in dbrq's exporter: it writes in place into a tensor that another tensor "
+                   "of the call views");
+  m.through_view = false;
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({2, 4}, 2)}));
+  EXPECT_EQ(g.count("Gemm"), 1);
+}
+
 TEST(OnnxExportErrors, UnwritablePath) {
   auto m = converted_resnet_like();
   const Tensor x = randn({1, 3, 8, 8}, 1);
