@@ -36,4 +36,5 @@
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
 #include "tracer/precision.h"
+#include "tracer/onnx_export.h"
 #include "tracer/quantize.h"

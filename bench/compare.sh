@@ -23,5 +23,19 @@ echo "building //bench:dbrq_bench //bench:overhead_bench (-c opt)..." >&2
 bazel build -c opt //bench:dbrq_bench //bench:overhead_bench >&2
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/bench"
 
+# ONNX Runtime running dbrq's exported int8 model vs dbrq int8, same threads (bench/onnx_bench.sh):
+# its rows print first, so the last line stays compare.py's JSON. DBRQ_COMPARE_ONNX=0 skips them.
+if [ "${DBRQ_COMPARE_ONNX:-1}" != "0" ]; then
+  onnx_threads=2
+  for a in "$@"; do
+    case "$a" in --threads=*) onnx_threads=${a#*=}; onnx_threads=${onnx_threads##*,} ;; esac
+  done
+  onnx_iters=20
+  for a in "$@"; do [ "$a" = "--quick" ] && onnx_iters=10; done
+  echo "== ONNX Runtime (dbrq's ONNX export) vs dbrq int8 ==" 
+  bench/onnx_bench.sh --threads="$onnx_threads" --iters="$onnx_iters" || echo "onnx_bench.sh failed" >&2
+  echo
+fi
+
 exec env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 PYTHONDONTWRITEBYTECODE=1 \
   "$PY" bench/compare.py --dbrq-bench "$BIN/dbrq_bench" --overhead-bench "$BIN/overhead_bench" "$@"

@@ -77,5 +77,17 @@ else
   tail -n 20 /tmp/dbrq_external_client.log >&2
 fi
 
+# ONNX export interop (issue 14): the ONNX checker on every exported zoo model, ONNX Runtime (npm
+# onnxruntime-node) against dbrq's int8 outputs; its own "N passed, M failed" line adds up here.
+onnx_out=$(tools/onnx/interop_check.sh 2>&1)
+echo "$onnx_out" | tail -n 25 >&2
+onnx_line=$(echo "$onnx_out" | tail -n 1)
+onnx_p=$(echo "$onnx_line" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1/p')
+onnx_f=$(echo "$onnx_line" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\2/p')
+if [ -z "$onnx_p" ]; then onnx_p=0; onnx_f=1; fi
+echo "onnx interop: $onnx_p passed, $onnx_f failed" >&2
+passed=$((passed + onnx_p))
+failed=$((failed + onnx_f))
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

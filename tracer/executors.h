@@ -78,6 +78,13 @@ class WeightedExec : public ConvertedOp {
   void set_residual_spec(InputSpec s) { residual_ = std::move(s); }
   // Of the kernel built at convert (or rebuilt for changed weights).
   QuantParamsPtr weight_qparams();
+  // The kernel built at convert (or rebuilt for changed weights): its s8 weights (batch norm
+  // folded) and their parameters, for the ONNX exporter.
+  std::shared_ptr<kernels::QWeighted> current_kernel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kernel_;
+  }
+  bool deferred() const { return deferred_; }
 
  private:
   std::shared_ptr<kernels::QWeighted> kernel(const Tensor& weight);

@@ -84,6 +84,12 @@ class QuantInterceptor : public Interceptor {
   void on_module_error(nn::Module& module, const Error& error) override;
 
   ModelQuantState& model() { return *model_; }
+  // The executor of a converted seen op (SeenOpInfo::program_index), or null (not converted, out
+  // of range). For the ONNX exporter, which reads the weights a converted op runs with.
+  ConvertedOp* executor(int program_index) const {
+    if (program_index < 0 || static_cast<size_t>(program_index) >= program_.size()) return nullptr;
+    return program_[static_cast<size_t>(program_index)].get();
+  }
 
   // Converts the model (see convert_model) and switches it to the converted phase.
   void convert(bool int8_outputs);

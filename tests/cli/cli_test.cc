@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -400,6 +401,32 @@ TEST(CliBench, RandomCalibrationAndSavedState) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[4, 1, 8, 8]"));
   EXPECT_THAT(r.out, HasSubstr("int8 speedup (median)"));
+}
+
+// `dbrq export` (issue 14): the ONNX file and its reference, and a model it cannot export.
+TEST(CliExport, WritesOnnxAndReference) {
+  const std::string dir = ::testing::TempDir();
+  const std::string onnx = dir + "/cli_small_cnn.onnx", ref = dir + "/cli_small_cnn.ref.safetensors";
+  RunResult r = dbrq_cli({"export", "--model=small_cnn", "--calib_batches=2", "--threads=1", "--batch_size=2",
+                          "--out=" + onnx, "--reference=" + ref, "--progress=never"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("QuantizeLinear"));
+  EXPECT_THAT(r.out, HasSubstr("opset 17"));
+  EXPECT_TRUE(std::ifstream(onnx).good());
+  const dbrq::NamedTensors t = dbrq::load_safetensors(ref);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].first, "input_0");
+  EXPECT_EQ(t[0].second.size(0), 2);
+  EXPECT_EQ(t[1].first, "output_0");
+  EXPECT_NE(dbrq::load_safetensors_metadata(ref).at("output_0_step"), "0");  // an int8 output: one step
+  expect_usage_error({"export", "--model=small_cnn"}, "missing required flag --out");
+  // The GRU fills its output buffer through views, which has no ONNX form: exit 1 naming the op, no file.
+  const std::string bad = dir + "/cli_gru.onnx";
+  r = dbrq_cli({"export", "--model=gru_classifier", "--variant=tiny", "--calib_batches=1", "--out=" + bad,
+                "--progress=never"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("copy_ has no ONNX form in dbrq's exporter: it writes in place into a tensor"));
+  EXPECT_FALSE(std::ifstream(bad).good());
 }
 
 }  // namespace

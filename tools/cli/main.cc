@@ -86,6 +86,9 @@ ABSL_FLAG(double, min_sqnr, 30.0, "tune: with --metric=sqnr, the output SQNR vs 
 ABSL_FLAG(int32_t, trials, 50, "tune: at most this many trials (>= 1)");
 ABSL_FLAG(double, time_limit, 0.0, "tune: stop starting trials after this many seconds (0: no limit)");
 ABSL_FLAG(std::string, log, "", "tune: trial log (JSON); an existing log of the same search is resumed");
+ABSL_FLAG(std::string, reference, "",
+          "also write the example input and dbrq's int8 outputs (with each output's quantization step) "
+          "as safetensors, for checking another runtime against dbrq");
 ABSL_FLAG(std::string, log_level, "",
           "dbrq's log level: trace, debug, info, warn, error, critical, off (default: DBRQ_LOG_LEVEL, else warn)");
 
@@ -144,6 +147,7 @@ const std::map<std::string, std::string>& metavars() {
       {"loss", "relative|absolute"}, {"max_loss", "X"},
       {"min_sqnr", "DB"},      {"trials", "N"},
       {"time_limit", "SECONDS"}, {"log", "LOG.json"},
+      {"reference", "REF.safetensors"},
   };
   return *m;
 }
@@ -171,6 +175,7 @@ int run_eval();
 int run_report();
 int run_bench();
 int run_tune();
+int run_export();
 
 const std::vector<Command>& commands() {
   static const auto* cmds = new std::vector<Command>{
@@ -266,6 +271,23 @@ const std::vector<Command>& commands() {
        "      --calib=samples/data/digits_calib.safetensors --data=samples/data/digits_test.safetensors \\\n"
        "      --max_loss=0 --log=out/tune.json --out=out/digits.tuned.qstate.json",
        run_tune},
+      {"export", "write the int8 model as an ONNX QDQ graph (ONNX Runtime runs it)",
+       "dbrq export --model=NAME --out=MODEL.onnx [--weights=W.safetensors] [--state=STATE.json] [flags]",
+       "Converts the model to int8 (with the calibration in --state, or on --calib_batches random\n"
+       "batches when there is none), runs it once on the model's example input and writes the ops\n"
+       "that call ran as an ONNX (opset 17) QDQ graph: QuantizeLinear / DequantizeLinear with dbrq's\n"
+       "scales and zero points, s8 weights with per-channel scales (docs/onnx_export.md). Shapes are\n"
+       "the example's (--batch_size).",
+       concat(concat(model_flags(false),
+                     {{"out", true, "where to write the ONNX model"},
+                      {"state", false, "quant-state file to convert with (default: calibrate on random data)"},
+                      {"batch_size", false, "", "1"},
+                      {"calib_batches"},
+                      {"reference"},
+                      {"iters", false, "also time dbrq's int8 model on the example: median of N runs (bench/onnx_bench.sh)", "0"},
+                      {"progress"}}),
+              common_flags()),
+       "dbrq export --model=resnet18 --variant=tiny --out=out/resnet18.onnx", run_export},
   };
   return *cmds;
 }
@@ -783,6 +805,48 @@ int run_tune() {
     std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << " and " << absl::GetFlag(FLAGS_out) << ".mapping.json\n";
   }
   if (!opt.log_path.empty()) std::cout << "log:       " << absl::GetFlag(FLAGS_log) << "\n";
+int run_export() {
+  Setup s = build_model();
+  const int64_t batch = batch_size_or(1);
+  const dbrq::Tensor input = s.spec->example_input(s.variant, batch, /*seed=*/1);
+  std::shared_ptr<dbrq::nn::Module> q;
+  if (!absl::GetFlag(FLAGS_state).empty()) {
+    q = quantized_from_state(s, input);
+  } else {
+    q = pipeline::clone_model(*s.spec, s.variant, *s.model);
+    dbrq::prepare(*q, {input}, dbrq::default_qconfig_mapping("onednn"));
+    const int64_t n = absl::GetFlag(FLAGS_calib_batches);
+    pipeline::ProgressBar bar("calibrating on random data", n, "batches", progress_mode());
+    for (int64_t i = 0; i < n; ++i) {
+      s.spec->run(*q, s.spec->example_input(s.variant, batch, /*seed=*/100 + static_cast<uint64_t>(i)));
+      bar.update(i + 1);
+    }
+    bar.finish();
+    dbrq::convert(*q);
+    std::cout << "state:     calibrated on " << n << " random batches\n";
+  }
+  const std::string out = path_flag(FLAGS_out);
+  const std::string ref = path_flag(FLAGS_reference);
+  dbrq::OnnxExportOptions options;
+  options.int8_inputs_of_fp32_outputs = !ref.empty();  // the reference compares at int8 tensors too
+  const dbrq::OnnxExportSummary r = dbrq::export_onnx(*q, {input}, out, options);
+  std::cout << absl::StrFormat("onnx:      %s: %d nodes (%d QuantizeLinear), %d initializers, %d bytes, opset 17\n",
+                               out, r.nodes, r.quantize_nodes, r.initializers, r.bytes);
+  if (!ref.empty()) {
+    dbrq::NamedTensors t{{"input_0", input}};
+    std::map<std::string, std::string> meta;
+    for (size_t k = 0; k < r.output_names.size(); ++k) {
+      t.emplace_back(r.output_names[k], r.output_values[k]);
+      meta[r.output_names[k] + "_step"] = absl::StrCat(r.output_scales[k]);
+    }
+    dbrq::save_safetensors(ref, t, meta);
+    std::cout << "reference: " << ref << " (input_0, dbrq's outputs: " << absl::StrJoin(r.output_names, ", ") << ")\n";
+  }
+  if (g_set_flags.count("iters") != 0 && absl::GetFlag(FLAGS_iters) > 0) {
+    const pipeline::Latency l = pipeline::measure_latency(*s.spec, *q, input, absl::GetFlag(FLAGS_iters));
+    std::cout << absl::StrFormat("dbrq int8: median %.3f ms over %d runs, %d threads\n", l.median_ms,
+                                 absl::GetFlag(FLAGS_iters), dbrq::get_num_threads());
+  }
   return kExitOk;
 }
 
@@ -849,7 +913,7 @@ int main(int argc, char** argv) {
     command = find_command(first);
     if (command == nullptr) {
       usage_error(absl::StrCat(first.rfind("-", 0) == 0 ? "expected a command before flags, got \"" : "unknown command \"",
-                               first, "\"; commands: quantize, eval, report, bench, tune"));
+                               first, "\"; commands: quantize, eval, report, bench, tune, export"));
     }
     where = "dbrq " + command->name;
     if (!parse_flags(*command, argc, argv)) {

@@ -1,0 +1,555 @@
+// export_onnx (tracer/onnx_export.h): the graph it writes for a converted model (read back with a
+// small protobuf wire-format reader written here, independent of the exporter's writer), the path
+// of a model with control flow, and its bad inputs. ONNX Runtime running the exports of the zoo
+// models is tools/onnx/interop_check.sh (tools/run_tests.sh's onnx stage).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dbrq.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+// ---- a protobuf reader: fields of one message ----
+struct Field {
+  int number = 0;
+  int wire = 0;
+  uint64_t varint = 0;
+  std::string bytes;  // length-delimited
+  float f32 = 0.f;
+};
+
+std::vector<Field> parse(const std::string& s) {
+  std::vector<Field> out;
+  size_t i = 0;
+  auto varint = [&]() {
+    uint64_t v = 0;
+    int shift = 0;
+    while (true) {
+      if (i >= s.size()) throw std::runtime_error("truncated varint");
+      const uint8_t b = static_cast<uint8_t>(s[i++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) break;
+      shift += 7;
+    }
+    return v;
+  };
+  while (i < s.size()) {
+    const uint64_t key = varint();
+    Field f;
+    f.number = static_cast<int>(key >> 3);
+    f.wire = static_cast<int>(key & 7);
+    if (f.wire == 0) {
+      f.varint = varint();
+    } else if (f.wire == 2) {
+      const uint64_t n = varint();
+      if (i + n > s.size()) throw std::runtime_error("truncated field");
+      f.bytes = s.substr(i, n);
+      i += n;
+    } else if (f.wire == 5) {
+      std::memcpy(&f.f32, &s[i], 4);
+      i += 4;
+    } else {
+      throw std::runtime_error("unexpected wire type " + std::to_string(f.wire));
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+struct NodeR {
+  std::string op;
+  std::vector<std::string> in, out;
+  std::map<std::string, int64_t> int_attrs;
+};
+struct InitR {
+  int type = 0;
+  std::vector<int64_t> dims;
+  std::string raw;
+};
+struct ModelR {
+  int64_t ir = 0, opset = 0;
+  std::vector<NodeR> nodes;
+  std::map<std::string, InitR> inits;
+  std::vector<std::string> inputs, outputs;
+  std::vector<std::vector<int64_t>> input_dims, output_dims;
+
+  int count(const std::string& op) const {
+    int n = 0;
+    for (const NodeR& x : nodes) n += x.op == op ? 1 : 0;
+    return n;
+  }
+  const NodeR* producer(const std::string& v) const {
+    for (const NodeR& x : nodes) {
+      for (const std::string& o : x.out) {
+        if (o == v) return &x;
+      }
+    }
+    return nullptr;
+  }
+  std::vector<float> floats(const std::string& init) const {
+    const InitR& t = inits.at(init);
+    EXPECT_EQ(t.type, 1);
+    std::vector<float> v(t.raw.size() / 4);
+    std::memcpy(v.data(), t.raw.data(), t.raw.size());
+    return v;
+  }
+};
+
+std::vector<int64_t> value_dims(const std::string& value_info) {
+  std::vector<int64_t> dims;
+  for (const Field& f : parse(value_info)) {
+    if (f.number != 2) continue;                          // type
+    for (const Field& tt : parse(f.bytes)) {              // tensor_type
+      for (const Field& sh : parse(tt.bytes)) {
+        if (sh.number != 2) continue;                     // shape
+        for (const Field& d : parse(sh.bytes)) dims.push_back(static_cast<int64_t>(parse(d.bytes).at(0).varint));
+      }
+    }
+  }
+  return dims;
+}
+
+std::string name_of(const std::string& msg, int field) {
+  for (const Field& f : parse(msg)) {
+    if (f.number == field) return f.bytes;
+  }
+  return "";
+}
+
+ModelR read_model(const std::string& bytes) {
+  ModelR m;
+  std::string graph;
+  for (const Field& f : parse(bytes)) {
+    if (f.number == 1) m.ir = static_cast<int64_t>(f.varint);
+    if (f.number == 7) graph = f.bytes;
+    if (f.number == 8) {
+      for (const Field& o : parse(f.bytes)) {
+        if (o.number == 2) m.opset = static_cast<int64_t>(o.varint);
+      }
+    }
+  }
+  for (const Field& f : parse(graph)) {
+    if (f.number == 1) {
+      NodeR n;
+      for (const Field& g : parse(f.bytes)) {
+        if (g.number == 1) n.in.push_back(g.bytes);
+        if (g.number == 2) n.out.push_back(g.bytes);
+        if (g.number == 4) n.op = g.bytes;
+        if (g.number == 5) {
+          std::string name;
+          int64_t i = 0;
+          for (const Field& a : parse(g.bytes)) {
+            if (a.number == 1) name = a.bytes;
+            if (a.number == 3) i = static_cast<int64_t>(a.varint);
+          }
+          n.int_attrs[name] = i;
+        }
+      }
+      m.nodes.push_back(n);
+    } else if (f.number == 5) {
+      InitR t;
+      std::string name;
+      for (const Field& g : parse(f.bytes)) {
+        if (g.number == 1) t.dims.push_back(static_cast<int64_t>(g.varint));
+        if (g.number == 2) t.type = static_cast<int>(g.varint);
+        if (g.number == 8) name = g.bytes;
+        if (g.number == 9) t.raw = g.bytes;
+      }
+      m.inits[name] = t;
+    } else if (f.number == 11) {
+      m.inputs.push_back(name_of(f.bytes, 1));
+      m.input_dims.push_back(value_dims(f.bytes));
+    } else if (f.number == 12) {
+      m.outputs.push_back(name_of(f.bytes, 1));
+      m.output_dims.push_back(value_dims(f.bytes));
+    }
+  }
+  return m;
+}
+
+// ---- models ----
+
+struct ResNetLike : nn::CallableModule<ResNetLike> {
+  ResNetLike() {
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(8));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(8, 8, 3, 1, 1));
+    fc = register_module("fc", std::make_shared<nn::Linear>(16, 4));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = relu((*bn1)((*conv1)(x)));
+    Tensor z = relu(add((*conv2)(y), y));
+    Tensor p = max_pool2d(z, {2, 2});
+    Tensor c = cat({p, p}, 1);
+    return (*fc)(flatten(adaptive_avg_pool2d(c, {1, 1}), 1));
+  }
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+std::shared_ptr<ResNetLike> converted_resnet_like() {
+  manual_seed(3);
+  auto m = std::make_shared<ResNetLike>();
+  testing::randomize_bn(*m->bn1, 4);
+  m->eval();
+  prepare(*m, {randn({2, 3, 8, 8}, 1)});
+  for (int i = 0; i < 4; ++i) (*m)(randn({2, 3, 8, 8}, 20 + i));
+  convert(*m);
+  return m;
+}
+
+TEST(OnnxExport, QdqGraphCarriesDbrqsParameters) {
+  auto m = converted_resnet_like();
+  const Tensor x = randn({2, 3, 8, 8}, 7);
+  OnnxExportSummary summary;
+  const ModelR g = read_model(export_onnx_bytes(*m, {x}, {}, &summary));
+  EXPECT_EQ(g.ir, 8);
+  EXPECT_EQ(g.opset, 17);
+  ASSERT_EQ(g.inputs, std::vector<std::string>{"input_0"});
+  EXPECT_EQ(g.input_dims[0], (std::vector<int64_t>{2, 3, 8, 8}));  // NCHW, whatever dbrq's layout
+  ASSERT_EQ(g.outputs, std::vector<std::string>{"output_0"});
+  EXPECT_EQ(g.output_dims[0], (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(g.count("Conv"), 2);
+  EXPECT_EQ(g.count("Gemm"), 1);
+  EXPECT_EQ(g.count("BatchNormalization"), 0);  // folded into conv1's weights
+  EXPECT_EQ(g.count("Add"), 1);                 // the residual add
+  EXPECT_EQ(g.count("Relu"), 2);
+  EXPECT_EQ(g.count("MaxPool"), 1);
+  EXPECT_EQ(g.count("Concat"), 1);
+  EXPECT_EQ(g.count("GlobalAveragePool"), 1);
+  EXPECT_EQ(summary.nodes, static_cast<int64_t>(g.nodes.size()));
+  EXPECT_EQ(summary.quantize_nodes, g.count("QuantizeLinear"));
+
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(*m);
+  ASSERT_EQ(ops[0].op, "conv2d+batch_norm+relu");
+  // conv1 reads the quantized input: QuantizeLinear(input_0) with dbrq's input parameters.
+  const NodeR* conv1 = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "Conv") {
+      conv1 = &n;
+      break;
+    }
+  }
+  ASSERT_NE(conv1, nullptr);
+  const NodeR* x_dq = g.producer(conv1->in[0]);
+  ASSERT_NE(x_dq, nullptr);
+  ASSERT_EQ(x_dq->op, "DequantizeLinear");
+  const NodeR* x_q = g.producer(x_dq->in[0]);
+  ASSERT_NE(x_q, nullptr);
+  ASSERT_EQ(x_q->op, "QuantizeLinear");
+  EXPECT_EQ(x_q->in[0], "input_0");
+  EXPECT_EQ(g.floats(x_q->in[1]), std::vector<float>{ops[0].input_qparams[0]->scale()});
+  ASSERT_EQ(g.inits.at(x_q->in[2]).type, 2);  // u8 zero point
+  EXPECT_EQ(static_cast<uint8_t>(g.inits.at(x_q->in[2]).raw[0]), ops[0].input_qparams[0]->zero_point());
+  // Its weights: s8 codes [8, 3, 3, 3] with the per-channel scales of the folded weights (axis 0).
+  const NodeR* w_dq = g.producer(conv1->in[1]);
+  ASSERT_NE(w_dq, nullptr);
+  ASSERT_EQ(w_dq->op, "DequantizeLinear");
+  EXPECT_EQ(w_dq->int_attrs.at("axis"), 0);
+  const InitR& w = g.inits.at(w_dq->in[0]);
+  EXPECT_EQ(w.type, 3);
+  EXPECT_EQ(w.dims, (std::vector<int64_t>{8, 3, 3, 3}));
+  EXPECT_EQ(g.floats(w_dq->in[1]), ops[0].weight_qparams->scales);
+  // The codes dequantize to the folded weights within half a step.
+  const std::vector<float> w_f = m->conv1->weight.to_vector<float>();
+  const std::vector<float> gamma = m->bn1->weight.to_vector<float>(), var = m->bn1->running_var.to_vector<float>();
+  for (int k = 0; k < 8; ++k) {
+    const float mult = gamma[k] / std::sqrt(var[k] + 1e-5f), s = ops[0].weight_qparams->scales[k];
+    for (int i = 0; i < 27; ++i) {
+      const int8_t code = static_cast<int8_t>(w.raw[static_cast<size_t>(k * 27 + i)]);
+      EXPECT_NEAR(code * s, w_f[static_cast<size_t>(k * 27 + i)] * mult, 0.5f * s + 1e-6f) << k << " " << i;
+    }
+  }
+  // Its bias: s32 with scale input scale x weight scale.
+  ASSERT_EQ(conv1->in.size(), 3u);
+  const NodeR* b_dq = g.producer(conv1->in[2]);
+  ASSERT_NE(b_dq, nullptr);
+  EXPECT_EQ(g.inits.at(b_dq->in[0]).type, 6);
+  const std::vector<float> bs = g.floats(b_dq->in[1]);
+  ASSERT_EQ(bs.size(), 8u);
+  for (int k = 0; k < 8; ++k) {
+    EXPECT_FLOAT_EQ(bs[k], ops[0].input_qparams[0]->scale() * ops[0].weight_qparams->scales[k]);
+  }
+  // conv1's chain ends in Relu -> QuantizeLinear with the chain's output parameters.
+  const NodeR* relu = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "Relu" && g.producer(n.in[0]) == conv1) relu = &n;
+  }
+  ASSERT_NE(relu, nullptr);
+  bool quantized_after = false;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "QuantizeLinear" && n.in[0] == relu->out[0]) {
+      quantized_after = true;
+      EXPECT_EQ(g.floats(n.in[1]), std::vector<float>{ops[0].output_qparams->scale()});
+    }
+  }
+  EXPECT_TRUE(quantized_after);
+  // The output is the linear's int8 result dequantized: one step is its scale.
+  const QuantizedOpInfo& fc = ops.back();
+  ASSERT_EQ(fc.op, "linear");
+  ASSERT_EQ(summary.output_scales.size(), 1u);
+  EXPECT_FLOAT_EQ(summary.output_scales[0], fc.output_qparams->scale());
+  // Exporting leaves the model as it was: it still computes what it computed before.
+  const Tensor before = (*m)(x);
+  export_onnx_bytes(*m, {x});
+  EXPECT_EQ(testing::values((*m)(x)), testing::values(before));
+}
+
+TEST(OnnxExport, WritesTheFileAtomically) {
+  auto m = converted_resnet_like();
+  const std::string dir = ::testing::TempDir() + "/onnx_export_ok";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.onnx";
+  const OnnxExportSummary s = export_onnx(*m, {randn({1, 3, 8, 8}, 2)}, path);
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(static_cast<int64_t>(bytes.size()), s.bytes);
+  EXPECT_EQ(read_model(bytes).input_dims[0], (std::vector<int64_t>{1, 3, 8, 8}));  // the example's batch
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1);  // no temporary left
+}
+
+// A branch chosen by the caller: each export writes the path its call took.
+struct Branchy : nn::CallableModule<Branchy> {
+  Branchy() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*conv)(x);
+    return use_sigmoid ? sigmoid(y) : tanh(y);
+  }
+  bool use_sigmoid = true;
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+TEST(OnnxExport, ExportsThePathTheExampleTakes) {
+  manual_seed(5);
+  Branchy m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) {
+    m.use_sigmoid = i % 2 == 0;
+    m(randn({1, 3, 4, 4}, 30 + i));
+  }
+  convert(m);
+  m.use_sigmoid = true;
+  const ModelR a = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}));
+  EXPECT_EQ(a.count("Sigmoid"), 1);
+  EXPECT_EQ(a.count("Tanh"), 0);
+  m.use_sigmoid = false;
+  const ModelR b = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}));
+  EXPECT_EQ(b.count("Sigmoid"), 0);
+  EXPECT_EQ(b.count("Tanh"), 1);
+}
+
+// An output dbrq computes in fp32 (exp) from an int8 tensor (the conv's): with
+// int8_inputs_of_fp32_outputs that tensor is an output too, with its scale and dbrq's values.
+struct Fp32Tail : nn::CallableModule<Fp32Tail> {
+  Fp32Tail() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) { return exp((*conv)(x)); }
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+TEST(OnnxExport, Int8InputOfAnFp32Output) {
+  manual_seed(6);
+  Fp32Tail m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 40 + i));
+  convert(m);
+  const Tensor x = randn({1, 3, 4, 4}, 3);
+  OnnxExportSummary plain;
+  const ModelR a = read_model(export_onnx_bytes(m, {x}, {}, &plain));
+  EXPECT_EQ(a.outputs, std::vector<std::string>{"output_0"});
+  EXPECT_EQ(plain.output_scales, std::vector<float>{0.f});  // fp32: no quantization step
+  EXPECT_EQ(a.count("Exp"), 1);
+  OnnxExportOptions options;
+  options.int8_inputs_of_fp32_outputs = true;
+  OnnxExportSummary s;
+  const ModelR b = read_model(export_onnx_bytes(m, {x}, options, &s));
+  EXPECT_EQ(b.outputs, (std::vector<std::string>{"output_0", "output_0_int8_input"}));
+  EXPECT_EQ(s.output_names, b.outputs);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_EQ(ops[0].op, "conv2d");
+  ASSERT_EQ(s.output_scales.size(), 2u);
+  EXPECT_EQ(s.output_scales[1], ops[0].output_qparams->scale());
+  ASSERT_EQ(s.output_values.size(), 2u);
+  EXPECT_EQ(testing::values(s.output_values[0]), testing::values(m(x)));
+  // exp of the dequantized conv output is the fp32 output.
+  const std::vector<float> conv_out = testing::values(s.output_values[1]), out = testing::values(s.output_values[0]);
+  ASSERT_EQ(conv_out.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(std::exp(conv_out[i]), out[i], 1e-5f * out[i]) << i;
+}
+
+// conv_transpose2d: dbrq's kernel runs output-major codes [K, C, R, S]; ONNX's ConvTranspose takes
+// [C, K, R, S] with the per-output-channel scales on axis 1.
+struct Deconv : nn::CallableModule<Deconv> {
+  Deconv() {
+    up = register_module("up", std::make_shared<nn::ConvTranspose2d>(
+                                    nn::ConvTranspose2dOptions(3, 5, 3).stride(2).padding(1).output_padding(1)));
+  }
+  Tensor forward(const Tensor& x) { return relu((*up)(x)); }
+  std::shared_ptr<nn::ConvTranspose2d> up;
+};
+
+TEST(OnnxExport, ConvTransposeWeightsInOnnxLayout) {
+  manual_seed(8);
+  Deconv m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 50 + i));
+  convert(m);
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 2)}));
+  const NodeR* ct = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "ConvTranspose") ct = &n;
+  }
+  ASSERT_NE(ct, nullptr);
+  EXPECT_EQ(g.output_dims[0], (std::vector<int64_t>{1, 5, 8, 8}));
+  const NodeR* w_dq = g.producer(ct->in[1]);
+  ASSERT_NE(w_dq, nullptr);
+  ASSERT_EQ(w_dq->op, "DequantizeLinear");
+  EXPECT_EQ(w_dq->int_attrs.at("axis"), 1);
+  const InitR& w = g.inits.at(w_dq->in[0]);
+  EXPECT_EQ(w.dims, (std::vector<int64_t>{3, 5, 3, 3}));  // PyTorch's and ONNX's [C, K, R, S]
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  const std::vector<float> scales = g.floats(w_dq->in[1]);
+  ASSERT_EQ(scales, ops[0].weight_qparams->scales);
+  // Each code dequantizes to the layer's weight at the same [c, k, r, s] within half a step.
+  const std::vector<float> wf = m.up->weight.to_vector<float>();
+  for (size_t i = 0; i < wf.size(); ++i) {
+    const size_t k = (i / 9) % 5;
+    EXPECT_NEAR(static_cast<int8_t>(w.raw[i]) * scales[k], wf[i], 0.5f * scales[k] + 1e-6f) << i;
+  }
+}
+
+// ---- bad inputs ----
+
+TEST(OnnxExportErrors, UnpreparedModel) {
+  ResNetLike m;
+  m.eval();
+  const std::string path = ::testing::TempDir() + "/unprepared.onnx";
+  EXPECT_THROW_MSG(export_onnx(m, {randn({1, 3, 8, 8}, 1)}, path), UsageError, "export_onnx: ResNetLike is not a prepared model");
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(OnnxExportErrors, PreparedButNotConverted) {
+  manual_seed(3);
+  ResNetLike m;
+  m.eval();
+  prepare(m, {randn({1, 3, 8, 8}, 1)});
+  m(randn({1, 3, 8, 8}, 2));
+  const std::string path = ::testing::TempDir() + "/unconverted.onnx";
+  EXPECT_THROW_MSG(export_onnx(m, {randn({1, 3, 8, 8}, 1)}, path), UsageError, "export_onnx: ResNetLike is prepared but not converted (phase: calibrating)");
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+struct WithStd : nn::CallableModule<WithStd> {
+  WithStd() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) { return dbrq::std((*conv)(x), {2, 3}, true, false); }
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+TEST(OnnxExportErrors, OpWithoutOnnxFormIsNamedAndLeavesTheOldFile) {
+  manual_seed(5);
+  WithStd m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  m(randn({1, 3, 4, 4}, 2));
+  convert(m);
+  const std::string dir = ::testing::TempDir() + "/onnx_export_std";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.onnx";
+  {
+    std::ofstream f(path);
+    f << "previous export";
+  }
+  try {
+    export_onnx(m, {randn({1, 3, 4, 4}, 1)}, path);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("export_onnx: std "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has no ONNX form in dbrq's exporter"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("WithStd"), std::string::npos) << msg;  // where: the module whose forward ran it
+  }
+  std::ifstream f(path);
+  std::string content;
+  std::getline(f, content);
+  EXPECT_EQ(content, "previous export");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1);
+  // The model still runs after the failed export.
+  EXPECT_EQ(m(randn({1, 3, 4, 4}, 1)).sizes()[1], 4);
+}
+
+// Filling a buffer through views of it (as a recurrent layer stores its steps): the graph cannot
+// say that the buffer changed, so the export refuses instead of writing this call's values as a
+// constant. A copy_ into a whole tensor is fine.
+struct FillsViews : nn::CallableModule<FillsViews> {
+  FillsViews() { fc = register_module("fc", std::make_shared<nn::Linear>(4, 4)); }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*fc)(x);
+    Tensor buf = zeros({2, 4});
+    if (through_view) {
+      Tensor row = buf.narrow(0, 0, 1);
+      row.copy_(y.narrow(0, 0, 1));
+    } else {
+      buf.copy_(y);
+    }
+    return buf + y;
+  }
+  bool through_view = true;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(OnnxExportErrors, InPlaceWritesThroughViews) {
+  manual_seed(9);
+  FillsViews m;
+  m.eval();
+  prepare(m, {randn({2, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({2, 4}, 60 + i));
+  convert(m);
+  EXPECT_THROW_MSG(export_onnx_bytes(m, {randn({2, 4}, 2)}), ValueError,
+                   "copy_ has no ONNX form in dbrq's exporter: it writes in place into a tensor that another tensor "
+                   "of the call views");
+  m.through_view = false;
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({2, 4}, 2)}));
+  EXPECT_EQ(g.count("Gemm"), 1);
+}
+
+TEST(OnnxExportErrors, UnwritablePath) {
+  auto m = converted_resnet_like();
+  const Tensor x = randn({1, 3, 8, 8}, 1);
+  EXPECT_THROW_MSG(export_onnx(*m, {x}, "/nonexistent_dbrq_dir/model.onnx"), IOError, "export_onnx: cannot write \"/nonexistent_dbrq_dir/model.onnx\"");
+  // A directory in the way: the rename fails, the temporary is removed.
+  const std::string dir = ::testing::TempDir() + "/onnx_export_dir";
+  std::filesystem::create_directories(dir + "/model.onnx");
+  EXPECT_THROW_MSG(export_onnx(*m, {x}, dir + "/model.onnx"), IOError, "export_onnx: cannot write \"" + dir + "/model.onnx\"");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 0);
+  EXPECT_THROW_MSG(export_onnx(*m, {x}, ""), IOError, "export_onnx: the output path is empty");
+}
+
+TEST(OnnxExportErrors, BadExampleInputs) {
+  auto m = converted_resnet_like();
+  EXPECT_THROW_MSG(export_onnx_bytes(*m, {}), ValueError, "export_onnx: example_inputs is empty");
+  EXPECT_THROW_MSG(export_onnx_bytes(*m, {Tensor()}), ValueError, "export_onnx: example input 0 is undefined");
+}
+
+}  // namespace
+}  // namespace dbrq
