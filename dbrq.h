@@ -32,6 +32,7 @@
 #include "runtime/nn.h"
 #include "runtime/ops.h"
 #include "runtime/safetensors.h"
+#include "tracer/bias_correction.h"
 #include "tracer/equalize.h"
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
