@@ -4,6 +4,7 @@
 // (docs/equalization_bias_correction.md).
 //
 //   bazel run -c opt //bench:cle_bc_table -- --variants=tiny,full --calib=8 --test=4 --batch=2
+//   ... --gamma_decades=3   # batch-norm gammas over 3 decades: the imbalance of trained nets
 //
 // Every recipe starts from the same weights; SQNR is over the held-out test batches against the
 // original fp32 model (so an fp32 change made by equalizing through relu6 counts against it).
@@ -29,15 +30,25 @@ void fill(Tensor& t, const Tensor& src) {
   for (size_t i = 0; i < v.size(); ++i) p[i] = v[i];
 }
 
-// tools/torch_zoo.py's randomize_norms, with dbrq's generator.
-void randomize_norms(dbrq::nn::Module& model, uint64_t seed) {
+// tools/torch_zoo.py's randomize_norms, with dbrq's generator. gamma_decades > 0 draws gamma
+// log-uniformly over that many decades instead (around 1), imitating the channel imbalance of
+// trained depthwise layers (Nagel et al. 2019, fig. 2) that random weights lack.
+void randomize_norms(dbrq::nn::Module& model, uint64_t seed, double gamma_decades) {
   for (auto& [fqn, m] : model.named_modules()) {
     auto* bn = dynamic_cast<dbrq::nn::BatchNorm2d*>(m);
     if (bn == nullptr) continue;
     const int64_t n = bn->num_features();
     fill(bn->running_mean, dbrq::mul(dbrq::randn({n}, seed++), 0.2));
     fill(bn->running_var, dbrq::rand_uniform({n}, 0.5, 2.0, seed++));
-    fill(bn->weight, dbrq::rand_uniform({n}, 0.5, 1.5, seed++));
+    if (gamma_decades > 0) {
+      const std::vector<float> e = dbrq::rand_uniform({n}, -gamma_decades / 2, gamma_decades / 2, seed++).to_vector<float>();
+      std::vector<float> g(e.size());
+      for (size_t i = 0; i < e.size(); ++i) g[i] = std::pow(10.0f, e[i]);
+      float* p = bn->weight.mutable_data<float>();
+      for (size_t i = 0; i < g.size(); ++i) p[i] = g[i];
+    } else {
+      fill(bn->weight, dbrq::rand_uniform({n}, 0.5, 1.5, seed++));
+    }
     fill(bn->bias, dbrq::mul(dbrq::randn({n}, seed++), 0.1));
   }
 }
@@ -62,6 +73,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> models = {"resnet18", "mobilenet_v2"};
   int calib_n = 8, test_n = 4;
   int64_t batch = 2;
+  double gamma_decades = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) { return a.substr(std::string(flag).size()); };
@@ -70,6 +82,7 @@ int main(int argc, char** argv) {
     else if (a.rfind("--calib=", 0) == 0) calib_n = std::stoi(value("--calib="));
     else if (a.rfind("--test=", 0) == 0) test_n = std::stoi(value("--test="));
     else if (a.rfind("--batch=", 0) == 0) batch = std::stoll(value("--batch="));
+    else if (a.rfind("--gamma_decades=", 0) == 0) gamma_decades = std::stod(value("--gamma_decades="));
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -94,7 +107,7 @@ int main(int argc, char** argv) {
       dbrq::manual_seed(1);
       auto base = spec.make(variant);
       base->eval();
-      randomize_norms(*base, 1000);
+      randomize_norms(*base, 1000, gamma_decades);
       const dbrq::NamedTensors weights = base->state_dict();
       std::vector<Tensor> calib, test;
       for (int i = 0; i < calib_n; ++i) calib.push_back(spec.example_input(variant, batch, 100 + i));
