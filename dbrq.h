@@ -33,6 +33,8 @@
 #include "runtime/ops.h"
 #include "runtime/safetensors.h"
 #include "tracer/autotune.h"
+#include "tracer/bias_correction.h"
+#include "tracer/equalize.h"
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
 #include "tracer/precision.h"

@@ -1,0 +1,215 @@
+#include "tracer/bias_correction.h"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "kernels/bn_fold.h"
+#include "quant_state/observers.h"
+#include "tracer/flow_graph.h"
+#include "tracer/quantize.h"
+
+namespace dbrq {
+namespace {
+
+using tracer::FlowGraph;
+using tracer::FlowNode;
+
+struct Target {
+  int node = -1;             // in the first batch's graph
+  OpKind kind = OpKind::kNumOpKinds;
+  Conv2dParams conv;
+  Tensor delta_w;            // W - Q(W), folded
+  Tensor param;              // receives the shift
+  std::string layer, target;
+  std::vector<double> sum;   // per output channel
+  int64_t count = 0;         // output positions summed per channel
+};
+
+std::string module_fqn(nn::Module& model, nn::Module* m) {
+  if (m == nullptr) return "";
+  for (const auto& [fqn, mm] : model.named_modules())
+    if (mm == m) return fqn;
+  return "";
+}
+
+QConfigPtr qconfig_of(nn::Module& model, const QConfigMapping& mapping, const FlowNode& n) {
+  if (n.module == nullptr) return mapping.for_op(n.kind, model.type_name(), "");
+  const std::string fqn = module_fqn(model, n.module);
+  if (n.module->is_leaf()) return mapping.for_module(n.module->type_name(), fqn);
+  return mapping.for_op(n.kind, n.module->type_name(), fqn);
+}
+
+// W - dequantize(quantize(W)) with the qconfig's weight observer, as convert quantizes W.
+Tensor weight_error(const QConfig& q, const Tensor& w) {
+  std::unique_ptr<Observer> obs = make_observer(q.weight);
+  obs->observe(w);
+  const QuantParamsPtr qp = obs->calculate_qparams();
+  const Tensor quantized = qp->is_per_channel()
+                               ? quantize_per_channel(w, qp->scales, qp->zero_points, qp->axis, q.weight.dtype)
+                               : quantize_per_tensor(w, qp->scale(), qp->zero_point(), q.weight.dtype);
+  return sub(w, dequantize(quantized));
+}
+
+// Finds the layers to correct in the first batch's graph, or says why not.
+std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mapping, const FlowGraph& g,
+                                 std::vector<std::string>* skipped) {
+  std::vector<Target> out;
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const FlowNode& n = g.nodes[static_cast<size_t>(i)];
+    if (n.kind != OpKind::kConv2d && n.kind != OpKind::kLinear) continue;
+    const std::string name = tracer::node_name(model, g, i);
+    auto skip = [&](const std::string& why) { skipped->push_back(absl::StrCat(name, ": ", why)); };
+    const QConfigPtr q = qconfig_of(model, mapping, n);
+    if (q == nullptr) {
+      skip("kept fp32 by the mapping");
+      continue;
+    }
+    const Tensor& w = n.inputs[1];
+    const Tensor b = n.inputs.size() > 2 ? n.inputs[2] : Tensor();
+    if (!g.is_param(w) || g.param_uses.at(w.storage().get()) != 1) {
+      skip("its weight is not a registered f32 parameter used by this op only");
+      continue;
+    }
+    Target t;
+    t.node = i;
+    t.kind = n.kind;
+    t.conv = n.conv;
+    t.layer = name;
+    Tensor folded_w = w, folded_b = b;
+    // A batch norm reading only this output is folded into it by convert: correct its beta.
+    const int c = g.sole_consumer(i);
+    const FlowNode* bn = nullptr;
+    if (c >= 0 && g.nodes[static_cast<size_t>(c)].kind == OpKind::kBatchNorm &&
+        g.nodes[static_cast<size_t>(c)].producers[0] == i &&
+        (n.kind == OpKind::kConv2d || n.inputs[0].dim() == 2)) {
+      bn = &g.nodes[static_cast<size_t>(c)];
+    }
+    if (bn != nullptr) {
+      const Tensor& beta = bn->inputs[4];
+      if (!beta.defined() || !g.is_param(beta) || g.param_uses.at(beta.storage().get()) != 1) {
+        skip("the batch norm after it has no beta parameter of its own to correct");
+        continue;
+      }
+      kernels::BatchNormStats stats{bn->inputs[1], bn->inputs[2], bn->inputs[3], beta, bn->eps};
+      kernels::fold_batch_norm(w, b, stats, &folded_w, &folded_b);
+      t.param = beta;
+      t.target = g.param_name(beta);
+    } else {
+      if (!b.defined()) {
+        skip("no bias to correct (bias=false and no batch norm after it)");
+        continue;
+      }
+      if (!g.is_param(b) || g.param_uses.at(b.storage().get()) != 1) {
+        skip("its bias is not a registered f32 parameter used by this op only");
+        continue;
+      }
+      t.param = b;
+      t.target = g.param_name(b);
+    }
+    t.delta_w = weight_error(*q, folded_w);
+    t.sum.assign(static_cast<size_t>(folded_w.size(0)), 0.0);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Adds conv(x, delta_w) (or linear) summed per output channel to t.
+void accumulate(Target& t, const Tensor& x) {
+  const Tensor d = t.kind == OpKind::kConv2d ? conv2d(x, t.delta_w, Tensor(), t.conv) : linear(x, t.delta_w);
+  const Tensor dc = d.contiguous();
+  const float* p = dc.data<float>();
+  const int64_t channels = static_cast<int64_t>(t.sum.size());
+  if (t.kind == OpKind::kConv2d) {
+    const int64_t n = dc.size(0), hw = dc.size(2) * dc.size(3);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t o = 0; o < channels; ++o) {
+        double s = 0.0;
+        const float* q = p + (b * channels + o) * hw;
+        for (int64_t k = 0; k < hw; ++k) s += q[k];
+        t.sum[static_cast<size_t>(o)] += s;
+      }
+    t.count += n * hw;
+  } else {
+    const int64_t rows = dc.numel() / channels;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < channels; ++o) t.sum[static_cast<size_t>(o)] += p[r * channels + o];
+    t.count += rows;
+  }
+}
+
+}  // namespace
+
+std::string BiasCorrectionReport::to_string() const {
+  std::ostringstream os;
+  os << "bias correction over " << batches << " batch(es): " << layers.size() << " layer(s)\n";
+  for (const CorrectedLayer& l : layers)
+    os << "  " << l.layer << " -> " << l.target << ": " << l.channels << " channels, shift max |" << l.max_abs_shift
+       << "|, mean |" << l.mean_abs_shift << "|\n";
+  if (layers.empty()) os << "  no conv2d or linear layer to correct\n";
+  for (const std::string& s : skipped) os << "  skipped: " << s << "\n";
+  return os.str();
+}
+
+BiasCorrectionReport correct_bias(nn::Module& model, const std::vector<std::vector<Tensor>>& calibration,
+                                  const QConfigMapping& mapping) {
+  DBRQ_ENSURE(!is_prepared(model), UsageError, "correct_bias: ", model.type_name(),
+              " is prepared; correct the fp32 model's biases before dbrq::prepare");
+  DBRQ_ENSURE(!model.is_training(), UsageError, "correct_bias: ", model.type_name(),
+              " is in training mode; call eval() first");
+  DBRQ_ENSURE(!calibration.empty(), ValueError,
+              "correct_bias: no calibration data; pass at least one batch (the tensors forward takes)");
+  for (size_t k = 0; k < calibration.size(); ++k)
+    DBRQ_ENSURE(!calibration[k].empty(), ValueError, "correct_bias: calibration batch ", k,
+                " is empty; each batch lists the tensors forward takes");
+  mapping.validate(model);
+
+  BiasCorrectionReport report;
+  std::vector<Target> targets;
+  std::map<const Storage*, size_t> by_weight;  // weight storage -> target
+  {
+    // One run decides which layers to correct (and how: bias or batch-norm beta, folded weights).
+    const FlowGraph g = tracer::trace_flow(model, [&] { model.forward_tensors(calibration[0]); });
+    InterceptorScope plain(nullptr);
+    targets = find_targets(model, mapping, g, &report.skipped);
+    for (size_t t = 0; t < targets.size(); ++t)
+      by_weight[g.nodes[static_cast<size_t>(targets[t].node)].inputs[1].storage().get()] = t;
+  }
+  // Then every batch adds each target's conv(x, W - Q(W)) as the op runs (before anything later in
+  // forward could modify x in place).
+  for (const std::vector<Tensor>& batch : calibration) {
+    if (targets.empty()) break;
+    tracer::trace_flow(
+        model, [&] { model.forward_tensors(batch); },
+        [&](const FlowGraph& graph, int i) {
+          const FlowNode& n = graph.nodes[static_cast<size_t>(i)];
+          if (n.kind != OpKind::kConv2d && n.kind != OpKind::kLinear) return;
+          auto it = by_weight.find(n.inputs[1].storage().get());
+          if (it == by_weight.end()) return;
+          InterceptorScope plain(nullptr);
+          accumulate(targets[it->second], n.inputs[0]);
+        });
+    ++report.batches;
+  }
+  for (Target& t : targets) {
+    CorrectedLayer l;
+    l.layer = t.layer;
+    l.target = t.target;
+    l.channels = static_cast<int64_t>(t.sum.size());
+    float* p = t.param.mutable_data<float>();
+    for (size_t o = 0; o < t.sum.size(); ++o) {
+      const double shift = t.count > 0 ? t.sum[o] / static_cast<double>(t.count) : 0.0;
+      p[o] = static_cast<float>(static_cast<double>(p[o]) + shift);
+      l.max_abs_shift = std::max(l.max_abs_shift, std::abs(shift));
+      l.mean_abs_shift += std::abs(shift) / static_cast<double>(t.sum.size());
+    }
+    report.layers.push_back(l);
+  }
+  if (report.layers.empty()) log()->warn("correct_bias: no layer to correct in {}", model.type_name());
+  log()->info("{}", report.to_string());
+  return report;
+}
+
+}  // namespace dbrq
