@@ -591,32 +591,46 @@ std::pair<float, float> mse_range_search(const RangeHistogram& h, const Observer
   };
   int best_lo = 0, best_hi = bins;
   double best = error_of(best_lo, best_hi);
-  auto consider = [&](int lo_i, int hi_i) {
-    lo_i = std::max(0, std::min(lo_i, lo_last));
-    hi_i = std::max(hi_first, std::min(hi_i, bins));
-    const double e = error_of(lo_i, hi_i);
-    // Ties keep the wider range (fewer values clipped for the same error).
-    if (e < best || (e == best && lo_i <= best_lo && hi_i >= best_hi)) {
-      best = e;
-      best_lo = lo_i;
-      best_hi = hi_i;
+  // Each stage scores its candidates in parallel, then picks in candidate order: the same range
+  // for any thread count.
+  std::vector<std::pair<int, int>> cand;
+  std::vector<double> err;
+  auto add = [&](int lo_i, int hi_i) {
+    cand.emplace_back(std::max(0, std::min(lo_i, lo_last)), std::max(hi_first, std::min(hi_i, bins)));
+  };
+  auto score = [&] {
+    const int64_t n = static_cast<int64_t>(cand.size());
+    err.assign(cand.size(), 0.0);
+#pragma omp parallel for schedule(dynamic, 4) num_threads(scan_threads(n * static_cast<int64_t>(nz.size())))
+    for (int64_t c = 0; c < n; ++c) err[c] = error_of(cand[c].first, cand[c].second);
+    for (size_t c = 0; c < cand.size(); ++c) {
+      const auto [lo_i, hi_i] = cand[c];
+      // Ties keep the wider range (fewer values clipped for the same error).
+      if (err[c] < best || (err[c] == best && lo_i <= best_lo && hi_i >= best_hi)) {
+        best = err[c];
+        best_lo = lo_i;
+        best_hi = hi_i;
+      }
     }
+    cand.clear();
   };
   const int n_lo = lo_last + 1, n_hi = bins - hi_first + 1;
   const int per_axis = (n_lo == 1 || n_hi == 1) ? 64 : 32;
   int stride_lo = std::max(1, (n_lo + per_axis - 1) / per_axis);
   int stride_hi = std::max(1, (n_hi + per_axis - 1) / per_axis);
   for (int a = 0; a < n_lo + stride_lo; a += stride_lo) {
-    for (int b = 0; b < n_hi + stride_hi; b += stride_hi) consider(std::min(a, lo_last), bins - std::min(b, n_hi - 1));
+    for (int b = 0; b < n_hi + stride_hi; b += stride_hi) add(std::min(a, lo_last), bins - std::min(b, n_hi - 1));
   }
+  score();
   while (stride_lo > 1 || stride_hi > 1) {
     const int wl = stride_lo, wh = stride_hi;
     stride_lo = std::max(1, stride_lo / 4);
     stride_hi = std::max(1, stride_hi / 4);
     const int cl = best_lo, ch = best_hi;
     for (int a = cl - wl; a <= cl + wl; a += stride_lo) {
-      for (int b = ch - wh; b <= ch + wh; b += stride_hi) consider(a, b);
+      for (int b = ch - wh; b <= ch + wh; b += stride_hi) add(a, b);
     }
+    score();
   }
   return {edge(best_lo), edge(best_hi)};
 }

@@ -297,6 +297,18 @@ TEST(MseObserver, ReducedRangeAndSignedDataStayInRange) {
   }
 }
 
+// The search runs its candidates on several threads; the range must not depend on how many.
+TEST(MseObserver, SameRangeForAnyThreadCount) {
+  const std::vector<float> x = gaussian_with_outliers(50000, 8, 13, 0.4f);
+  auto obs = make_observer(mse_spec());
+  obs->observe(tensor_of(x));
+  set_num_threads(1);
+  const QuantParamsPtr one = obs->calculate_qparams();
+  set_num_threads(2);
+  const QuantParamsPtr two = obs->calculate_qparams();
+  EXPECT_EQ(*one, *two);
+}
+
 TEST(MseObserver, RejectsBadSpecsAndInputs) {
   ObserverSpec one_bin = mse_spec(1);
   EXPECT_THROW(
