@@ -519,6 +519,131 @@ class PercentileObserver : public HistogramBasedObserver {
   }
 };
 
+// Expected squared quantization error of a histogram under one set of qparams. Values are taken
+// as spread uniformly inside each bin; each value maps to the nearest representable value of the
+// grid (k - zero_point) * scale, k in [qmin, qmax], so values outside the grid are clipped to its
+// ends. Exact for that model of the data: per bin, the squared error is integrated in closed form.
+class GridError {
+ public:
+  GridError(double scale, double lo_rep, double hi_rep) : s_(scale), lo_(lo_rep), hi_(hi_rep) {
+    cell_ = s_ * s_ * s_ / 12.0;
+  }
+  // Integral of (x - Q(x))^2 over [a, b] (a <= b).
+  double integral(double a, double b) const {
+    double e = 0.0;
+    if (a < lo_) {
+      const double top = std::min(b, lo_);
+      e += (cube(lo_ - a) - cube(lo_ - top)) / 3.0;
+    }
+    if (b > hi_) {
+      const double bottom = std::max(a, hi_);
+      e += (cube(b - hi_) - cube(bottom - hi_)) / 3.0;
+    }
+    const double ma = std::max(a, lo_), mb = std::min(b, hi_);
+    if (mb > ma) e += inside(mb) - inside(ma);
+    return e;
+  }
+
+ private:
+  static double cube(double v) { return v * v * v; }
+  // Integral of the rounding error from the grid's first value lo_ to t (lo_ <= t <= hi_): whole
+  // cells contribute s^3/12 each; in a partial cell of length p the nearest value is the cell's
+  // start up to s/2, its end after.
+  double inside(double t) const {
+    const double u = (t - lo_) / s_;
+    const double n = std::floor(u);
+    const double p = (u - n) * s_;
+    const double part = p <= s_ / 2 ? cube(p) / 3.0 : cell_ - cube(s_ - p) / 3.0;
+    return n * cell_ + part;
+  }
+  double s_, lo_, hi_, cell_;
+};
+
+// The clip range [lo, hi] (histogram bin edges; the range includes 0) whose qparams give the
+// smallest expected squared error over the histogram, rounding and clipping included. The
+// candidate pairs are searched coarse to fine: a grid of at most 33 x 33 (65 when only one side can
+// move) edges, then windows around the best pair at strides 1/4 of the previous one down to 1.
+std::pair<float, float> mse_range_search(const RangeHistogram& h, const ObserverSpec& spec) {
+  const std::vector<double>& hist = h.counts();
+  const int bins = static_cast<int>(hist.size());
+  const double mn = h.min(), mx = h.max();
+  const double w = (mx - mn) / bins;
+  if (!(w > 0.0)) return {h.min(), h.max()};
+  // Non-empty bins only: the error of a candidate is a sum over them.
+  std::vector<int> nz;
+  for (int i = 0; i < bins; ++i) {
+    if (hist[i] > 0.0) nz.push_back(i);
+  }
+  auto edge = [&](int i) { return static_cast<float>(mn + w * i); };
+  // Edges that keep 0 inside: lo from edge 0 up to the last edge <= 0, hi from the first edge >= 0.
+  const int lo_last = mn >= 0.0 ? 0 : std::min(bins, static_cast<int>(std::floor(-mn / w)));
+  const int hi_first = mx <= 0.0 ? bins : std::max(0, std::min(bins, static_cast<int>(std::ceil(-mn / w))));
+  auto error_of = [&](int lo_i, int hi_i) {
+    const float lo = std::min(edge(lo_i), 0.f), hi = std::max(edge(hi_i), 0.f);
+    if (!(hi > lo)) return std::numeric_limits<double>::infinity();
+    const QuantParamsPtr qp = dbrq::calculate_qparams({lo}, {hi}, spec.dtype, spec.qscheme, spec.reduce_range);
+    const QuantRange r = quant_range(spec.dtype, spec.reduce_range);
+    const double s = qp->scale(), z = qp->zero_point();
+    const GridError g(s, (r.min - z) * s, (r.max - z) * s);
+    double e = 0.0;
+    for (int i : nz) e += hist[i] / w * g.integral(mn + w * i, mn + w * (i + 1));
+    return e;
+  };
+  int best_lo = 0, best_hi = bins;
+  double best = error_of(best_lo, best_hi);
+  // Each stage scores its candidates in parallel, then picks in candidate order: the same range
+  // for any thread count.
+  std::vector<std::pair<int, int>> cand;
+  std::vector<double> err;
+  auto add = [&](int lo_i, int hi_i) {
+    cand.emplace_back(std::max(0, std::min(lo_i, lo_last)), std::max(hi_first, std::min(hi_i, bins)));
+  };
+  auto score = [&] {
+    const int64_t n = static_cast<int64_t>(cand.size());
+    err.assign(cand.size(), 0.0);
+#pragma omp parallel for schedule(dynamic, 4) num_threads(scan_threads(n * static_cast<int64_t>(nz.size())))
+    for (int64_t c = 0; c < n; ++c) err[c] = error_of(cand[c].first, cand[c].second);
+    for (size_t c = 0; c < cand.size(); ++c) {
+      const auto [lo_i, hi_i] = cand[c];
+      // Ties keep the wider range (fewer values clipped for the same error).
+      if (err[c] < best || (err[c] == best && lo_i <= best_lo && hi_i >= best_hi)) {
+        best = err[c];
+        best_lo = lo_i;
+        best_hi = hi_i;
+      }
+    }
+    cand.clear();
+  };
+  const int n_lo = lo_last + 1, n_hi = bins - hi_first + 1;
+  const int per_axis = (n_lo == 1 || n_hi == 1) ? 64 : 32;
+  int stride_lo = std::max(1, (n_lo + per_axis - 1) / per_axis);
+  int stride_hi = std::max(1, (n_hi + per_axis - 1) / per_axis);
+  for (int a = 0; a < n_lo + stride_lo; a += stride_lo) {
+    for (int b = 0; b < n_hi + stride_hi; b += stride_hi) add(std::min(a, lo_last), bins - std::min(b, n_hi - 1));
+  }
+  score();
+  while (stride_lo > 1 || stride_hi > 1) {
+    const int wl = stride_lo, wh = stride_hi;
+    stride_lo = std::max(1, stride_lo / 4);
+    stride_hi = std::max(1, stride_hi / 4);
+    const int cl = best_lo, ch = best_hi;
+    for (int a = cl - wl; a <= cl + wl; a += stride_lo) {
+      for (int b = ch - wh; b <= ch + wh; b += stride_hi) add(a, b);
+    }
+    score();
+  }
+  return {edge(best_lo), edge(best_hi)};
+}
+
+// Mse: the clip range with the smallest expected squared quantization error (mse_range_search).
+class MseObserver : public HistogramBasedObserver {
+ public:
+  using HistogramBasedObserver::HistogramBasedObserver;
+
+ protected:
+  std::pair<float, float> choose_range() const override { return mse_range_search(hist_, spec_); }
+};
+
 // TensorRT's entropy calibration: among thresholds t, pick the one whose quantized distribution
 // (clipped at t, merged into the available levels) has the smallest KL divergence from the
 // clipped reference distribution. The histogram is of |x|; the range is [-t, t] cut to the data.
@@ -704,18 +829,20 @@ const char* observer_kind_name(ObserverKind k) {
       return "FixedQParams";
     case ObserverKind::kPlaceholder:
       return "Placeholder";
+    case ObserverKind::kMse:
+      return "Mse";
   }
   return "?";
 }
 
 ObserverKind observer_kind_from_name(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(ObserverKind::kPlaceholder); ++i) {
+  for (int i = 0; i <= static_cast<int>(ObserverKind::kMse); ++i) {
     const auto k = static_cast<ObserverKind>(i);
     if (name == observer_kind_name(k)) return k;
   }
   DBRQ_THROW(ValueError, "unknown observer kind \"", name,
              "\"; expected MinMax, MovingAverageMinMax, Histogram, PerChannelMinMax, Percentile, Entropy, "
-             "FixedQParams or Placeholder");
+             "FixedQParams, Placeholder or Mse");
 }
 
 ObserverSpec ObserverSpec::min_max(DType dtype, QScheme qscheme) {
@@ -775,6 +902,14 @@ ObserverSpec ObserverSpec::fixed(float scale, int32_t zero_point, DType dtype) {
   return s;
 }
 
+ObserverSpec ObserverSpec::mse(DType dtype, bool reduce_range) {
+  ObserverSpec s;
+  s.kind = ObserverKind::kMse;
+  s.dtype = dtype;
+  s.reduce_range = reduce_range;
+  return s;
+}
+
 ObserverSpec ObserverSpec::placeholder(DType dtype) {
   ObserverSpec s;
   s.kind = ObserverKind::kPlaceholder;
@@ -806,6 +941,7 @@ std::string ObserverSpec::to_string() const {
       absl::StrAppend(&s, ", bins=", bins, ", percentile=", percentile);
       break;
     case ObserverKind::kEntropy:
+    case ObserverKind::kMse:
       absl::StrAppend(&s, ", bins=", bins);
       break;
     case ObserverKind::kPerChannelMinMax:
@@ -920,6 +1056,8 @@ std::unique_ptr<Observer> make_observer(const ObserverSpec& spec) {
       return std::make_unique<FixedQParamsObserver>(spec);
     case ObserverKind::kPlaceholder:
       return std::make_unique<PlaceholderObserver>(spec);
+    case ObserverKind::kMse:
+      return std::make_unique<MseObserver>(spec);
   }
   DBRQ_THROW(ValueError, "unknown observer kind");
 }

@@ -10,6 +10,8 @@
 //   MinMax, MovingAverageMinMax (PyTorch's averaging_constant), Histogram (PyTorch's 2048-bin
 //   histogram with the L2-error range search), PerChannelMinMax (weights), Percentile (clips to a
 //   percentile of the histogram), Entropy (TensorRT's KL-divergence threshold search),
+//   Mse (the clip range on the histogram with the smallest expected squared error of the real
+//   values, rounding and clipping included, as NNCF / OpenVINO and TensorRT's MSE calibrators),
 //   FixedQParams (sigmoid / tanh / softmax outputs), Placeholder (dynamic quantization: records
 //   nothing; qparams come from each call's data).
 //
@@ -40,6 +42,7 @@ enum class ObserverKind : uint8_t {
   kEntropy,
   kFixedQParams,
   kPlaceholder,
+  kMse,  // appended: files name kinds by name, and earlier values keep their numbers
 };
 
 const char* observer_kind_name(ObserverKind k);
@@ -54,8 +57,8 @@ struct ObserverSpec {
   bool reduce_range = false;
   int64_t ch_axis = 0;                // per-channel kinds
   double averaging_constant = 0.01;   // MovingAverageMinMax
-  int bins = 2048;                    // histogram-based kinds
-  int upsample_rate = 128;            // Histogram: resolution when ranges grow
+  int bins = 2048;                    // histogram-based kinds (Histogram, Percentile, Entropy, Mse)
+  int upsample_rate = 128;            // histogram-based kinds: resolution when ranges grow
   double percentile = 99.99;          // Percentile: kept mass, in percent
   bool torch_integer_edges = false;   // Histogram: reproduce PyTorch 1.13's integer histc edges
   float fixed_scale = 0.f;            // FixedQParams
@@ -70,6 +73,7 @@ struct ObserverSpec {
   static ObserverSpec entropy(DType dtype = DType::kU8);
   static ObserverSpec fixed(float scale, int32_t zero_point, DType dtype = DType::kU8);
   static ObserverSpec placeholder(DType dtype = DType::kU8);
+  static ObserverSpec mse(DType dtype = DType::kU8, bool reduce_range = false);
 
   bool operator==(const ObserverSpec& o) const;
   bool operator!=(const ObserverSpec& o) const { return !(*this == o); }

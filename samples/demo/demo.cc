@@ -31,7 +31,7 @@
 ABSL_FLAG(std::string, out_dir, "",
           "where to write the quant state and the reports (default: out/ in the workspace under bazel run, "
           "else ./out)");
-ABSL_FLAG(std::string, observer, "histogram", "activation observer: histogram, minmax, percentile or entropy");
+ABSL_FLAG(std::string, observer, "histogram", "activation observer: histogram, minmax, percentile, entropy or mse");
 ABSL_FLAG(int64_t, batch_size, 32, "samples per batch for calibration and evaluation");
 ABSL_FLAG(int32_t, iters, 200, "timed runs for the latency comparison");
 ABSL_FLAG(int32_t, threads, 0, "threads for every kernel (0: one per core)");

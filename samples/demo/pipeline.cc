@@ -292,7 +292,7 @@ std::shared_ptr<nn::Module> clone_model(const zoo::ModelSpec& spec, zoo::Variant
 }
 
 const std::vector<std::string>& observer_names() {
-  static const std::vector<std::string> names = {"histogram", "minmax", "percentile", "entropy"};
+  static const std::vector<std::string> names = {"histogram", "minmax", "percentile", "entropy", "mse"};
   return names;
 }
 
@@ -301,6 +301,7 @@ dbrq::ObserverSpec activation_observer(const std::string& name) {
   if (name == "minmax") return dbrq::ObserverSpec::min_max();
   if (name == "percentile") return dbrq::ObserverSpec::percentile_of();
   if (name == "entropy") return dbrq::ObserverSpec::entropy();
+  if (name == "mse") return dbrq::ObserverSpec::mse();
   DBRQ_THROW(dbrq::ValueError, "unknown observer \"", name, "\"; expected ", absl::StrJoin(observer_names(), ", "));
 }
 

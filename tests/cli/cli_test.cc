@@ -351,6 +351,21 @@ TEST(CliRoundTrip, QuantizeEvalReport) {
   }
 }
 
+// Issue 13's Mse observer through the whole tool: quantize writes its kind into the state file
+// (the format names kinds), eval reads it back and evaluates with the saved qparams.
+TEST(CliRoundTrip, MseObserverStateFileRoundTrips) {
+  const std::string state = dbrq::testing::temp_path("mse.qstate.json");
+  RunResult r = dbrq_cli({"quantize", "--model=small_cnn", "--weights=" + weights(), "--calib=" + calib(),
+                          "--out=" + state, "--observer=mse", "--batches=2", "--progress=never"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = dbrq_cli({"eval", "--model=small_cnn", "--weights=" + weights(), "--state=" + state, "--data=" + test_data(),
+                "--progress=never"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("activations: Mse"));
+  EXPECT_THAT(r.out, HasSubstr("top-1 accuracy"));
+}
+
 TEST(CliRoundTrip, OtherObserverIsDetectedFromTheStateFile) {
   const std::string state = dbrq::testing::temp_path("minmax.qstate.json");
   RunResult r = dbrq_cli({"quantize", "--model=small_cnn", "--weights=" + weights(), "--calib=" + calib(),

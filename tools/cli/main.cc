@@ -64,7 +64,7 @@ ABSL_FLAG(std::string, state, "", "quant-state file written by `dbrq quantize`")
 ABSL_FLAG(std::string, out, "", "output file");
 ABSL_FLAG(std::string, csv, "", "also write the per-op numbers as CSV to this file");
 ABSL_FLAG(std::string, title, "", "report title (default: the model's name)");
-ABSL_FLAG(std::string, observer, "histogram", "activation observer: histogram, minmax, percentile or entropy");
+ABSL_FLAG(std::string, observer, "histogram", "activation observer: histogram, minmax, percentile, entropy or mse");
 ABSL_FLAG(int64_t, batches, 0, "use at most this many batches of the data (0: all)");
 ABSL_FLAG(int64_t, batch_size, 0, "samples per batch");
 ABSL_FLAG(int32_t, threads, 0, "threads for every kernel (0: one per core)");
