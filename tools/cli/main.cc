@@ -805,6 +805,9 @@ int run_tune() {
     std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << " and " << absl::GetFlag(FLAGS_out) << ".mapping.json\n";
   }
   if (!opt.log_path.empty()) std::cout << "log:       " << absl::GetFlag(FLAGS_log) << "\n";
+  return kExitOk;
+}
+
 int run_export() {
   Setup s = build_model();
   const int64_t batch = batch_size_or(1);
