@@ -2,8 +2,9 @@
 // nothing that grows with module names. This binary replaces operator new with a counting one that,
 // while a test enables it, walks each allocation's call stack and files it as
 //   activation  the storage of a tensor an op returns (under dbrq::Storage::allocate),
-//   oneDNN      made by oneDNN or its OpenMP runtime themselves (a frame in libdnnl / libgomp:
-//               its execution context and memory handles, outside dbrq's control),
+//   oneDNN      made by oneDNN or its OpenMP runtime themselves (a frame in libdnnl.so / libgomp.so
+//               or in oneDNN's C++ API: its execution context and memory handles, outside dbrq's
+//               control),
 //   dbrq        anything else: bookkeeping by dbrq's own code, which must be none.
 // The same model with 2-letter and 300-letter module names must allocate exactly alike.
 #include <dlfcn.h>
@@ -30,6 +31,22 @@ struct Counts {
 thread_local Counts* g_counts = nullptr;  // non-null: counting on this thread
 thread_local bool g_in_hook = false;
 
+// A frame of oneDNN or its OpenMP runtime: inside libdnnl.so / libgomp.so (matched on the file's
+// base name: a dynamically linked Bazel test also loads dbrq's own `libkernels_Slibdnnl_Uutils.so`,
+// which is dbrq's code), or in oneDNN's C++ API (namespace dnnl, header code compiled into dbrq's
+// objects: a dnnl::memory handle's reference count).
+bool from_onednn(const Dl_info& info) {
+  if (info.dli_fname != nullptr) {
+    const char* slash = std::strrchr(info.dli_fname, '/');
+    const char* base = slash != nullptr ? slash + 1 : info.dli_fname;
+    if (std::strncmp(base, "libdnnl.so", 10) == 0 || std::strncmp(base, "libgomp.so", 10) == 0) return true;
+  }
+  // dnnl::... functions, and library templates instantiated for oneDNN's C handles (the
+  // std::shared_ptr<dnnl_memory> inside a dnnl::memory).
+  return info.dli_sname != nullptr &&
+         (std::strncmp(info.dli_sname, "_ZN4dnnl", 8) == 0 || std::strstr(info.dli_sname, "dnnl_") != nullptr);
+}
+
 void classify() {
   g_in_hook = true;
   void* frames[48];
@@ -39,10 +56,7 @@ void classify() {
     Dl_info info;
     if (dladdr(frames[i], &info) == 0) continue;
     if (info.dli_sname != nullptr && std::strstr(info.dli_sname, "Storage8allocate") != nullptr) activation = true;
-    if (info.dli_fname != nullptr &&
-        (std::strstr(info.dli_fname, "libdnnl") != nullptr || std::strstr(info.dli_fname, "libgomp") != nullptr)) {
-      onednn = true;
-    }
+    if (from_onednn(info)) onednn = true;
   }
   if (activation) {
     ++g_counts->activation;
