@@ -121,6 +121,9 @@ struct OpDef {
   OpFn run = nullptr;                  // the eager kernel of the functional form
   int num_activation_inputs = -1;      // leading activation inputs; weights / statistics follow (-1: all)
   SizesFn infer_sizes = nullptr;       // shape rule: output sizes from the inputs, where they follow
+  // The kernel calibration runs while observers watch, when PyTorch 1.13 sums in another order than
+  // `run`: observers must see exactly what PyTorch FX's see (conv2d, linear). Null: `run`.
+  OpFn calibrate_run = nullptr;
 
   // ---- elementwise activations ----
   // The op as a oneDNN eltwise step: its eager kernel, its post-op when fused, and (through
@@ -149,6 +152,9 @@ struct OpDef {
   // quantization see it, output channels on dim 0 (conv_transpose2d's is [in, out/groups, ...]).
   // Null: the weight as recorded.
   Tensor (*int8_weight_layout)(const Tensor& weight, const void* params) = nullptr;
+  // Its inverse: a weight in that layout back in the op's own (calibration runs the op with a
+  // batch norm folded into its weight). Needed whenever int8_weight_layout is set.
+  Tensor (*weight_from_int8_layout)(const Tensor& weight, const void* params) = nullptr;
   MemoryFormat int8_input_format = MemoryFormat::kPreserve;  // layout an f32 input is quantized to
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged

@@ -15,6 +15,10 @@ Tensor run_conv2d(const OpCall& c) {
   return kernels::conv2d(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
 }
 
+Tensor calibrate_conv2d(const OpCall& c) {
+  return kernels::conv2d_torch_order(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
+}
+
 DimVector conv2d_sizes(const OpCall& c) {
   const ConvGeometry g = conv2d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
   return {g.n, g.k, g.oh, g.ow};
@@ -86,6 +90,7 @@ namespace ops {
 void register_conv_ops(OpRegistry& r) {
   OpDef& d = r.define(OpKind::kConv2d, "conv2d").with_params<Conv2dParams>();
   d.run = run_conv2d;
+  d.calibrate_run = calibrate_conv2d;
   d.num_activation_inputs = 1;  // then weight, bias
   d.infer_sizes = conv2d_sizes;
   d.role = QuantRole::kWeighted;
@@ -102,6 +107,8 @@ void register_conv_ops(OpRegistry& r) {
   t.fusion_site = kAfterConv;  // conv_transpose2d (+ batch_norm) (+ relu ...) is one int8 primitive
   t.int8_weighted = make_qconv_transpose2d;
   t.int8_weight_layout = conv_transpose2d_weight_output_major;  // BN folds and scales per output channel
+  // [g][i][j] -> [g][j][i] per group is its own inverse.
+  t.weight_from_int8_layout = conv_transpose2d_weight_output_major;
   t.int8_input_format = MemoryFormat::kChannelsLast;
 
   // conv1d: conv2d with H = 1 in both forms (conv1d (+ batch_norm) (+ relu ...) is one primitive).

@@ -11,6 +11,9 @@ namespace dbrq {
 namespace {
 
 Tensor run_linear(const OpCall& c) { return kernels::linear(c.input(0), c.input(1), c.input(2)); }
+Tensor calibrate_linear(const OpCall& c) {
+  return kernels::linear_torch_order(c.input(0), c.input(1), c.input(2));
+}
 Tensor run_matmul(const OpCall& c) { return kernels::matmul(c.input(0), c.input(1)); }
 
 DimVector linear_sizes(const OpCall& c) { return linear_output_sizes(c.input(0), c.input(1), c.input(2)); }
@@ -41,6 +44,7 @@ namespace ops {
 void register_matmul_ops(OpRegistry& r) {
   OpDef& lin = r.define(OpKind::kLinear, "linear");
   lin.run = run_linear;
+  lin.calibrate_run = calibrate_linear;
   lin.num_activation_inputs = 1;  // then weight, bias
   lin.infer_sizes = linear_sizes;
   lin.role = QuantRole::kWeighted;
