@@ -57,6 +57,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& 
 // product over k in order, one rounding per step, then + bias). Slower; not for inference.
 Tensor conv2d_torch_order(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
 Tensor linear_torch_order(const Tensor& x, const Tensor& w, const Tensor& b);
+Tensor conv1d_torch_order(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p);
 // Transposed convolution (oneDNN deconvolution); w in PyTorch's [C, K/groups, R, S] layout.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvTranspose2dParams& p,
                         const PostOps& post = {});

@@ -55,6 +55,10 @@ Tensor run_conv1d(const OpCall& c) {
   return kernels::conv1d(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
 }
 
+Tensor calibrate_conv1d(const OpCall& c) {
+  return kernels::conv1d_torch_order(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
+}
+
 DimVector conv1d_sizes(const OpCall& c) {
   const ConvGeometry g = conv1d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
   return {g.n, g.k, g.ow};
@@ -114,6 +118,7 @@ void register_conv_ops(OpRegistry& r) {
   // conv1d: conv2d with H = 1 in both forms (conv1d (+ batch_norm) (+ relu ...) is one primitive).
   OpDef& c1 = r.define(OpKind::kConv1d, "conv1d").with_params<Conv1dParams>();
   c1.run = run_conv1d;
+  c1.calibrate_run = calibrate_conv1d;
   c1.num_activation_inputs = 1;
   c1.infer_sizes = conv1d_sizes;
   c1.role = QuantRole::kWeighted;

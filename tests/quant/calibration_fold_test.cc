@@ -250,4 +250,49 @@ TEST(TorchOrderKernels, BadInputsAreRejected) {
   }
 }
 
+// A linear's weight (2-D) folds as fuse_linear_bn_weights: bias (b - mean) * (gamma * rsqrt) + beta;
+// a conv's as fuse_conv_bn_weights: ((b - mean) * rsqrt) * gamma + beta. Written out here.
+TEST(CalibrationFold, LinearAndConvFoldTheBiasInPyTorchsOrder) {
+  const int64_t k = 64;
+  const Tensor mean = dbrq::randn({k}, 31), gamma = dbrq::randn({k}, 32), beta = dbrq::randn({k}, 33);
+  std::vector<float> var = dbrq::randn({k}, 34).to_vector<float>();
+  for (float& v : var) v = 0.1f + v * v;
+  const Tensor var_t = dbrq::from_vector(var, {k});
+  const Tensor b = dbrq::randn({k}, 35);
+  const kernels::BatchNormStats st{mean, var_t, gamma, beta, 1e-5};
+  const std::vector<float> m = mean.to_vector<float>(), g = gamma.to_vector<float>(), be = beta.to_vector<float>(),
+                           bv = b.to_vector<float>();
+  std::vector<float> want_linear(k), want_conv(k);
+  for (int64_t c = 0; c < k; ++c) {
+    const float rsqrt = 1.f / std::sqrt(var[c] + 1e-5f);
+    const float scale = g[c] * rsqrt;
+    want_linear[c] = (bv[c] - m[c]) * scale + be[c];
+    want_conv[c] = (bv[c] - m[c]) * rsqrt * g[c] + be[c];
+  }
+  Tensor w2, b2;
+  kernels::fold_batch_norm(dbrq::randn({k, 8}, 36), b, st, &w2, &b2);
+  EXPECT_EQ(b2.to_vector<float>(), want_linear);
+  kernels::fold_batch_norm(dbrq::randn({k, 8, 3}, 37), b, st, &w2, &b2);
+  EXPECT_EQ(b2.to_vector<float>(), want_conv);
+  // The two orders do differ on these values: the test can tell them apart.
+  EXPECT_NE(want_linear, want_conv);
+}
+
+// conv1d calibrates as PyTorch runs it: a conv2d over [N, C, 1, L].
+TEST(TorchOrderKernels, Conv1dIsTheConv2dOverOneRow) {
+  const Tensor x = dbrq::randn({3, 4, 11}, 41);
+  const Tensor w = dbrq::randn({6, 2, 3}, 42);
+  const Tensor b = dbrq::randn({6}, 43);
+  dbrq::Conv1dParams p;
+  p.stride = 2;
+  p.padding = 1;
+  p.groups = 2;
+  const Tensor got = kernels::conv1d_torch_order(x, w, b, p);
+  const Tensor want = kernels::conv2d_torch_order(x.reshape({3, 4, 1, 11}), w.reshape({6, 2, 1, 3}), b,
+                                                  kernels::conv1d_as_conv2d(p));
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{3, 6, 6}));
+  EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>());
+  dbrq::testing::expect_close(got, kernels::conv1d(x, w, b, p), 1e-5, "vs eager conv1d");
+}
+
 }  // namespace
