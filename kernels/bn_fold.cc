@@ -22,11 +22,14 @@ void fold_batch_norm(const Tensor& w, const Tensor& b, const BatchNormStats& bn,
   const std::vector<float> beta = bn.bias.defined() ? bn.bias.to_vector<float>() : std::vector<float>(k, 0.f);
   const std::vector<float> bias = b.defined() ? b.to_vector<float>() : std::vector<float>(k, 0.f);
   float* bd = nb.mutable_data<float>();
+  // A linear's weight is 2-D: PyTorch folds it with fuse_linear_bn_weights, whose bias multiplies
+  // by gamma * rsqrt in one step; convs (3-D, 4-D) with fuse_conv_bn_weights, by rsqrt then gamma.
+  const bool linear = w.dim() == 2;
   for (int64_t c = 0; c < k; ++c) {
     const float rsqrt = 1.f / std::sqrt(var[c] + static_cast<float>(bn.eps));
     const float mult = gamma[c] * rsqrt;
     for (int64_t i = 0; i < per; ++i) dst[c * per + i] = src[c * per + i] * mult;
-    bd[c] = (bias[c] - mean[c]) * rsqrt * gamma[c] + beta[c];
+    bd[c] = linear ? (bias[c] - mean[c]) * mult + beta[c] : (bias[c] - mean[c]) * rsqrt * gamma[c] + beta[c];
   }
   *w_out = nw;
   *b_out = nb;

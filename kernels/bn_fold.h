@@ -18,7 +18,9 @@ struct BatchNormStats {
 };
 
 // w * (gamma * rsqrt(var + eps)) per output channel (dim 0); ((b - mean) * rsqrt(var + eps)) * gamma
-// + beta. `b` may be undefined (0). Throws ShapeError when the channel counts differ.
+// + beta (fuse_conv_bn_weights), or for a 2-D (linear) weight (b - mean) * (gamma * rsqrt(var + eps))
+// + beta (fuse_linear_bn_weights). `b` may be undefined (0). Throws ShapeError when the channel
+// counts differ.
 void fold_batch_norm(const Tensor& w, const Tensor& b, const BatchNormStats& bn, Tensor* w_out, Tensor* b_out);
 
 }  // namespace dbrq::kernels

@@ -51,6 +51,13 @@ using PostOps = std::vector<Eltwise>;
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const PostOps& post = {});
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& post = {});
+// The same functions computed in PyTorch 1.13's order of operations (Debian's build, which
+// calibration must reproduce so observers see PyTorch FX's values): conv2d as ideep asks oneDNN for
+// it (layouts chosen by oneDNN, training propagation); linear as the reference BLAS sums (each dot
+// product over k in order, one rounding per step, then + bias). Slower; not for inference.
+Tensor conv2d_torch_order(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
+Tensor linear_torch_order(const Tensor& x, const Tensor& w, const Tensor& b);
+Tensor conv1d_torch_order(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p);
 // Transposed convolution (oneDNN deconvolution); w in PyTorch's [C, K/groups, R, S] layout.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvTranspose2dParams& p,
                         const PostOps& post = {});

@@ -37,4 +37,13 @@ Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dPar
   return drop_unit_height(conv2d(unit_height_view(x), unit_height_view(w), b, conv1d_as_conv2d(p), post));
 }
 
+// PyTorch runs conv1d as a conv2d over [N, C, 1, L] (view1d_as_2d), so its order is conv2d's.
+Tensor conv1d_torch_order(const Tensor& x, const Tensor& w, const Tensor& b, const Conv1dParams& p) {
+  conv1d_geometry(x, w, b, p);
+  check_float("conv1d", "input", x);
+  check_float("conv1d", "weight", w);
+  if (b.defined()) check_float("conv1d", "bias", b);
+  return drop_unit_height(conv2d_torch_order(unit_height_view(x), unit_height_view(w), b, conv1d_as_conv2d(p)));
+}
+
 }  // namespace dbrq::kernels

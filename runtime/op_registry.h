@@ -124,6 +124,9 @@ struct OpDef {
   // bf16 arithmetic with f32 boundaries (kernels/bf16.h), for an op a QConfig::bf16() marker keeps
   // out of int8 on a CPU with AVX512_BF16; null: such an op runs fp32.
   OpFn bf16_run = nullptr;
+  // The kernel calibration runs while observers watch, when PyTorch 1.13 sums in another order than
+  // `run`: observers must see exactly what PyTorch FX's see (conv2d, linear). Null: `run`.
+  OpFn calibrate_run = nullptr;
 
   // ---- elementwise activations ----
   // The op as a oneDNN eltwise step: its eager kernel, its post-op when fused, and (through
@@ -152,6 +155,9 @@ struct OpDef {
   // quantization see it, output channels on dim 0 (conv_transpose2d's is [in, out/groups, ...]).
   // Null: the weight as recorded.
   Tensor (*int8_weight_layout)(const Tensor& weight, const void* params) = nullptr;
+  // Its inverse: a weight in that layout back in the op's own (calibration runs the op with a
+  // batch norm folded into its weight). Needed whenever int8_weight_layout is set.
+  Tensor (*weight_from_int8_layout)(const Tensor& weight, const void* params) = nullptr;
   MemoryFormat int8_input_format = MemoryFormat::kPreserve;  // layout an f32 input is quantized to
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged

@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "runtime/ops.h"
 #include "tracer/executors.h"
+#include "tracer/fold_calibration.h"
 
 namespace dbrq::tracer {
 namespace {
@@ -517,7 +518,9 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
       // ("conv2d: input must have dtype f32") rather than by an observer. Each observer still sees
       // its tensors in the same order. An in-place op overwrites its input: observe that first.
       if (observe && call.inplace) observe_inputs();
-      Tensor o = run_fp32(call);
+      // Observed calls compute as PyTorch FX's prepared model does (fold_calibration.h); with
+      // observers off the model computes exactly the fp32 model.
+      Tensor o = observe ? run_observed(s, op, call) : run_fp32(call);
       if (observe && !call.inplace) observe_inputs();
       if (observe && op.output_observer >= 0) model_->observer(op.output_observer).observe(o);
       return o;
@@ -636,6 +639,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   if (!outermost) return;
   if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   tls_created.resize(f.created_mark);        // and the records it added
+  drop_folds_on_this_thread();               // folded results no batch norm took
   // A path added while calibrating: placement, fusions and observers over every path so far.
   if (phase == Phase::kCalibrating && model_->dirty()) analyze_program(*model_);
   // The model's outputs are fp32 unless configured otherwise.
@@ -702,7 +706,10 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
     if (outermost && f.owner == this) rollback_records(f.created_mark);
   }
   // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned.
-  if (tls_stack.empty()) drop_pending_on_this_thread();
+  if (tls_stack.empty()) {
+    drop_pending_on_this_thread();
+    drop_folds_on_this_thread();
+  }
 }
 
 }  // namespace dbrq::tracer

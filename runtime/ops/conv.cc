@@ -19,6 +19,10 @@ Tensor run_conv2d_bf16(const OpCall& c) {
   return kernels::conv2d_bf16(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
 }
 
+Tensor calibrate_conv2d(const OpCall& c) {
+  return kernels::conv2d_torch_order(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
+}
+
 DimVector conv2d_sizes(const OpCall& c) {
   const ConvGeometry g = conv2d_geometry(c.input(0), c.input(1), c.input(2), c.p<Conv2dParams>());
   return {g.n, g.k, g.oh, g.ow};
@@ -53,6 +57,10 @@ Tensor conv_transpose2d_weight_output_major(const Tensor& w, const void* params)
 
 Tensor run_conv1d(const OpCall& c) {
   return kernels::conv1d(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
+}
+
+Tensor calibrate_conv1d(const OpCall& c) {
+  return kernels::conv1d_torch_order(c.input(0), c.input(1), c.input(2), c.p<Conv1dParams>());
 }
 
 DimVector conv1d_sizes(const OpCall& c) {
@@ -91,6 +99,7 @@ void register_conv_ops(OpRegistry& r) {
   OpDef& d = r.define(OpKind::kConv2d, "conv2d").with_params<Conv2dParams>();
   d.run = run_conv2d;
   d.bf16_run = run_conv2d_bf16;
+  d.calibrate_run = calibrate_conv2d;
   d.num_activation_inputs = 1;  // then weight, bias
   d.infer_sizes = conv2d_sizes;
   d.role = QuantRole::kWeighted;
@@ -107,11 +116,14 @@ void register_conv_ops(OpRegistry& r) {
   t.fusion_site = kAfterConv;  // conv_transpose2d (+ batch_norm) (+ relu ...) is one int8 primitive
   t.int8_weighted = make_qconv_transpose2d;
   t.int8_weight_layout = conv_transpose2d_weight_output_major;  // BN folds and scales per output channel
+  // [g][i][j] -> [g][j][i] per group is its own inverse.
+  t.weight_from_int8_layout = conv_transpose2d_weight_output_major;
   t.int8_input_format = MemoryFormat::kChannelsLast;
 
   // conv1d: conv2d with H = 1 in both forms (conv1d (+ batch_norm) (+ relu ...) is one primitive).
   OpDef& c1 = r.define(OpKind::kConv1d, "conv1d").with_params<Conv1dParams>();
   c1.run = run_conv1d;
+  c1.calibrate_run = calibrate_conv1d;
   c1.num_activation_inputs = 1;
   c1.infer_sizes = conv1d_sizes;
   c1.role = QuantRole::kWeighted;

@@ -12,6 +12,9 @@ namespace dbrq {
 namespace {
 
 Tensor run_linear(const OpCall& c) { return kernels::linear(c.input(0), c.input(1), c.input(2)); }
+Tensor calibrate_linear(const OpCall& c) {
+  return kernels::linear_torch_order(c.input(0), c.input(1), c.input(2));
+}
 Tensor run_matmul(const OpCall& c) { return kernels::matmul(c.input(0), c.input(1)); }
 Tensor run_linear_bf16(const OpCall& c) { return kernels::linear_bf16(c.input(0), c.input(1), c.input(2)); }
 Tensor run_matmul_bf16(const OpCall& c) { return kernels::matmul_bf16(c.input(0), c.input(1)); }
@@ -45,6 +48,7 @@ void register_matmul_ops(OpRegistry& r) {
   OpDef& lin = r.define(OpKind::kLinear, "linear");
   lin.run = run_linear;
   lin.bf16_run = run_linear_bf16;
+  lin.calibrate_run = calibrate_linear;
   lin.num_activation_inputs = 1;  // then weight, bias
   lin.infer_sizes = linear_sizes;
   lin.role = QuantRole::kWeighted;

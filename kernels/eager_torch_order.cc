@@ -1,0 +1,125 @@
+// fp32 conv2d and linear computed in the order of operations PyTorch 1.13 (Debian's build) uses,
+// so that calibration observes exactly the values PyTorch FX's observers see (see eager.h).
+#include "core/op_shapes.h"
+#include "kernels/dnnl_utils.h"
+#include "kernels/eager.h"
+
+namespace dbrq::kernels {
+namespace {
+
+// `m` as the memory `want` describes: `m` itself when it already is, else a reordered copy.
+dnnl::memory as_desc(const dnnl::memory& m, const dnnl::memory::desc& want) {
+  if (m.get_desc() == want) return m;
+  dnnl::memory out(want, cpu_engine());
+  dnnl::reorder(m, out).execute(thread_stream(), const_cast<dnnl::memory&>(m), out);
+  thread_stream().wait();
+  return out;
+}
+
+}  // namespace
+
+Tensor conv2d_torch_order(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2dParams& p) {
+  const ConvGeometry g = conv2d_geometry(x, w_in, b, p);
+  check_float("conv2d", "input", x);
+  check_float("conv2d", "weight", w_in);
+  if (b.defined()) check_float("conv2d", "bias", b);
+  const Tensor src = contiguous(x);
+  const Tensor w = contiguous(w_in);
+  const Tensor bias = b.defined() ? contiguous(b) : Tensor();
+  Tensor dst = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::kF32);
+  if (dst.numel() == 0) return dst;
+  const dnnl::memory::dims wdims = p.groups == 1
+                                       ? dnnl::memory::dims{w.size(0), w.size(1), w.size(2), w.size(3)}
+                                       : dnnl::memory::dims{p.groups, w.size(0) / p.groups, w.size(1), w.size(2), w.size(3)};
+
+  PrimitiveKey key("conv2d_f32_torch_order");
+  key.add(src.sizes()).add(w.sizes()).add(static_cast<int64_t>(b.defined())).add(p.stride).add(p.padding);
+  key.add(p.dilation).add(p.groups).add(static_cast<int64_t>(get_num_threads()));
+  auto entry = primitive_cache().get_or_create(key, [&] {
+    try {
+      // As ideep describes PyTorch's mkldnn_convolution: every layout left to oneDNN, training
+      // propagation (what PyTorch asks for even under no_grad), no post-ops.
+      const dnnl::memory::desc src_md({g.n, x.size(1), x.size(2), x.size(3)}, dt::f32, tag::any);
+      const dnnl::memory::desc w_md(wdims, dt::f32, tag::any);
+      const dnnl::memory::desc b_md = b.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
+      const dnnl::memory::desc dst_md({g.n, g.k, g.oh, g.ow}, dt::f32, tag::any);
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_md,
+                                        w_md, b_md, dst_md, {p.stride[0], p.stride[1]},
+                                        {p.dilation[0] - 1, p.dilation[1] - 1}, {p.padding[0], p.padding[1]},
+                                        {p.padding[0], p.padding[1]});
+      dnnl::convolution_forward::primitive_desc pd(d, base_attr(), cpu_engine());
+      auto e = std::make_shared<PrimitiveEntry>();
+      e->prim = dnnl::convolution_forward(pd);
+      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->src_desc = pd.src_desc();
+      e->weights_desc = pd.weights_desc();
+      e->dst_desc = pd.dst_desc();
+      return e;
+    } catch (const dnnl::error& e) {
+      rethrow_dnnl("creating an f32 convolution (PyTorch's order)", e);
+    }
+  });
+  try {
+    const dnnl::memory user_src = mem_of(plain_desc(src.sizes(), DType::kF32, tag::nchw), src);
+    const dnnl::memory user_w =
+        mem_of(p.groups == 1 ? plain_desc(w.sizes(), DType::kF32, tag::oihw)
+                             : dnnl::memory::desc(wdims, dt::f32, tag::goihw),
+               w);
+    const dnnl::memory user_dst = mem_of(plain_desc(dst.sizes(), DType::kF32, tag::nchw), dst);
+    const dnnl::memory s = as_desc(user_src, entry->src_desc);
+    const dnnl::memory wm = as_desc(user_w, entry->weights_desc);
+    const dnnl::memory dm = entry->dst_desc == user_dst.get_desc() ? user_dst : dnnl::memory(entry->dst_desc, cpu_engine());
+    ExecArgs args = {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}};
+    if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
+    execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+    if (dm != user_dst) {
+      dnnl::reorder(dm, user_dst).execute(thread_stream(), const_cast<dnnl::memory&>(dm), const_cast<dnnl::memory&>(user_dst));
+      thread_stream().wait();
+    }
+  } catch (const dnnl::error& e) {
+    rethrow_dnnl("running an f32 convolution (PyTorch's order)", e);
+  }
+  return dst;
+}
+
+// Each output is (x[0] w[0] + x[1] w[1] + ... in order, one rounding per step, no fused
+// multiply-add) + bias: the reference BLAS sgemm's dot-product form (transposed A), which Debian's
+// PyTorch reaches for F.linear through addmm (and through matmul then add_ for other ranks).
+__attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const Tensor& x, const Tensor& w_in,
+                                                                           const Tensor& b) {
+  const DimVector out_sizes = linear_output_sizes(x, w_in, b);
+  check_float("linear", "input", x);
+  check_float("linear", "weight", w_in);
+  if (b.defined()) check_float("linear", "bias", b);
+  const int64_t k = w_in.size(1), n = w_in.size(0);
+  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const Tensor xc = contiguous(x);
+  const Tensor w = contiguous(w_in);
+  Tensor dst = Tensor::empty({m, n}, DType::kF32);
+  const float* xs = xc.data<float>();
+  const float* ws = w.data<float>();
+  const std::vector<float> bias = b.defined() ? contiguous(b).to_vector<float>() : std::vector<float>();
+  // Weight transposed to [k][n] so the loop over outputs is contiguous (each output's own sum
+  // still runs over k in order).
+  std::vector<float> wt(static_cast<size_t>(k * n));
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t l = 0; l < k; ++l) wt[static_cast<size_t>(l * n + j)] = ws[j * k + l];
+  }
+  float* out = dst.mutable_data<float>();
+  std::vector<float> acc(static_cast<size_t>(n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t l = 0; l < k; ++l) {
+      const float xv = xs[i * k + l];
+      const float* wr = wt.data() + l * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const float prod = xv * wr[j];
+        acc[static_cast<size_t>(j)] = acc[static_cast<size_t>(j)] + prod;
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) out[i * n + j] = b.defined() ? acc[static_cast<size_t>(j)] + bias[static_cast<size_t>(j)] : acc[static_cast<size_t>(j)];
+  }
+  return dst.raw_view(out_sizes);
+}
+
+}  // namespace dbrq::kernels
