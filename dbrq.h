@@ -35,3 +35,4 @@
 #include "tracer/introspection.h"
 #include "tracer/numerics.h"
 #include "tracer/quantize.h"
+#include "tracer/smooth_quant.h"
