@@ -40,3 +40,4 @@
 #include "tracer/precision.h"
 #include "tracer/onnx_export.h"
 #include "tracer/quantize.h"
+#include "tracer/smooth_quant.h"

@@ -470,6 +470,11 @@ def main():
                 d8 = DbrqSide(server, "dbrq int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
                 d32 = DbrqSide(server, "dbrq fp32", model=name, mode="fp32", batch=bs, threads=t, **files[name])
                 d8.setup()
+                # Issue 13: the transformer recipe (transformer_qconfig_mapping + float outputs for
+                # float readers), timed and measured in the same run.
+                d8t = DbrqSide(server, "dbrq int8 transformer", model=name, mode="int8", batch=bs, threads=t,
+                               recipe="transformer", **files[name])
+                d8t.setup()
                 ex = d8.info.get("executors", {})
                 n_linear = sum(isinstance(m, torch.nn.Linear) for m in models[name].modules())
                 n_matmul = 2 * tm.BERT_FULL["num_layers"]  # scores = q k^T and context = probs v, per layer
@@ -481,15 +486,28 @@ def main():
                     with torch.inference_mode():
                         y_t = variants["dynamic"][0](x)
                     y_d = dbrq_output(server, d8)
+                    y_dt = dbrq_output(server, d8t)
                     note += (f"; int8 vs torch fp32: SQNR dbrq static {sqnr_db(y_d, r):.1f} dB, torch dynamic "
                              f"{sqnr_db(y_t, r):.1f} dB")
+                    ext = d8t.info.get("executors", {})
+                    note_t = (f"dbrq transformer recipe: SQNR {sqnr_db(y_dt, r):.1f} dB vs torch fp32 (default "
+                              f"{sqnr_db(y_d, r):.1f} dB, torch dynamic {sqnr_db(y_t, r):.1f} dB); int8 linears "
+                              f"{ext.get('int8 linear', 0)}/{n_linear}, int8 matmuls {ext.get('int8 matmul', 0)}/"
+                              f"{n_matmul}")
+                else:
+                    note_t = "dbrq transformer recipe"
                 ts = pick_fastest([TorchSide(k, m, xx, t) for k, (m, xx) in variants.items()], probe)
                 n, c = iters[1]
                 b = before("dbrq before int8", model=name, mode="int8", batch=bs, threads=t, **files[name])
-                res = interleave([d8, d32] + b + ts, n, c, warmup, monitor, t)
+                res = interleave([d8, d32, d8t] + b + ts, n, c, warmup, monitor, t)
                 best = min((s.label for s in ts), key=lambda k: res[k])
                 report.add("bert", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
                            note + "; torch column = dbrq fp32", goal=0.5, busy=res["busy"])
+                report.add("bert", f"{key}_int8_transformer_vs_dbrq_fp32", res["dbrq int8 transformer"],
+                           res["dbrq fp32"], "ms", note_t + "; torch column = dbrq fp32", goal=0.5, busy=res["busy"])
+                report.add("bert", f"{key}_int8_transformer_vs_torch_dynamic_int8", res["dbrq int8 transformer"],
+                           res[best], "ms", f"dbrq transformer recipe vs torch quantize_dynamic ({best})",
+                           busy=res["busy"])
                 report.add("bert", f"{key}_int8_vs_torch_dynamic_int8", res["dbrq int8"], res[best], "ms",
                            f"dbrq static int8 vs torch quantize_dynamic ({best})", busy=res["busy"])
                 report_before("bert", f"{key}_int8", res, "dbrq int8", "dbrq before int8")

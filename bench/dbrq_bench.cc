@@ -35,7 +35,8 @@
 // in small chunks of iterations: one JSON command per stdin line, one JSON reply per stdout line.
 //
 //   {"cmd":"setup","model":"resnet18","mode":"int8","batch":1,"threads":1,"weights":..,"inputs":..}
-//       (mode fp32, int8 or dynamic; decoder_lm also takes "new_tokens" and "int8_outputs")
+//       (mode fp32, int8 or dynamic; decoder_lm also takes "new_tokens" and "int8_outputs"; int8
+//       takes "recipe": "default" or "transformer", see DataSpec::recipe)
 //       -> {"ok":true,"setup_s":..,"input":"[1, 3, 224, 224]","quantize_s":..,"executors":{..}}
 //          (quantize_s only when this setup converted the model; executors, for int8, counts what
 //          convert() chose per op, e.g. {"int8 conv2d":20,..}). A model is cached per model, mode,
@@ -105,6 +106,9 @@ struct DataSpec {
   std::vector<std::string> calib_keys;
   int64_t new_tokens = 96;    // decoder_lm: tokens generated per timed run and per calibration prompt
   bool int8_outputs = false;  // convert with ConvertOptions::int8_outputs
+  // int8 qconfig recipe: "default" (default_qconfig_mapping) or "transformer"
+  // (transformer_qconfig_mapping + PrepareOptions::float_outputs_for_float_readers, issue 13).
+  std::string recipe = "default";
 
   static DataSpec from(const json& c) {
     DataSpec d;
@@ -114,6 +118,10 @@ struct DataSpec {
     d.inputs = c.value("inputs", std::string());
     d.new_tokens = c.value("new_tokens", int64_t{96});
     d.int8_outputs = c.value("int8_outputs", false);
+    d.recipe = c.value("recipe", std::string("default"));
+    if (d.recipe != "default" && d.recipe != "transformer") {
+      throw std::runtime_error("recipe must be default or transformer, got " + d.recipe);
+    }
     const std::string p = uses_token_ids(d.model) ? "ids_" : "";
     const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) || is_gru(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
     d.input_key = c.value("input_key", p + input);
@@ -180,8 +188,13 @@ Timings quantize(dbrq::nn::Module& m, const DataSpec& d, bool dynamic = false) {
   const std::vector<Tensor> calib = dynamic ? std::vector<Tensor>() : d.calibration();
   Timings t;
   auto t0 = Clock::now();
+  dbrq::PrepareOptions prepare_options;
+  prepare_options.float_outputs_for_float_readers = d.recipe == "transformer";
   dbrq::prepare(m, {example},
-                dynamic ? dbrq::default_dynamic_qconfig_mapping() : dbrq::default_qconfig_mapping("onednn"));
+                dynamic                        ? dbrq::default_dynamic_qconfig_mapping()
+                : d.recipe == "transformer" ? dbrq::transformer_qconfig_mapping("onednn")
+                                               : dbrq::default_qconfig_mapping("onednn"),
+                dbrq::BackendConfig::onednn(), prepare_options);
   t.prepare_s = ms_since(t0) / 1e3;
   t0 = Clock::now();
   for (const Tensor& batch : calib) {
@@ -222,6 +235,7 @@ class Bench {
     dbrq::set_num_threads(c.value("threads", 1));
     json reply = {{"ok", true}};
     const std::string key = data_.model + "/" + mode + (data_.int8_outputs ? "/int8_outputs" : "") + "/" +
+                            data_.recipe + "/" +
                             data_.weights + "/" + data_.inputs + "/" + std::to_string(data_.new_tokens);
     auto it = models_.find(key);
     if (it == models_.end()) {

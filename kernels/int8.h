@@ -48,7 +48,7 @@ struct QWeightedOptions {
   Tensor bias;                   // f32 [K], or undefined
   QuantParamsPtr weight_qparams; // s8 symmetric, per-channel on axis 0 or per-tensor
   QuantParamsPtr src_qparams;    // u8 per-tensor; ignored when dynamic
-  QuantParamsPtr dst_qparams;    // u8 per-tensor; null: f32 output (dynamic quantization)
+  QuantParamsPtr dst_qparams;    // u8 per-tensor; null: f32 output (dynamic; static linear only)
   PostOps post;                  // on real values, before requantization
   QuantParamsPtr sum_qparams;    // set: a residual (u8, these params) is added before `post` (conv only)
   bool dynamic = false;          // quantize the input per call from its own range (linear only)

@@ -328,9 +328,9 @@ QLinear::QLinear(QLinearOptions o) : o_(std::move(o)), cache_(std::make_unique<P
   DBRQ_ENSURE(o_.weight.dim() == 2, ShapeError, "quantized linear: weight must be 2-D, got ", o_.weight.shape_string());
   qweight_ = quantize_weight(o_.weight, o_.weight_qparams);
   if (!o_.dynamic) {
-    DBRQ_ENSURE(o_.src_qparams && o_.dst_qparams, ValueError,
-                "QLinear: static quantization needs source and destination parameters");
-    const bool real = needs_real_units(o_.post);
+    // No destination parameters: f32 output (real units), for a linear only fp32 ops read.
+    DBRQ_ENSURE(o_.src_qparams != nullptr, ValueError, "QLinear: static quantization needs source parameters");
+    const bool real = needs_real_units(o_.post) || o_.dst_qparams == nullptr;
     RequantScales r = requant_scales(o_.src_qparams->scale(), scales_of(*o_.weight_qparams, o_.weight.size(0)),
                                      real ? 0.f : o_.dst_qparams->scale());
     op_scales_ = std::move(r.op_scales);
@@ -383,6 +383,13 @@ Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) 
   check_defined("quantized linear", "input", x);
   if (!o_.dynamic) {
     check_u8("quantized linear", x);
+    if (o_.dst_qparams == nullptr) {
+      // f32 output: the runtime-scale primitive of the dynamic path, with the converted
+      // parameters (which the input must carry).
+      DBRQ_ENSURE(x.q_scale() == o_.src_qparams->scale() && x.q_zero_point() == o_.src_qparams->zero_point(),
+                  ValueError, "quantized linear: input parameters (", x.qparams()->to_string(),
+                  ") differ from the converted ones (", o_.src_qparams->to_string(), ")");
+    }
     return run_static(x, *x.qparams(), op_scales_, bias_acc_, o_.dst_qparams.get());
   }
   // Dynamic: an int8 input is used as it comes; an f32 one is quantized from its own range.

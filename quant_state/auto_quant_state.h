@@ -209,6 +209,10 @@ class ModelQuantState {
   // Strict control flow (PrepareOptions::strict_control_flow): one fixed op sequence per module.
   bool strict() const { return strict_; }
   void set_strict(bool on) { strict_ = on; }
+  // PrepareOptions::float_outputs_for_float_readers: an int8 linear whose output no int8 op reads
+  // writes f32 (trace_analysis.cc).
+  bool float_outputs() const { return float_outputs_; }
+  void set_float_outputs(bool on) { float_outputs_ = on; }
 
   // Ids of origins (record outputs and fp32 sources) are unique across the process, so a tensor
   // of another model is never mistaken for one of ours.
@@ -286,6 +290,7 @@ class ModelQuantState {
   Phase phase_ = Phase::kTracing;
   bool observers_enabled_ = true;
   bool strict_ = false;
+  bool float_outputs_ = false;
   bool dirty_ = false;
   uint64_t calls_ = 0;
   nn::Module* root_ = nullptr;

@@ -178,6 +178,15 @@ QConfigMapping default_qconfig_mapping(const std::string& backend) {
   return m;
 }
 
+QConfigMapping transformer_qconfig_mapping(const std::string& backend) {
+  QConfigMapping m = default_qconfig_mapping(backend);
+  m.set_object_type(OpKind::kAdd, nullptr);
+  const QConfigPtr observed = default_qconfig(backend);
+  m.set_object_type(OpKind::kSoftmax, observed);
+  m.set_object_type("Softmax", observed);
+  return m;
+}
+
 QConfigMapping default_dynamic_qconfig_mapping() {
   QConfigPtr q = default_dynamic_qconfig();
   QConfigMapping m;
@@ -234,10 +243,6 @@ std::string BackendConfig::unsupported_reason(OpKind kind, const QConfig& q) con
         return absl::StrCat(op_name(kind), ": backend ", name_,
                             " needs symmetric weights (zero point 0), got qscheme ", qscheme_name(q.weight.qscheme));
       }
-    }
-    if (o->role == QuantRole::kFixedQParams && q.activation.kind != ObserverKind::kFixedQParams) {
-      return absl::StrCat(op_name(kind), ": needs a FixedQParams activation observer, got ",
-                          q.activation.to_string());
     }
     return "";
   }

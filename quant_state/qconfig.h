@@ -106,6 +106,14 @@ class QConfigMapping {
 QConfigMapping default_qconfig_mapping(const std::string& backend = "onednn");
 // Dynamic quantization of linear and matmul only; everything else fp32.
 QConfigMapping default_dynamic_qconfig_mapping();
+// For transformer encoders / decoders (post- or pre-LayerNorm): the backend's default, except
+//   - add stays fp32: the residual stream (and the layer norm it feeds) keeps f32 values; a u8
+//     residual stream rounded at every layer cost the BERT encoder 16 dB;
+//   - softmax's output is observed (the default activation observer) instead of the fixed 1/256
+//     steps, which flatten attention probabilities of long sequences (2 dB).
+// Use it with PrepareOptions::float_outputs_for_float_readers (the projections before the fp32
+// adds then write f32). Evidence and limits: docs/encoder_accuracy.md.
+QConfigMapping transformer_qconfig_mapping(const std::string& backend = "onednn");
 
 // A QConfigMapping as a JSON document (format "dbrq.qconfig_mapping", version 1): global, object
 // types (layer classes and functional ops by name), module-name regexes and module names in their

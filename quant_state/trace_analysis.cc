@@ -25,6 +25,7 @@ class Analyzer {
     reset();
     for (AutoQuantizationState* s : m_.states()) discover_fusions(*s);
     infer_dtypes();
+    if (m_.float_outputs()) demote_unread_outputs();
     for (size_t g = 0; g < m_.records().size(); ++g) place(static_cast<int>(g));
     for (size_t g = 0; g < m_.records().size(); ++g) unite_arrivals(static_cast<int>(g));
     carry_over(old);
@@ -169,7 +170,7 @@ class Analyzer {
     switch (role) {
       case QuantRole::kWeighted:
       case QuantRole::kMatmul:
-        *out_u8 = !dynamic;
+        *out_u8 = !dynamic && float_out_.count(op.global_index) == 0;
         return role;
       case QuantRole::kBinary:
         if (op.has_scalar) {
@@ -222,6 +223,45 @@ class Analyzer {
         }
       }
     }
+  }
+
+  // Whether a u8 output of `op` would be read as u8 by some int8 op: directly, or through ops that
+  // pass int8 through (dropout, reshape, x * c) whose own output is so read. A module's returned
+  // tensor counts as read (its readers are outside the module). Cycles (a loop's back edge through
+  // pass-through ops only) count as not read.
+  bool u8_output_read(const SeenOpInfo& op, std::set<int>& visiting) {
+    if (op.escapes || op.outputs.size() != 1 || op.fusion.fused()) return true;
+    if (!visiting.insert(op.global_index).second) return false;
+    for (const Consumer& c : op.consumers) {
+      const SeenOpInfo& r = rec_op(c.record);
+      if (r.fusion.fused()) return true;
+      switch (r.role) {
+        case QuantRole::kNone:
+          break;
+        case QuantRole::kShare:
+          if (u8_output_read(r, visiting)) return true;
+          break;
+        case QuantRole::kBinary:
+          if (!r.has_scalar || u8_output_read(r, visiting)) return true;
+          break;
+        default:
+          return true;
+      }
+    }
+    return false;
+  }
+
+  // PrepareOptions::float_outputs_for_float_readers: int8 linears (unfused, static) whose output
+  // no int8 op reads write f32; the pass-through ops after them then run fp32 too.
+  void demote_unread_outputs() {
+    float_out_.clear();
+    for (auto& [s, i] : m_.records()) {
+      const SeenOpInfo& op = s->seen_ops()[static_cast<size_t>(i)];
+      if (op.kind != OpKind::kLinear || op.role != QuantRole::kWeighted || op.qconfig->is_dynamic()) continue;
+      std::set<int> visiting;
+      if (!u8_output_read(op, visiting)) float_out_.insert(op.global_index);
+    }
+    if (!float_out_.empty()) infer_dtypes();
   }
 
   // The op consumes input k as u8. One origin: an int8 one is taken as it is; an fp32 one is
@@ -288,6 +328,7 @@ class Analyzer {
         if (op.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);  // parameters per call
         require_u8(g, 0);
         if (op.role == QuantRole::kMatmul) require_u8(g, 1);
+        if (float_out_.count(g) != 0) return set_output(op, DType::kF32, -1);  // f32 from oneDNN
         return new_output(g);
       case QuantRole::kBinary:
         if (op.has_scalar) {
@@ -332,8 +373,13 @@ class Analyzer {
       case QuantRole::kFixedQParams: {
         require_u8(g, 0);
         const BackendOpConfig* cfg = m_.backend().op(op.kind);
-        const ObserverSpec spec =
-            op.qconfig->activation.kind == ObserverKind::kFixedQParams ? op.qconfig->activation : *cfg->fixed_output;
+        // The fixed range is a default, not a requirement: the int8 kernels (code tables, qsoftmax)
+        // take any output parameters, so a calibrating observer in the op's qconfig observes the
+        // output instead (attention probabilities in 1/256 steps cost the BERT encoder 2 dB,
+        // docs/encoder_accuracy.md).
+        const ObserverKind kind = op.qconfig->activation.kind;
+        if (kind != ObserverKind::kFixedQParams && kind != ObserverKind::kPlaceholder) return new_output(g);
+        const ObserverSpec spec = kind == ObserverKind::kFixedQParams ? op.qconfig->activation : *cfg->fixed_output;
         const int slot = m_.ensure_slot(g, -1, spec, op.outputs[0].id, owner);
         return set_output(op, DType::kU8, slot);
       }
@@ -427,6 +473,7 @@ class Analyzer {
   }
 
   ModelQuantState& m_;
+  std::set<int> float_out_;  // records (global index) of int8 linears writing f32
 };
 
 }  // namespace

@@ -231,7 +231,8 @@ class Converter {
     bool deferred = false;
     if (!dynamic) {
       base.src_qparams = input_qparams(s, op, 0);
-      base.dst_qparams = qparams_of(s, op, chain_output(s, op));
+      // An f32 output (PrepareOptions::float_outputs_for_float_readers): no destination parameters.
+      if (op.outputs[0].inf_dtype != DType::kF32) base.dst_qparams = qparams_of(s, op, chain_output(s, op));
       base.post = post_ops_of(s, op);
     }
     for (const SeenOpInfo* m : followers(s, op)) {

@@ -288,6 +288,8 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
       o.qparams = state.slot(rec->slot).qparams->to_string();
     } else if (op.qconfig && op.qconfig->is_dynamic()) {
       o.qparams = "dynamic (per call), f32 output";
+    } else if (op.outputs[0].inf_dtype == DType::kF32) {
+      o.qparams = "f32 output";  // PrepareOptions::float_outputs_for_float_readers
     } else {
       o.qparams = "derived from input";
     }

@@ -89,6 +89,7 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
   }
   state->set_phase(Phase::kTracing);
   state->set_strict(options.strict_control_flow);
+  state->set_float_outputs(options.float_outputs_for_float_readers);
   state->set_root(&model);
   try {
     InterceptorScope scope(interceptor.get());
