@@ -1498,6 +1498,8 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+  DATA
+    tests/rnn/golden/rnn.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -1513,6 +1515,8 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+  DATA
+    tests/rnn/golden/rnn.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -1528,6 +1532,8 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+  DATA
+    tests/rnn/golden/rnn.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -1543,6 +1549,8 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+  DATA
+    tests/rnn/golden/rnn.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test

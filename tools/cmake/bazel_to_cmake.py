@@ -17,13 +17,14 @@ system_libs) is an error, so a BUILD change can never be dropped silently on the
 import sys
 import xml.etree.ElementTree as ET
 
-MULTI = {"SRCS", "HDRS", "DEPS", "SYSTEM", "DATA", "DATA_BINARIES", "LINKOPTS", "TAGS"}
+MULTI = {"SRCS", "HDRS", "DEPS", "SYSTEM", "DATA", "DATA_BINARIES", "LINKOPTS", "TAGS", "COPTS", "DEFINES",
+         "LOCAL_DEFINES"}
 BUILT_KINDS = ("cc_library", "cc_binary", "cc_test", "sh_test")
 # Attributes whose meaning the CMake side reproduces, or that do not matter to it (size: ctest has
 # no sizes; visibility: CMake has no visibility, check_layers.sh enforces the layering on sources).
 KNOWN_ATTRS = {
     "name", "srcs", "hdrs", "deps", "data", "linkopts", "tags", "testonly", "alwayslink",
-    "linkstatic", "size", "visibility", "timeout",
+    "linkstatic", "size", "visibility", "timeout", "copts", "defines", "local_defines",
 }
 
 
@@ -140,7 +141,12 @@ def generate(rules):
         if system:
             args.append("SYSTEM " + " ".join(system))
         data_files, data_bins = [], []
-        for d in attrs.get("data", []):
+        # A test's runfiles hold its own data and its libraries' (//tests/rnn:rnn_cases has goldens).
+        data = list(attrs.get("data", []))
+        if kind != "cc_library":
+            for dep in sorted(transitive_deps(label, rules, set())):
+                data += [d for d in rules[dep][1].get("data", []) if d not in data]
+        for d in data:
             if d in rules and rules[d][0] == "cc_binary":
                 data_bins.append(f"{cmake_name(d)}={runfile(d)}")
             else:
@@ -151,6 +157,9 @@ def generate(rules):
             args.append("DATA_BINARIES " + " ".join(data_bins))
         if attrs.get("linkopts"):
             args.append("LINKOPTS " + " ".join(attrs["linkopts"]))
+        for attr in ("copts", "defines", "local_defines"):
+            if attrs.get(attr):
+                args.append(attr.upper() + " " + " ".join(attrs[attr]))
         if attrs.get("tags"):
             args.append("TAGS " + " ".join(attrs["tags"]))
         if attrs.get("alwayslink") == "true":
