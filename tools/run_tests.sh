@@ -2,7 +2,8 @@
 # dbrq's whole test suite, as CI runs it: installs what it needs, then runs every test target in
 # the normal build and under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer on), the
 # concurrency tests (tagged "tsan") under ThreadSanitizer, builds the external-client sample (a
-# separate Bazel workspace using dbrq through local_repository), and prints one summary line
+# separate Bazel workspace using dbrq through local_repository), runs the CMake stage
+# (tools/cmake/run_cmake_stage.sh: CMake build, ctest, install, samples/cmake_client), and prints one summary line
 # "N passed, M failed" (GoogleTest cases, plus one per extra check). Each pass reports its own
 # count and wall time on stderr.
 #
@@ -88,6 +89,18 @@ if [ -z "$onnx_p" ]; then onnx_p=0; onnx_f=1; fi
 echo "onnx interop: $onnx_p passed, $onnx_f failed" >&2
 passed=$((passed + onnx_p))
 failed=$((failed + onnx_f))
+# The CMake build beside Bazel (docs/cmake.md): Bazel and CMake list the same sources, CMake builds
+# everything, ctest, install, then samples/cmake_client builds against the installed package and runs.
+start=$(date +%s)
+cmake_line=$(tools/cmake/run_cmake_stage.sh | tail -n 1)
+if [[ "$cmake_line" =~ ^cmake:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  passed=$((passed + BASH_REMATCH[1]))
+  failed=$((failed + BASH_REMATCH[2]))
+else
+  failed=$((failed + 1))
+fi
+echo "${cmake_line:-cmake: no summary (stage crashed)}" >&2
+echo "cmake: $(($(date +%s) - start)) s" >&2
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -4,11 +4,13 @@
 #
 #   tools/setup.sh            # everything (as root, or with sudo available)
 #   tools/setup.sh --build-only   # only what building, the tests and the demo need: they never need
-#                               # Python (golden data and demo data are committed) nor clang
+#                               # PyTorch (golden data and demo data are committed) nor clang; plain
+#                               # python3 runs the CMake source-list check (tools/cmake/sync.sh)
 set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap bazel-rules-java        # Bazel 4.2.3, offline
+  cmake python3                           # the CMake build beside Bazel (docs/cmake.md); python3 generates its lists
   g++                                     # the compiler of every Bazel build
   libdnnl-dev                             # oneDNN 2.6
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
