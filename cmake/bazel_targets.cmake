@@ -16,6 +16,29 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_binary
+  LABEL //bench:bf16_bench
+  NAME dbrq_bench_bf16_bench
+  RUNFILE bench/bf16_bench
+  SRCS
+    bench/bf16_bench.cc
+  DEPS
+    dbrq
+)
+dbrq_bazel_target(
+  KIND cc_binary
+  LABEL //bench:cle_bc_table
+  NAME dbrq_bench_cle_bc_table
+  RUNFILE bench/cle_bc_table
+  SRCS
+    bench/cle_bc_table.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+  SYSTEM
+    absl
+)
+dbrq_bazel_target(
+  KIND cc_binary
   LABEL //bench:dbrq_bench
   NAME dbrq_bench_dbrq_bench
   RUNFILE bench/dbrq_bench
@@ -27,6 +50,17 @@ dbrq_bazel_target(
   SYSTEM
     absl
     json
+)
+dbrq_bazel_target(
+  KIND cc_binary
+  LABEL //bench:encoder_numerics
+  NAME dbrq_bench_encoder_numerics
+  RUNFILE bench/encoder_numerics
+  SRCS
+    bench/encoder_numerics.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
 )
 dbrq_bazel_target(
   KIND cc_binary
@@ -42,6 +76,17 @@ dbrq_bazel_target(
   SYSTEM
     absl
     json
+)
+dbrq_bazel_target(
+  KIND cc_binary
+  LABEL //bench:qconfig_table
+  NAME dbrq_bench_qconfig_table
+  RUNFILE bench/qconfig_table
+  SRCS
+    bench/qconfig_table.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
 )
 dbrq_bazel_target(
   KIND cc_library
@@ -97,6 +142,7 @@ dbrq_bazel_target(
   RUNFILE kernels/eager
   SRCS
     kernels/bn_fold.cc
+    kernels/eager_bf16.cc
     kernels/eager_compute.cc
     kernels/eager_conv1d.cc
     kernels/eager_deconv.cc
@@ -104,9 +150,11 @@ dbrq_bazel_target(
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
     kernels/eager_resample.cc
+    kernels/eager_torch_order.cc
     kernels/post_ops.cc
   HDRS
     kernels/activation_math.h
+    kernels/bf16.h
     kernels/bn_fold.h
     kernels/eager.h
     kernels/post_ops.h
@@ -325,6 +373,26 @@ dbrq_bazel_target(
   TESTONLY
 )
 dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/cli:tune_cli_test
+  NAME dbrq_tests_cli_tune_cli_test
+  RUNFILE tests/cli/tune_cli_test
+  SRCS
+    tests/cli/tune_cli_test.cc
+  DEPS
+    dbrq_tests_cli_subprocess
+  SYSTEM
+    gmock
+    gtest
+    gtest_main
+  DATA
+    samples/data/digits_calib.safetensors
+    samples/data/digits_small_cnn.safetensors
+    samples/data/digits_test.safetensors
+  DATA_BINARIES
+    dbrq_tools_cli_dbrq=tools/cli/dbrq
+)
+dbrq_bazel_target(
   KIND sh_test
   LABEL //tests/compile_fail:compile_fail_test
   NAME dbrq_tests_compile_fail_compile_fail_test
@@ -389,6 +457,33 @@ dbrq_bazel_target(
     gmock
     gtest
     gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/distributed:mpi_test
+  NAME dbrq_tests_distributed_mpi_test
+  RUNFILE tests/distributed/mpi_test
+  SRCS
+    tests/distributed/mpi_test.cc
+  DEPS
+    dbrq_tests_cli_subprocess
+  SYSTEM
+    gmock
+    gtest
+    gtest_main
+    json
+  DATA
+    samples/data/digits_calib.safetensors
+    samples/data/digits_small_cnn.safetensors
+    samples/data/digits_test.safetensors
+  DATA_BINARIES
+    dbrq_tests_distributed_mpi_worker=tests/distributed/mpi_worker
+    dbrq_tools_cli_dbrq=tools/cli/dbrq
+    dbrq_tools_cli_dbrq_mpi=tools/cli/dbrq_mpi
+  LOCAL_DEFINES
+    DBRQ_MPIRUN=\"/usr/bin/mpirun\"
+  TAGS
+    mpi
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -568,8 +663,12 @@ dbrq_bazel_target(
     tests/layers/check_layers_test.sh
   DATA
     dbrq.h
+    bench/bf16_bench.cc
+    bench/cle_bc_table.cc
     bench/dbrq_bench.cc
+    bench/encoder_numerics.cc
     bench/overhead_bench.cc
+    bench/qconfig_table.cc
     core/dim_vector.h
     core/dtype.cc
     core/dtype.h
@@ -589,12 +688,18 @@ dbrq_bazel_target(
     core/tensor_inl.h
     core/threading.cc
     core/threading.h
+    distributed/calibrate.cc
+    distributed/calibrate.h
+    distributed/comm.cc
+    distributed/comm.h
     kernels/activation_math.h
+    kernels/bf16.h
     kernels/bn_fold.cc
     kernels/bn_fold.h
     kernels/dnnl_utils.cc
     kernels/dnnl_utils.h
     kernels/eager.h
+    kernels/eager_bf16.cc
     kernels/eager_compute.cc
     kernels/eager_conv1d.cc
     kernels/eager_deconv.cc
@@ -602,6 +707,7 @@ dbrq_bazel_target(
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
     kernels/eager_resample.cc
+    kernels/eager_torch_order.cc
     kernels/int8.h
     kernels/int8_compute.cc
     kernels/int8_conv1d.cc
@@ -682,10 +788,20 @@ dbrq_bazel_target(
     samples/zoo/zoo.cc
     samples/zoo/zoo.h
     tools/check_layers.sh
+    tracer/autotune.cc
+    tracer/autotune.h
+    tracer/bias_correction.cc
+    tracer/bias_correction.h
     tracer/convert.cc
     tracer/convert.h
+    tracer/equalize.cc
+    tracer/equalize.h
     tracer/executors.cc
     tracer/executors.h
+    tracer/flow_graph.cc
+    tracer/flow_graph.h
+    tracer/fold_calibration.cc
+    tracer/fold_calibration.h
     tracer/interceptor.cc
     tracer/interceptor.h
     tracer/internal.h
@@ -693,8 +809,14 @@ dbrq_bazel_target(
     tracer/introspection.h
     tracer/numerics.cc
     tracer/numerics.h
+    tracer/onnx_export.cc
+    tracer/onnx_export.h
+    tracer/onnx_proto.h
+    tracer/precision.h
     tracer/quantize.cc
     tracer/quantize.h
+    tracer/smooth_quant.cc
+    tracer/smooth_quant.h
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -729,6 +851,42 @@ dbrq_bazel_target(
     gtest_main
   DATA
     tests/models/golden/densenet.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/models:digits_residual_test
+  NAME dbrq_tests_models_digits_residual_test
+  RUNFILE tests/models/digits_residual_test
+  SRCS
+    tests/models/digits_residual.h
+    tests/models/digits_residual_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+  SYSTEM
+    gtest
+    gtest_main
+  DATA
+    tests/models/golden/digits_residual_int8.safetensors
+    samples/data/digits_calib.safetensors
+    samples/data/digits_small_cnn.safetensors
+    samples/data/digits_test.safetensors
+    samples/data/digits_residual.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/models:encoder_accuracy_test
+  NAME dbrq_tests_models_encoder_accuracy_test
+  RUNFILE tests/models/encoder_accuracy_test
+  SRCS
+    tests/models/encoder_accuracy_test.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+    dbrq_tests_test_util
+  SYSTEM
+    gtest
+    gtest_main
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -768,6 +926,7 @@ dbrq_bazel_target(
     tests/models/golden/dcgan_generator_int8.safetensors
     tests/models/golden/decoder_lm.safetensors
     tests/models/golden/densenet.safetensors
+    tests/models/golden/digits_residual_int8.safetensors
     tests/models/golden/gru_classifier.safetensors
     tests/models/golden/gru_classifier_int8.safetensors
     tests/models/golden/kws_conv1d.safetensors
@@ -820,6 +979,20 @@ dbrq_bazel_target(
     tests/models/golden/kws_conv1d_int8.safetensors
     tests/models/golden/unet.safetensors
     tests/models/golden/unet_int8.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/onnx:onnx_export_test
+  NAME dbrq_tests_onnx_onnx_export_test
+  RUNFILE tests/onnx/onnx_export_test
+  SRCS
+    tests/onnx/onnx_export_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -1008,6 +1181,35 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:bias_correction_test
+  NAME dbrq_tests_quant_bias_correction_test
+  RUNFILE tests/quant/bias_correction_test
+  SRCS
+    tests/quant/bias_correction_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:calibration_fold_test
+  NAME dbrq_tests_quant_calibration_fold_test
+  RUNFILE tests/quant/calibration_fold_test
+  SRCS
+    tests/quant/calibration_fold_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_eager
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:calibration_test
   NAME dbrq_tests_quant_calibration_test
   RUNFILE tests/quant/calibration_test
@@ -1071,6 +1273,36 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:equalize_test
+  NAME dbrq_tests_quant_equalize_test
+  RUNFILE tests/quant/equalize_test
+  SRCS
+    tests/quant/equalize_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:fold_chains_fx_test
+  NAME dbrq_tests_quant_fold_chains_fx_test
+  RUNFILE tests/quant/fold_chains_fx_test
+  SRCS
+    tests/quant/fold_chains_fx_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+  DATA
+    tests/quant/golden/fold_chains_fx.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:fp32_ops_test
   NAME dbrq_tests_quant_fp32_ops_test
   RUNFILE tests/quant/fp32_ops_test
@@ -1121,6 +1353,21 @@ dbrq_bazel_target(
   RUNFILE tests/quant/module_structure_test
   SRCS
     tests/quant/module_structure_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:mse_observer_test
+  NAME dbrq_tests_quant_mse_observer_test
+  RUNFILE tests/quant/mse_observer_test
+  SRCS
+    tests/quant/mse_observer_test.cc
   DEPS
     dbrq_tests_quant_quant_test_util
     dbrq
@@ -1243,6 +1490,21 @@ dbrq_bazel_target(
   RUNFILE tests/quant/silent_results_test
   SRCS
     tests/quant/silent_results_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:smooth_quant_test
+  NAME dbrq_tests_quant_smooth_quant_test
+  RUNFILE tests/quant/smooth_quant_test
+  SRCS
+    tests/quant/smooth_quant_test.cc
   DEPS
     dbrq_tests_quant_quant_test_util
     dbrq
@@ -1595,6 +1857,50 @@ dbrq_bazel_target(
     tests/runtime/data/torch_module.safetensors
 )
 dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/tune:autotune_test
+  NAME dbrq_tests_tune_autotune_test
+  RUNFILE tests/tune/autotune_test
+  SRCS
+    tests/tune/autotune_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_eager
+    dbrq_samples_demo_pipeline
+    dbrq_samples_zoo
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+    json
+  DATA
+    samples/data/digits_calib.safetensors
+    samples/data/digits_small_cnn.safetensors
+    samples/data/digits_test.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/tune:bf16_test
+  NAME dbrq_tests_tune_bf16_test
+  RUNFILE tests/tune/bf16_test
+  SRCS
+    tests/tune/bf16_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_eager
+    dbrq_samples_demo_pipeline
+    dbrq_samples_zoo
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+    json
+  DATA
+    samples/data/digits_calib.safetensors
+    samples/data/digits_small_cnn.safetensors
+    samples/data/digits_test.safetensors
+)
+dbrq_bazel_target(
   KIND cc_library
   LABEL //tests:test_util
   NAME dbrq_tests_test_util
@@ -1653,20 +1959,36 @@ dbrq_bazel_target(
   NAME dbrq_tracer
   RUNFILE tracer/tracer
   SRCS
+    tracer/autotune.cc
+    tracer/bias_correction.cc
     tracer/convert.cc
+    tracer/equalize.cc
     tracer/executors.cc
+    tracer/flow_graph.cc
+    tracer/fold_calibration.cc
     tracer/interceptor.cc
     tracer/introspection.cc
     tracer/numerics.cc
+    tracer/onnx_export.cc
     tracer/quantize.cc
+    tracer/smooth_quant.cc
   HDRS
+    tracer/autotune.h
+    tracer/bias_correction.h
     tracer/convert.h
+    tracer/equalize.h
     tracer/executors.h
+    tracer/flow_graph.h
+    tracer/fold_calibration.h
     tracer/interceptor.h
     tracer/internal.h
     tracer/introspection.h
     tracer/numerics.h
+    tracer/onnx_export.h
+    tracer/onnx_proto.h
+    tracer/precision.h
     tracer/quantize.h
+    tracer/smooth_quant.h
   DEPS
     dbrq_kernels_eager
     dbrq_kernels_int8
@@ -1674,6 +1996,7 @@ dbrq_bazel_target(
     dbrq_runtime
   SYSTEM
     absl
+    json
 )
 
 set(DBRQ_INSTALLED_TARGETS dbrq dbrq_core dbrq_kernels_dnnl_utils dbrq_kernels_eager dbrq_kernels_int8 dbrq_quant_state dbrq_runtime dbrq_tracer)

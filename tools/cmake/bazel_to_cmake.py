@@ -86,10 +86,27 @@ def expand_files(label, rules, seen=()):
     return [label_to_path(label)]
 
 
+# Bazel's optional MPI layer (//distributed:mpi, issue 15) exists only where OpenMPI is installed;
+# the CMake build leaves it and everything using it out (docs/cmake.md).
+OPTIONAL_REPOS = ("@system_mpi//",)
+
+
+def uses_optional(label, rules, seen=None):
+    seen = set() if seen is None else seen
+    for dep in rules[label][1].get("deps", []):
+        if dep.startswith(OPTIONAL_REPOS):
+            return True
+        if dep.startswith("//") and dep in rules and dep not in seen:
+            seen.add(dep)
+            if uses_optional(dep, rules, seen):
+                return True
+    return False
+
+
 def built_rules(rules):
     for label in sorted(rules):
         kind, attrs = rules[label]
-        if kind not in BUILT_KINDS:
+        if kind not in BUILT_KINDS or uses_optional(label, rules):
             continue
         unknown = sorted(set(attrs) - KNOWN_ATTRS)
         if unknown:
