@@ -662,47 +662,65 @@ class EntropyObserver : public Observer {
                                    spec_.reduce_range);
   }
 
+  // The search of NVIDIA pytorch-quantization's _compute_amax_entropy (calib/histogram.py, the
+  // TensorRT entropy calibrator), step for step:
+  //  - bin 0 takes bin 1's count, so a spike of exact zeros (ReLU outputs) does not dominate;
+  //  - candidates are i = 128 .. bins (threshold = upper edge of bin i-1);
+  //  - reference p = the first i bins with the outliers (bins i..) added to bin i-1;
+  //  - candidate q: bin j of the first i (without outliers) goes to quantized bin
+  //    floor(j * levels / i) (np.digitize on linspace(0, i, levels + 1)), each quantized bin's mass
+  //    is spread evenly over its non-empty bins; empty bins stay empty;
+  //  - KL(p || q) of the normalized distributions (inf where q is 0 and p is not); the largest i
+  //    among equal minima wins.
+  // levels is 256 for u8 data that never goes negative, else 128 (one side of zero).
   float threshold() const {
     const auto& h = abs_.counts();
     const int bins = static_cast<int>(h.size());
-    // Levels available on one side of zero: all 256 for u8 data that never goes negative.
+    constexpr int kStartBin = 128;
     const int levels = (spec_.dtype == DType::kU8 && min_ >= 0.f) ? 256 : 128;
     const float width = (abs_.max() - abs_.min()) / static_cast<float>(bins);
-    if (bins <= levels || width == 0.f) return abs_.max();
+    if (bins <= kStartBin || width == 0.f) return abs_.max();
+    std::vector<double> b(h.begin(), h.end());
+    b[0] = b[1];
+    std::vector<double> tail(bins + 1, 0.0);  // tail[i] = sum of b[i..]
+    for (int k = bins - 1; k >= 0; --k) tail[k] = tail[k + 1] + b[k];
     int best = bins;
     double best_kl = std::numeric_limits<double>::infinity();
-    std::vector<double> p, q;
-    for (int i = levels; i <= bins; ++i) {
-      p.assign(h.begin(), h.begin() + i);
-      for (int k = i; k < bins; ++k) p[i - 1] += h[k];
-      // Merge the first i bins into `levels` groups, then spread each group's mass uniformly
-      // over the group's non-empty bins.
-      q.assign(i, 0.0);
-      const int merged = i / levels;
-      for (int j = 0; j < levels; ++j) {
-        const int start = j * merged, stop = j == levels - 1 ? i : start + merged;
-        double mass = 0.0;
-        int nonzero = 0;
-        for (int k = start; k < stop; ++k) {
-          mass += h[k];
-          nonzero += h[k] != 0.0;
+    std::vector<double> mass(levels), q(bins);
+    std::vector<int> nonzero(levels);
+    for (int i = kStartBin; i <= bins; ++i) {
+      std::fill(mass.begin(), mass.end(), 0.0);
+      std::fill(nonzero.begin(), nonzero.end(), 0);
+      for (int j = 0; j < i; ++j) {
+        if (b[j] == 0.0) continue;
+        const int g = static_cast<int>(static_cast<int64_t>(j) * levels / i);
+        mass[g] += b[j];
+        ++nonzero[g];
+      }
+      double qs = 0.0;
+      for (int j = 0; j < i; ++j) {
+        if (b[j] == 0.0) {
+          q[j] = 0.0;
+          continue;
         }
-        if (nonzero == 0) continue;
-        for (int k = start; k < stop; ++k) q[k] = h[k] != 0.0 ? mass / nonzero : 0.0;
+        const int g = static_cast<int>(static_cast<int64_t>(j) * levels / i);
+        q[j] = mass[g] / nonzero[g];
+        qs += q[j];
       }
-      double ps = 0.0, qs = 0.0;
-      for (int k = 0; k < i; ++k) {
-        ps += p[k];
-        qs += q[k];
-      }
+      const double ps = tail[0];
       if (ps == 0.0 || qs == 0.0) continue;
       double kl = 0.0;
-      for (int k = 0; k < i; ++k) {
-        if (p[k] == 0.0) continue;
-        const double pk = p[k] / ps, qk = q[k] / qs;
-        kl += qk == 0.0 ? std::numeric_limits<double>::infinity() : pk * std::log(pk / qk);
+      for (int j = 0; j < i; ++j) {
+        const double pj = j == i - 1 ? b[j] + tail[i] : b[j];
+        if (pj == 0.0) continue;
+        if (q[j] == 0.0) {
+          kl = std::numeric_limits<double>::infinity();
+          break;
+        }
+        const double pn = pj / ps, qn = q[j] / qs;
+        kl += pn * std::log(pn / qn);
       }
-      if (kl < best_kl) {
+      if (kl <= best_kl) {
         best_kl = kl;
         best = i;
       }
