@@ -1,8 +1,13 @@
 // fp32 conv2d and linear computed in the order of operations PyTorch 1.13 (Debian's build) uses,
 // so that calibration observes exactly the values PyTorch FX's observers see (see eager.h).
+#include <algorithm>
+#include <vector>
+
 #include "core/op_shapes.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
+#include "kernels/loops.h"
+#include "kernels/simd.h"
 
 namespace dbrq::kernels {
 namespace {
@@ -106,19 +111,17 @@ __attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const T
     for (int64_t l = 0; l < k; ++l) wt[static_cast<size_t>(l * n + j)] = ws[j * k + l];
   }
   float* out = dst.mutable_data<float>();
-  std::vector<float> acc(static_cast<size_t>(n));
-  for (int64_t i = 0; i < m; ++i) {
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t l = 0; l < k; ++l) {
-      const float xv = xs[i * k + l];
-      const float* wr = wt.data() + l * n;
-      for (int64_t j = 0; j < n; ++j) {
-        const float prod = xv * wr[j];
-        acc[static_cast<size_t>(j)] = acc[static_cast<size_t>(j)] + prod;
-      }
+  // Rows are independent; each output's sum still runs over k in order (simd::axpy_unfused is
+  // bit-identical on every path), so the thread count never changes a value.
+  parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(n));
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = 0; l < k; ++l) simd::axpy_unfused(xs[i * k + l], wt.data() + l * n, acc.data(), n);
+      float* o = out + i * n;
+      for (int64_t j = 0; j < n; ++j) o[j] = b.defined() ? acc[static_cast<size_t>(j)] + bias[static_cast<size_t>(j)] : acc[static_cast<size_t>(j)];
     }
-    for (int64_t j = 0; j < n; ++j) out[i * n + j] = b.defined() ? acc[static_cast<size_t>(j)] + bias[static_cast<size_t>(j)] : acc[static_cast<size_t>(j)];
-  }
+  });
   return dst.raw_view(out_sizes);
 }
 

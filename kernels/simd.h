@@ -142,6 +142,18 @@ DBRQ_TARGET_AVX512 inline int64_t accumulate_u8(const uint8_t* in, int32_t* acc,
   return i;
 }
 
+// acc[j] = acc[j] + x * w[j]: a multiply and an add, each rounded (no FMA: -ffp-contract=off, or
+// GCC would fuse the two intrinsics), so it equals the portable loop bit for bit.
+DBRQ_TARGET_AVX512 __attribute__((optimize("-ffp-contract=off"))) inline int64_t axpy_unfused(
+    float x, const float* w, float* acc, int64_t n) {
+  int64_t j = 0;
+  const __m512 vx = _mm512_set1_ps(x);
+  for (; j + 16 <= n; j += 16) {
+    _mm512_storeu_ps(acc + j, _mm512_add_ps(_mm512_loadu_ps(acc + j), _mm512_mul_ps(vx, _mm512_loadu_ps(w + j))));
+  }
+  return j;
+}
+
 }  // namespace avx512
 #pragma GCC diagnostic pop
 #endif
@@ -210,6 +222,20 @@ inline void accumulate_u8(const uint8_t* in, int32_t* acc, int64_t n) {
   if (use_avx512()) i = avx512::accumulate_u8(in, acc, n);
 #endif
   for (; i < n; ++i) acc[i] += in[i];
+}
+
+// acc[j] = acc[j] + x * w[j], the product rounded before the add (never a fused multiply-add, on
+// any build or CPU): one step of a dot product summed in order, as a reference BLAS does.
+__attribute__((optimize("-ffp-contract=off"))) inline void axpy_unfused(float x, const float* w, float* acc,
+                                                                      int64_t n) {
+  int64_t j = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) j = avx512::axpy_unfused(x, w, acc, n);
+#endif
+  for (; j < n; ++j) {
+    const float prod = x * w[j];
+    acc[j] = acc[j] + prod;
+  }
 }
 
 // out[i] = lut[in[i]]
