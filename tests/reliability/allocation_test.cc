@@ -57,6 +57,11 @@ void classify() {
     if (dladdr(frames[i], &info) == 0) continue;
     if (info.dli_sname != nullptr && std::strstr(info.dli_sname, "Storage8allocate") != nullptr) activation = true;
     if (from_onednn(info)) onednn = true;
+    // The direct caller of operator new is kernels::mem_of, whose only work is constructing a
+    // dnnl::memory: oneDNN's header code (the handle's std::shared_ptr), inlined there in -c opt.
+    if (i == 2 && info.dli_sname != nullptr && std::strncmp(info.dli_sname, "_ZN4dbrq7kernels6mem_of", 23) == 0) {
+      onednn = true;
+    }
   }
   if (activation) {
     ++g_counts->activation;
