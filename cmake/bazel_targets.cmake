@@ -460,33 +460,6 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
-  LABEL //tests/distributed:mpi_test
-  NAME dbrq_tests_distributed_mpi_test
-  RUNFILE tests/distributed/mpi_test
-  SRCS
-    tests/distributed/mpi_test.cc
-  DEPS
-    dbrq_tests_cli_subprocess
-  SYSTEM
-    gmock
-    gtest
-    gtest_main
-    json
-  DATA
-    samples/data/digits_calib.safetensors
-    samples/data/digits_small_cnn.safetensors
-    samples/data/digits_test.safetensors
-  DATA_BINARIES
-    dbrq_tests_distributed_mpi_worker=tests/distributed/mpi_worker
-    dbrq_tools_cli_dbrq=tools/cli/dbrq
-    dbrq_tools_cli_dbrq_mpi=tools/cli/dbrq_mpi
-  LOCAL_DEFINES
-    DBRQ_MPIRUN=\"/usr/bin/mpirun\"
-  TAGS
-    mpi
-)
-dbrq_bazel_target(
-  KIND cc_test
   LABEL //tests/int8:int8_e2e_test
   NAME dbrq_tests_int8_int8_e2e_test
   RUNFILE tests/int8/int8_e2e_test
@@ -1270,6 +1243,23 @@ dbrq_bazel_target(
     dbrq_tracer
   SYSTEM
     gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:entropy_observer_test
+  NAME dbrq_tests_quant_entropy_observer_test
+  RUNFILE tests/quant/entropy_observer_test
+  SRCS
+    tests/quant/entropy_observer_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+  DATA
+    tests/quant/golden/entropy.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test

@@ -16,12 +16,12 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin              # optional MPI layer (//distributed, dbrq_mpi, tests/distributed)
+  python3-onnx nodejs npm                 # the test command's ONNX export checks: the ONNX checker, ONNX Runtime from npm (tools/onnx/interop_check.sh)
 )
 if [ "${1:-}" != "--build-only" ]; then
   PACKAGES+=(
     clang libclang-rt-14-dev              # libFuzzer (tools/fuzz/run.sh)
     python3 python3-torch python3-torchvision python3-numpy python3-sklearn   # goldens, training data, the PyTorch side of benchmarks
-    python3-onnx nodejs npm               # ONNX export checks: the ONNX checker, ONNX Runtime from npm (tools/onnx/interop_check.sh)
   )
 fi
 

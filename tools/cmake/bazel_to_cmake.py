@@ -92,8 +92,11 @@ OPTIONAL_REPOS = ("@system_mpi//",)
 
 
 def uses_optional(label, rules, seen=None):
+    """Whether `label` needs an optional repository: through its deps, or through a rule it
+    runs from its data (a test driving an MPI binary)."""
     seen = set() if seen is None else seen
-    for dep in rules[label][1].get("deps", []):
+    attrs = rules[label][1]
+    for dep in attrs.get("deps", []) + [d for d in attrs.get("data", []) if d in rules]:
         if dep.startswith(OPTIONAL_REPOS):
             return True
         if dep.startswith("//") and dep in rules and dep not in seen:

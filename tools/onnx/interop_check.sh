@@ -73,7 +73,9 @@ if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
   (cd "$ORT_DIR" && npm install --ignore-scripts --no-audit --no-fund onnxruntime-node@1.30 >"$OUT/npm.log" 2>&1)
 fi
 if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
-  if npm ping >/dev/null 2>&1; then
+  if ! command -v npm >/dev/null 2>&1; then
+    fail "npm is not installed (tools/setup.sh --build-only installs nodejs and npm)"
+  elif npm ping >/dev/null 2>&1; then
     fail "npm install onnxruntime-node@1.30 failed (see $OUT/npm.log)"
   else
     echo "  SKIPPED ONNX Runtime interop: the npm registry is unreachable and onnxruntime-node is not installed in $ORT_DIR"
