@@ -12,14 +12,11 @@ namespace {
 // A folded result waiting for its batch norm.
 struct PendingFold {
   const SeenOpInfo* fold_op = nullptr;  // the batch norm record it was folded for
-  Tensor out;                           // the folded op's result (identified by its storage)
+  Tensor out;                           // the op's own (unfolded) result, as the caller got it
+  uint64_t out_version = 0;             // `out`'s storage version then (an in-place write voids the fold)
+  Tensor folded;                        // the chain's value at the batch norm: the folded op's result
   std::vector<Tensor> stats;            // the statistics folded in, and their versions then
   std::vector<uint64_t> versions;
-  // The unfolded call, to recompute the chain when the batch norm receives other statistics.
-  OpKind kind = OpKind::kNumOpKinds;
-  OpFn run = nullptr;
-  OpParams params;
-  std::vector<Tensor> inputs;
 };
 
 thread_local std::vector<PendingFold> tls_folds;
@@ -73,13 +70,14 @@ bool run_folded_base(const AutoQuantizationState& s, const SeenOpInfo& op, const
   OpCall c = call;
   c.inputs = absl::MakeConstSpan(ptrs);
   if (def.calibrate_run != nullptr) c.run = def.calibrate_run;
-  *out = run_fp32(c);
+  p.folded = run_fp32(c);
 
+  // The caller gets the op's own result: whatever reads it other than the batch norm (another
+  // branch's op, a view, the user's code through data()) sees the true conv / linear output.
+  // (Computed as the fp32 model computes it: only the batch norm's value is FX's.)
+  *out = run_fp32(call);
   p.out = *out;
-  p.kind = call.kind;
-  p.run = call.run;
-  p.params = op.params;
-  for (const Tensor* t : call.inputs) p.inputs.push_back(*t);
+  p.out_version = version_of(p.out);
   tls_folds.push_back(std::move(p));
   return true;
 }
@@ -94,30 +92,14 @@ bool take_folded(const SeenOpInfo& op, const OpCall& call, Tensor* out) {
   tls_folds.erase(tls_folds.begin() + static_cast<std::ptrdiff_t>(i));
 
   const OpDef& def = op_def(op.kind);
-  bool same = call.inputs.size() == p.stats.size() + 1 &&
+  bool same = version_of(p.out) == p.out_version && call.inputs.size() == p.stats.size() + 1 &&
               (def.params_equal == nullptr || (call.params != nullptr && !op.params.empty() &&
                                                def.params_equal(op.params.get(), call.params)));
   for (size_t k = 0; same && k < p.stats.size(); ++k) {
     same = same_tensor(*call.inputs[k + 1], p.stats[k]) && version_of(p.stats[k]) == p.versions[k];
   }
-  if (same) {
-    *out = p.out;  // the chain's value here: the folded op's result
-    return true;
-  }
-  // Other statistics than the ones folded in: the unfused chain, from the op's own input.
-  absl::InlinedVector<const Tensor*, 4> base_ptrs;
-  for (const Tensor& t : p.inputs) base_ptrs.push_back(&t);
-  OpCall base;
-  base.kind = p.kind;
-  base.inputs = absl::MakeConstSpan(base_ptrs);
-  base.params = p.params.get();
-  base.run = p.run;
-  const Tensor unfused = run_fp32(base);
-  absl::InlinedVector<const Tensor*, 8> ptrs(call.inputs.begin(), call.inputs.end());
-  ptrs[0] = &unfused;
-  OpCall c = call;
-  c.inputs = absl::MakeConstSpan(ptrs);
-  *out = run_fp32(c);
+  if (!same) return false;  // other statistics than the ones folded in: the batch norm runs as it is
+  *out = p.folded;          // the chain's value here: the folded op's result
   return true;
 }
 

@@ -9,11 +9,15 @@
 //
 //   Tensor out = observe ? run_observed(state, op, call) : run_fp32(call);
 //
-// The batch norm's statistics are the ones its record captured (they share storage with the
-// layer's buffers). At the batch norm the call's statistics are checked against those (same
-// storage, same version, same parameters); if they differ, the unfused chain is recomputed from the
-// op's saved input, so a mismatch costs time, never a wrong value. Everything is thread-local and
-// dropped when the outermost call of the model ends or unwinds.
+// The op itself still returns its own, unfolded result, so anything else that reads it (another
+// branch's op, a view, the user's code) sees the true value; only the batch norm record the chain
+// was folded for, receiving that very tensor, takes the folded value instead. The batch norm's
+// statistics are the ones its record captured (they share storage with the layer's buffers); at
+// the batch norm the call's statistics are checked against those (same storage, same version, same
+// parameters), and if they differ the batch norm runs on the unfolded result as it is, so a
+// mismatch never gives a wrong value. The base op computes twice on such calls (unfolded and
+// folded). Everything is thread-local and dropped when the outermost call of the model ends or
+// unwinds.
 #pragma once
 
 #include "quant_state/auto_quant_state.h"
@@ -22,8 +26,9 @@
 namespace dbrq::tracer {
 
 // `op` is the record of `call` in `s`. When `op` is the base of a fused chain whose next member
-// folds (batch_norm) and whose statistics are known, runs the call with the folded weight and bias,
-// sets *out and returns true; otherwise returns false without running anything.
+// folds (batch_norm) and whose statistics are known, runs the call as it is (*out) and with the
+// folded weight and bias (kept for the batch norm), and returns true; otherwise returns false
+// without running anything.
 bool run_folded_base(const AutoQuantizationState& s, const SeenOpInfo& op, const OpCall& call, Tensor* out);
 
 // `op` is the record of `call`. When the call's activation input is a folded result of this thread

@@ -186,6 +186,52 @@ TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
   expect_bitwise(m(x), fp32, "calibrating call");
 }
 
+// A fused conv -> batch_norm whose conv output is also read elsewhere: by another branch's op on
+// a call that takes it (the chain is still fused: analysis runs after the call), and after a
+// write into it. Each reader sees the conv's own output; before, the folded value (batch norm
+// already applied) reached relu and ignored the write, silently.
+struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
+  BranchAfterConv() {
+    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 6, 3).padding(1)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(6));
+    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    randomize(*bn, 30);
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*conv)(x);
+    if (poke) {
+      float* v = y.mutable_data<float>();
+      for (int64_t i = 0; i < y.numel(); ++i) v[i] += 3.f;
+    }
+    return bn_branch ? (*relu)((*bn)(y)) : (*relu)(y);
+  }
+  bool bn_branch = true, poke = false;
+  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::BatchNorm2d> bn;
+  std::shared_ptr<nn::ReLU> relu;
+};
+
+TEST(CalibrationFold, OtherReadersOfTheConvOutputSeeItsOwnValue) {
+  dbrq::manual_seed(9);
+  BranchAfterConv m;
+  m.eval();
+  const Tensor x = dbrq::randn({2, 3, 7, 7}, 12);
+  m.bn_branch = false;
+  const Tensor fp32_relu = m(x);
+  m.bn_branch = true;
+  m.poke = true;
+  const Tensor fp32_poked = m(x);
+  m.poke = false;
+  dbrq::prepare(m, {x}, minmax_mapping());
+  ASSERT_EQ(chain_of(m, 0), "conv2d+batch_norm+relu");
+  m(x);
+  m.bn_branch = false;  // first call of the other branch: the conv record is still fused
+  expect_bitwise(m(x), fp32_relu, "relu reading the conv output");
+  m.bn_branch = true;
+  m.poke = true;  // a write between the conv and its batch norm
+  expect_bitwise(m(x), fp32_poked, "batch norm after a write into the conv output");
+}
+
 // linear_torch_order: each output is the dot product summed over k in order, one rounding per
 // step, then + bias (the reference BLAS through PyTorch's addmm). Volatile keeps the compiler from
 // fusing or reordering the reference's steps.
