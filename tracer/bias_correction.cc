@@ -63,8 +63,8 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
     const std::string name = tracer::node_name(model, g, i);
     auto skip = [&](const std::string& why) { skipped->push_back(absl::StrCat(name, ": ", why)); };
     const QConfigPtr q = qconfig_of(model, mapping, n);
-    if (q == nullptr) {
-      skip("kept fp32 by the mapping");
+    if (q == nullptr || q->is_bf16()) {
+      skip(q == nullptr ? "kept fp32 by the mapping" : "marked bf16 by the mapping (no int8 weights to correct for)");
       continue;
     }
     const Tensor& w = n.inputs[1];

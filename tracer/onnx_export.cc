@@ -536,7 +536,12 @@ class Recorder : public Interceptor {
         const float ws = wq->is_per_channel() ? wq->scales[static_cast<size_t>(i)] : wq->scales[0];
         scales[static_cast<size_t>(i)] = in_q->scale() * ws;
         const double code = std::nearbyint(static_cast<double>(bv) / scales[static_cast<size_t>(i)]);
-        codes[static_cast<size_t>(i)] = static_cast<int32_t>(std::max(-2147483648.0, std::min(2147483647.0, code)));
+        // dbrq keeps the bias in f32 accumulator units; ONNX's s32 bias cannot hold this one
+        // (a channel whose weights are all near zero has a tiny scale): refuse, never clamp.
+        DBRQ_ENSURE(code >= -2147483648.0 && code <= 2147483647.0, ValueError, "export_onnx: ", name,
+                    ": the bias of output channel ", i, " (", bv, ") is ", code,
+                    " steps of input scale x weight scale, beyond ONNX's int32 bias");
+        codes[static_cast<size_t>(i)] = static_cast<int32_t>(code);
       }
       auto bq = QuantParams::per_channel(scales, std::vector<int32_t>(static_cast<size_t>(n), 0), 0);
       r.bias = b_.dq_const(name + "_bias", onnx::kInt32, {n}, raw_of(codes), *bq);
@@ -862,7 +867,8 @@ class Recorder : public Interceptor {
       case OpKind::kNarrow: {
         const auto& p = c.p<ShapeParams>();
         const int64_t d = wrap(p.sizes.at(0), in_rank), step = p.sizes.size() > 1 ? p.sizes[1] : 1;
-        y = b_.node("Slice", {in(0), b_.i64_vec({p.start}), b_.i64_vec({p.start + p.length}), b_.i64_vec({d}), b_.i64_vec({step})},
+        const int64_t start = p.start < 0 ? p.start + c.input(0).size(d) : p.start;  // narrow(d, -1, 1): the last
+        y = b_.node("Slice", {in(0), b_.i64_vec({start}), b_.i64_vec({start + p.length}), b_.i64_vec({d}), b_.i64_vec({step})},
                     "narrow");
         break;
       }

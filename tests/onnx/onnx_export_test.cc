@@ -545,6 +545,61 @@ TEST(OnnxExportErrors, UnwritablePath) {
   EXPECT_THROW_MSG(export_onnx(*m, {x}, ""), IOError, "export_onnx: the output path is empty");
 }
 
+// A channel whose weights are all zero gets the smallest weight scale, so its bias in ONNX's
+// int32 units (input scale x weight scale) overflows: a clear error, never a clamped bias.
+struct ZeroChannel : nn::CallableModule<ZeroChannel> {
+  ZeroChannel() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 3, 1, 1)); }
+  Tensor forward(const Tensor& x) { return (*conv)(x); }
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+TEST(OnnxExportErrors, BiasBeyondInt32IsRefused) {
+  manual_seed(5);
+  ZeroChannel m;
+  float* w = m.conv->weight.mutable_data<float>();
+  for (int64_t i = 0; i < 27; ++i) w[i] = 0.f;  // output channel 0
+  m.conv->bias.mutable_data<float>()[0] = 300.f;
+  m.eval();
+  prepare(m, {randn({1, 3, 6, 6}, 1)});
+  for (int i = 0; i < 2; ++i) m(randn({1, 3, 6, 6}, 10 + i));
+  convert(m);
+  EXPECT_THROW_MSG(export_onnx_bytes(m, {randn({1, 3, 6, 6}, 2)}), ValueError,
+                   "the bias of output channel 0 (300) is");
+}
+
+// narrow with a negative start (the last step of a sequence) slices from the end.
+struct LastStep : nn::CallableModule<LastStep> {
+  LastStep() { fc = register_module("fc", std::make_shared<nn::Linear>(4, 2)); }
+  Tensor forward(const Tensor& x) { return (*fc)(x.narrow(1, -1, 1).flatten(1)); }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(OnnxExport, NarrowFromTheEnd) {
+  manual_seed(6);
+  LastStep m;
+  m.eval();
+  prepare(m, {randn({2, 3, 4}, 1)});
+  m(randn({2, 3, 4}, 2));
+  convert(m);
+  const std::string bytes = export_onnx_bytes(m, {randn({2, 3, 4}, 3)});
+  const ModelR g = read_model(bytes);
+  ASSERT_EQ(g.count("Slice"), 1);
+  // Slice(data, starts, ends, axes, steps): starts 2 and ends 3 (-1 + 3), not -1 and 0 (empty).
+  for (const NodeR& n : g.nodes) {
+    if (n.op != "Slice") continue;
+    ASSERT_GE(n.in.size(), 3u);
+    auto i64 = [&](const std::string& name) {
+      const InitR& t = g.inits.at(name);
+      int64_t v = 0;
+      EXPECT_EQ(t.raw.size(), 8u);
+      std::memcpy(&v, t.raw.data(), 8);
+      return v;
+    };
+    EXPECT_EQ(i64(n.in[1]), 2);
+    EXPECT_EQ(i64(n.in[2]), 3);
+  }
+}
+
 TEST(OnnxExportErrors, BadExampleInputs) {
   auto m = converted_resnet_like();
   EXPECT_THROW_MSG(export_onnx_bytes(*m, {}), ValueError, "export_onnx: example_inputs is empty");

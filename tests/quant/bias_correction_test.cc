@@ -271,6 +271,14 @@ TEST(BiasCorrection, SkippedLayersAreReported) {
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_EQ(r.skipped[0], "conv: kept fp32 by the mapping");
   EXPECT_EQ(vals(m.conv->bias), b);
+
+  // A layer marked bf16 has no int8 weight error to correct (before: the marker's default u8
+  // weight spec invented one and shifted the bias).
+  r = correct_bias(m, {{randn({1, 3, 4, 4}, 1)}}, default_qconfig_mapping().set_module_name("conv", QConfig::bf16()));
+  EXPECT_TRUE(r.layers.empty());
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0], "conv: marked bf16 by the mapping (no int8 weights to correct for)");
+  EXPECT_EQ(vals(m.conv->bias), b);
 }
 
 TEST(BiasCorrection, BadInputs) {
