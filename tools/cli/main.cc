@@ -581,7 +581,6 @@ int run_quantize_distributed() {
     dbrq::distributed::Comm comm(absl::GetFlag(FLAGS_mpi_timeout));
     rank = comm.rank();
     if (rank != 0) std::cout.setstate(std::ios::failbit);  // one report, from rank 0
-    check_output_path("out", path_flag(FLAGS_out));
     const std::string calib_flag = absl::GetFlag(FLAGS_calib);
     const bool presharded = calib_flag.find("%r") != std::string::npos;
     const pipeline::RunOptions opts = data_run_options();
@@ -590,6 +589,9 @@ int run_quantize_distributed() {
     int64_t batches = 0;
     dbrq::distributed::Replica replica;
     replica.prepare = [&]() -> dbrq::nn::Module& {
+      // Only rank 0 writes --out (other nodes need not see its directory); checked here, inside
+      // the collective, so a bad path fails every rank at once with rank 0's message.
+      if (rank == 0) check_output_path("out", path_flag(FLAGS_out));
       s = build_model();
       const std::string path = absl::StrReplaceAll(calib_flag, {{"%r", std::to_string(rank)}});
       calib = for_flag("calib", [&] {
