@@ -702,6 +702,25 @@ int run_report() {
   return kExitOk;
 }
 
+// The int8 model of bench and export: converted with --state's calibration, or else calibrated on
+// --calib_batches random batches of `batch` (printing `note` after the count).
+std::shared_ptr<dbrq::nn::Module> int8_model(const Setup& s, const dbrq::Tensor& input, int64_t batch,
+                                             const std::string& note) {
+  if (!absl::GetFlag(FLAGS_state).empty()) return quantized_from_state(s, input);
+  std::shared_ptr<dbrq::nn::Module> q = pipeline::clone_model(*s.spec, s.variant, *s.model);
+  dbrq::prepare(*q, {input}, dbrq::default_qconfig_mapping("onednn"));
+  const int64_t n = absl::GetFlag(FLAGS_calib_batches);
+  pipeline::ProgressBar bar("calibrating on random data", n, "batches", progress_mode());
+  for (int64_t i = 0; i < n; ++i) {
+    s.spec->run(*q, s.spec->example_input(s.variant, batch, /*seed=*/100 + static_cast<uint64_t>(i)));
+    bar.update(i + 1);
+  }
+  bar.finish();
+  dbrq::convert(*q);
+  std::cout << "state:     calibrated on " << n << " random batches" << note << "\n";
+  return q;
+}
+
 int run_bench() {
   Setup s = build_model();
   const int64_t batch = batch_size_or(1);
@@ -709,22 +728,7 @@ int run_bench() {
   const dbrq::Tensor input = s.spec->example_input(s.variant, batch, /*seed=*/1);
   std::cout << "input:     " << input.shape_string() << " " << dbrq::dtype_name(input.dtype()) << ", threads "
             << dbrq::get_num_threads() << ", " << iters << " timed runs\n";
-  std::shared_ptr<dbrq::nn::Module> q;
-  if (!absl::GetFlag(FLAGS_state).empty()) {
-    q = quantized_from_state(s, input);
-  } else {
-    q = pipeline::clone_model(*s.spec, s.variant, *s.model);
-    dbrq::prepare(*q, {input}, dbrq::default_qconfig_mapping("onednn"));
-    const int64_t n = absl::GetFlag(FLAGS_calib_batches);
-    pipeline::ProgressBar bar("calibrating on random data", n, "batches", progress_mode());
-    for (int64_t i = 0; i < n; ++i) {
-      s.spec->run(*q, s.spec->example_input(s.variant, batch, /*seed=*/100 + static_cast<uint64_t>(i)));
-      bar.update(i + 1);
-    }
-    bar.finish();
-    dbrq::convert(*q);
-    std::cout << "state:     calibrated on " << n << " random batches (timing only; see --state)\n";
-  }
+  std::shared_ptr<dbrq::nn::Module> q = int8_model(s, input, batch, " (timing only; see --state)");
   const pipeline::Latency f = pipeline::measure_latency(*s.spec, *s.model, input, iters);
   const pipeline::Latency i8 = pipeline::measure_latency(*s.spec, *q, input, iters);
   std::cout << absl::StrFormat("\n%-6s %12s %12s %12s %12s\n", "", "median", "min", "mean", "first call");
@@ -814,22 +818,7 @@ int run_export() {
   Setup s = build_model();
   const int64_t batch = batch_size_or(1);
   const dbrq::Tensor input = s.spec->example_input(s.variant, batch, /*seed=*/1);
-  std::shared_ptr<dbrq::nn::Module> q;
-  if (!absl::GetFlag(FLAGS_state).empty()) {
-    q = quantized_from_state(s, input);
-  } else {
-    q = pipeline::clone_model(*s.spec, s.variant, *s.model);
-    dbrq::prepare(*q, {input}, dbrq::default_qconfig_mapping("onednn"));
-    const int64_t n = absl::GetFlag(FLAGS_calib_batches);
-    pipeline::ProgressBar bar("calibrating on random data", n, "batches", progress_mode());
-    for (int64_t i = 0; i < n; ++i) {
-      s.spec->run(*q, s.spec->example_input(s.variant, batch, /*seed=*/100 + static_cast<uint64_t>(i)));
-      bar.update(i + 1);
-    }
-    bar.finish();
-    dbrq::convert(*q);
-    std::cout << "state:     calibrated on " << n << " random batches\n";
-  }
+  std::shared_ptr<dbrq::nn::Module> q = int8_model(s, input, batch, "");
   const std::string out = path_flag(FLAGS_out);
   const std::string ref = path_flag(FLAGS_reference);
   dbrq::OnnxExportOptions options;
