@@ -74,7 +74,7 @@ if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
 fi
 if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
   if ! command -v npm >/dev/null 2>&1; then
-    fail "npm is not installed (tools/setup.sh --build-only installs nodejs and npm)"
+    fail "npm is not installed (tools/setup.sh --build-only installs Debian's nodejs and npm when no npm is on PATH)"
   elif npm ping >/dev/null 2>&1; then
     fail "npm install onnxruntime-node@1.30 failed (see $OUT/npm.log)"
   else
