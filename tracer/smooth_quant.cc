@@ -24,6 +24,8 @@ struct Layer {
   std::string fqn;
   bool linear = false;  // else LayerNorm
   Tensor weight, bias;  // the parameters themselves (shared storage): folding writes into them
+  // Why folding must not write into its parameters (tied to another parameter), empty if it may.
+  std::string frozen;
 };
 
 // Statistics of one producer's output (over every call of the producer).
@@ -44,9 +46,15 @@ bool f32_contiguous(const Tensor& t) { return t.defined() && t.dtype() == DType:
 class SmoothInterceptor : public Interceptor {
  public:
   SmoothInterceptor(const std::unordered_map<const void*, Layer>& layers, int64_t keep_rows)
-      : layers_(layers), keep_rows_(keep_rows) {}
+      : layers_(layers), keep_rows_(keep_rows) {
+    for (const auto& [ptr, l] : layers_) {
+      params_[l.weight.storage().get()].push_back({&l, "weight", l.weight});
+      if (l.bias.defined()) params_[l.bias.storage().get()].push_back({&l, "bias", l.bias});
+    }
+  }
 
   Tensor on_op(const OpCall& call) override {
+    note_parameter_reads(call);
     Tensor out = call.run(call);
     std::string source;  // the producer of a linear's input
     for (size_t i = 0; i < call.num_inputs(); ++i) {
@@ -110,8 +118,46 @@ class SmoothInterceptor : public Interceptor {
 
   std::vector<Group>& groups() { return groups_; }
   const std::map<std::string, std::set<std::string>>& sources() const { return sources_; }
+  // Layers whose parameters some other op also read (fqn -> why they must not change).
+  const std::map<std::string, std::string>& foreign_reads() const { return foreign_; }
 
  private:
+  // A layer's weight or bias read by anything but the layer's own op (an embedding sharing a
+  // linear's weight, a matmul on a transposed weight, ...): rescaling it would change that reader.
+  // Parameters may be views into one storage: a read concerns the parameters its elements overlap.
+  void note_parameter_reads(const OpCall& call) {
+    for (size_t i = 0; i < call.num_inputs(); ++i) {
+      const Tensor& t = call.input(i);
+      if (!t.defined()) continue;
+      auto it = params_.find(t.storage().get());
+      if (it == params_.end()) continue;
+      for (const Param& p : it->second) {
+        const bool own = call.kind == (p.layer->linear ? OpKind::kLinear : OpKind::kLayerNorm) &&
+                         i == (std::string(p.which) == "weight" ? 1u : 2u) && t.data_ptr() == p.tensor.data_ptr() &&
+                         t.sizes() == p.tensor.sizes() && t.strides() == p.tensor.strides();
+        if (own || !overlap(t, p.tensor) || foreign_.count(p.layer->fqn) != 0) continue;
+        foreign_[p.layer->fqn] = absl::StrCat("its ", p.which, " is also read by ", op_name(call.kind));
+      }
+    }
+  }
+
+  // Element offsets [first, last] of a view in its storage.
+  static std::pair<int64_t, int64_t> extent(const Tensor& t) {
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.size(d) == 0) return {0, -1};
+      last += (t.size(d) - 1) * std::abs(t.strides()[static_cast<size_t>(d)]);
+    }
+    return {t.storage_offset(), last};
+  }
+  static bool overlap(const Tensor& a, const Tensor& b) {
+    const auto [a0, a1] = extent(a);
+    const auto [b0, b1] = extent(b);
+    const int64_t ea = static_cast<int64_t>(a.element_size()), eb = static_cast<int64_t>(b.element_size());
+    return a1 >= a0 && b1 >= b0 && a0 * ea <= b1 * eb + eb - 1 && b0 * eb <= a1 * ea + ea - 1;
+  }
+
+
   void track(const Tensor& out, const Layer& layer) {
     if (!out.defined() || out.dtype() != DType::kF32 || out.dim() < 1 || out.numel() == 0) return;
     auto gi = group_index_.find(layer.fqn);
@@ -153,6 +199,13 @@ class SmoothInterceptor : public Interceptor {
   std::map<std::string, size_t> group_index_;
   std::unordered_map<const void*, std::pair<size_t, Tensor>> live_;  // this call's tracked outputs
   std::map<std::string, std::set<std::string>> sources_;  // linear fqn -> producers of its input ("": none)
+  struct Param {
+    const Layer* layer;
+    const char* which;  // "weight" or "bias"
+    Tensor tensor;
+  };
+  std::unordered_map<const Storage*, std::vector<Param>> params_;
+  std::map<std::string, std::string> foreign_;
 };
 
 // max over the consumers of max_i |W[i, j]|, per input channel j.
@@ -282,19 +335,48 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
   DBRQ_ENSURE(!is_prepared(model), UsageError,
               "smooth_quant: the model is already prepared; smooth the fp32 model before prepare()");
 
+  // Every registered parameter and buffer by storage, with its fqn and owner: a layer whose weight
+  // or bias shares storage with another module's tensor (tied weights, e.g. an LM head and its
+  // embedding) is frozen. One module registered under two names (a shared layer) is not a tie.
+  std::map<const Storage*, std::vector<std::pair<std::string, const nn::Module*>>> registered;
+  for (const auto& [fqn, m] : model.named_modules()) {
+    const std::string prefix = fqn.empty() ? "" : fqn + ".";
+    for (const auto& named : std::vector<decltype(m->named_parameters(false))>{m->named_parameters(false), m->named_buffers(false)}) {
+      for (const auto& [name, t] : named) {
+        if (t.defined()) registered[t.storage().get()].emplace_back(prefix + name, m);
+      }
+    }
+  }
+  auto tied_to = [&](const Tensor& t, const nn::Module* owner) -> std::string {
+    if (!t.defined()) return "";
+    auto it = registered.find(t.storage().get());
+    if (it == registered.end()) return "";
+    for (const auto& [name, m] : it->second) {
+      if (m != owner) return name;
+    }
+    return "";
+  };
+
   // Linear and LayerNorm layers by weight address; only f32 contiguous parameters can be folded.
   std::unordered_map<const void*, Layer> layers;
   std::vector<std::string> linear_order;
   std::map<std::string, std::string> unfoldable;  // linear fqn -> reason its weight cannot change
+  std::set<const nn::Module*> seen;
   for (const auto& [fqn, m] : model.named_modules()) {
     const bool linear = m->type_name() == "Linear", ln = m->type_name() == "LayerNorm";
     if (!linear && !ln) continue;
-    Layer l{fqn, linear, Tensor(), Tensor()};
+    if (!seen.insert(m).second) continue;  // a shared layer registered under a second name
+    Layer l{fqn, linear, Tensor(), Tensor(), ""};
     for (const auto& [name, t] : m->named_parameters(false)) {
       if (name == "weight") l.weight = t;
       if (name == "bias") l.bias = t;
     }
+    for (const char* which : {"weight", "bias"}) {
+      const std::string other = tied_to(std::string(which) == "weight" ? l.weight : l.bias, m);
+      if (!other.empty() && l.frozen.empty()) l.frozen = absl::StrCat("its ", which, " is tied to ", other);
+    }
     if (linear) linear_order.push_back(fqn);
+    if (linear && !l.frozen.empty()) unfoldable[fqn] = l.frozen;
     if (!l.weight.defined()) continue;  // a LayerNorm without affine parameters
     if (!f32_contiguous(l.weight) || (l.bias.defined() && !f32_contiguous(l.bias)) ||
         (linear && l.weight.dim() != 2)) {
@@ -314,6 +396,13 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
     probe.end_call(out);
   }
 
+  // Why a layer's parameters must keep their values ("" if they may change).
+  std::map<std::string, std::string> frozen;
+  for (const auto& [ptr, l] : layers) {
+    if (!l.frozen.empty()) frozen[l.fqn] = l.frozen;
+  }
+  for (const auto& [fqn, why] : probe.foreign_reads()) frozen.emplace(fqn, why);
+
   SmoothQuantReport report;
   std::map<std::string, bool> smoothed;
   for (Group& g : probe.groups()) {
@@ -321,9 +410,12 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
     if (g.linear && !options.fold_into_linears && g.bad.empty()) {
       g.bad = "its producer is a Linear (SmoothQuantOptions::fold_into_linears is off)";
     }
+    if (g.bad.empty() && frozen.count(g.producer) != 0) g.bad = frozen.at(g.producer);
     for (const Layer* l : g.consumer_layers) {
       if (!g.bad.empty()) break;
-      if (l->weight.size(1) != static_cast<int64_t>(g.absmax.size())) {
+      if (frozen.count(l->fqn) != 0) {
+        g.bad = absl::StrCat(l->fqn, " cannot change: ", frozen.at(l->fqn));
+      } else if (l->weight.size(1) != static_cast<int64_t>(g.absmax.size())) {
         g.bad = absl::StrCat("its channel count differs from ", l->fqn, "'s input features");
       } else if (probe.sources().at(l->fqn).size() > 1) {
         g.bad = absl::StrCat(l->fqn, " also reads other inputs");
@@ -371,6 +463,8 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
     auto in = probe.sources().find(fqn);
     if (u != unfoldable.end()) {
       reason = u->second;
+    } else if (frozen.count(fqn) != 0) {
+      reason = frozen.at(fqn);
     } else if (in == probe.sources().end()) {
       reason = "not called during calibration";
     } else if (in->second.count("") != 0) {

@@ -19,7 +19,9 @@
 //
 // Linears whose input is not such a tensor (model input, after an activation or a reshape, a
 // tensor also read by something else, e.g. a post-LayerNorm transformer's residual add) are left
-// alone and listed in the report with the reason. Limits: docs/smooth_quant.md.
+// alone and listed in the report with the reason, as are layers whose parameters something else
+// also uses (a head tied to its embedding, a weight another op reads): rescaling them would change
+// that other user. Limits: docs/smooth_quant.md.
 #pragma once
 
 #include <string>

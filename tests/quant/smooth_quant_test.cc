@@ -281,6 +281,99 @@ TEST(SmoothQuant, LinearProducersAreOptIn) {
   EXPECT_TRUE(reported) << r.to_string();
 }
 
+// A language model's head tied to its embedding (emb -> ln -> head, head.weight registered as
+// emb.weight): scaling the head's weight columns would rescale the embedding too. Silent before.
+struct TiedHead : nn::CallableModule<TiedHead> {
+  TiedHead() {
+    emb = register_module("emb", std::make_shared<nn::Embedding>(10, kC));
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
+    head = register_module("head", std::make_shared<nn::Linear>(kC, 10, false));
+    head->weight = head->register_parameter("weight", emb->weight);
+  }
+  Tensor forward(const Tensor& ids) { return (*head)((*ln)((*emb)(ids))); }
+  std::shared_ptr<nn::Embedding> emb;
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<nn::Linear> head;
+};
+
+TEST(SmoothQuant, TiedWeightsAreNotRescaled) {
+  manual_seed(6);
+  auto m = std::make_shared<TiedHead>();
+  m->eval();
+  float* g = m->ln->weight.mutable_data<float>();
+  g[2] = 25.f;  // an outlier channel: smoothing would act if it could
+  const Tensor ids = arange(0.0, 10.0, 1.0, DType::kS64).reshape({2, 5});
+  const Tensor before = (*m)(ids);
+  const std::vector<float> e0 = values(m->emb->weight), g0 = values(m->ln->weight);
+  const SmoothQuantReport r = smooth_quant(*m, {{ids}});
+  EXPECT_TRUE(r.groups.empty()) << r.to_string();
+  ASSERT_EQ(r.skipped.size(), 1u) << r.to_string();
+  EXPECT_EQ(r.skipped[0].linear, "head");
+  EXPECT_EQ(r.skipped[0].reason, "its weight is tied to emb.weight");
+  EXPECT_EQ(values(m->emb->weight), e0);
+  EXPECT_EQ(values(m->ln->weight), g0);
+  EXPECT_EQ(values((*m)(ids)), values(before));
+}
+
+// A linear whose weight another op also reads (here relu on it, as weight-norm style code does):
+// found at run time, the weight keeps its values.
+struct WeightReadElsewhere : nn::CallableModule<WeightReadElsewhere> {
+  WeightReadElsewhere() {
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
+    proj = register_module("proj", std::make_shared<nn::Linear>(kC, kC));
+  }
+  Tensor forward(const Tensor& x) {
+    side = relu(proj->weight);
+    return (*proj)((*ln)(x));
+  }
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<nn::Linear> proj;
+  Tensor side;
+};
+
+TEST(SmoothQuant, AWeightReadByAnotherOpIsNotRescaled) {
+  manual_seed(7);
+  auto m = std::make_shared<WeightReadElsewhere>();
+  m->eval();
+  m->ln->weight.mutable_data<float>()[4] = 20.f;
+  const std::vector<float> w0 = values(m->proj->weight), g0 = values(m->ln->weight);
+  const SmoothQuantReport r = smooth_quant(*m, {{randn({3, kC}, 2)}});
+  EXPECT_TRUE(r.groups.empty()) << r.to_string();
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0].reason, "its weight is also read by relu");
+  EXPECT_EQ(values(m->proj->weight), w0);
+  EXPECT_EQ(values(m->ln->weight), g0);
+}
+
+// One Linear registered under two names and called twice on the same tensor is not a tie: it is
+// smoothed once, and the function is kept.
+struct SharedLayer : nn::CallableModule<SharedLayer> {
+  SharedLayer() {
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
+    fc = register_module("fc", std::make_shared<nn::Linear>(kC, 6));
+    register_module("fc_again", fc);
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor h = (*ln)(x);
+    return (*fc)(h) + (*fc)(h);
+  }
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+TEST(SmoothQuant, ASharedLayerIsNotATie) {
+  manual_seed(8);
+  auto m = std::make_shared<SharedLayer>();
+  m->eval();
+  m->ln->weight.mutable_data<float>()[1] = 12.f;
+  const Tensor x = randn({3, kC}, 3);
+  const Tensor before = (*m)(x);
+  const SmoothQuantReport r = smooth_quant(*m, {{x}});
+  ASSERT_EQ(r.groups.size(), 1u) << r.to_string();
+  EXPECT_EQ(r.groups[0].consumers, std::vector<std::string>{"fc"});
+  EXPECT_LT(testing::relative_error((*m)(x), before), 1e-5);
+}
+
 TEST(SmoothQuant, BadInputs) {
   auto m = make_net();
   SmoothQuantOptions o;
