@@ -23,6 +23,8 @@ struct Target {
   Conv2dParams conv;
   Tensor delta_w;            // W - Q(W), folded
   Tensor param;              // receives the shift
+  std::vector<float> post_scale;  // per channel, applied to the shift (empty: 1): gamma / sigma of
+                                  // an unfused batch norm between the layer and its beta
   std::string layer, target;
   std::vector<double> sum;   // per output channel
   int64_t count = 0;         // output positions summed per channel
@@ -79,7 +81,8 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
     t.conv = n.conv;
     t.layer = name;
     Tensor folded_w = w, folded_b = b;
-    // A batch norm reading only this output is folded into it by convert: correct its beta.
+    // A batch norm reading only this output: convert folds it into the layer when prepare fuses
+    // them (then its beta is corrected, from the folded weights' error).
     const int c = g.sole_consumer(i);
     const FlowNode* bn = nullptr;
     if (c >= 0 && g.nodes[static_cast<size_t>(c)].kind == OpKind::kBatchNorm &&
@@ -87,7 +90,33 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
         (n.kind == OpKind::kConv2d || n.inputs[0].dim() == 2)) {
       bn = &g.nodes[static_cast<size_t>(c)];
     }
+    // Convert folds the batch norm only when prepare fuses it with the layer: the mapping quantizes
+    // it (int8, not bf16) and one module records both (tracer's discover_fusions).
+    bool fused = false;
     if (bn != nullptr) {
+      const QConfigPtr bq = qconfig_of(model, mapping, *bn);
+      fused = bq != nullptr && !bq->is_bf16() && !bq->is_dynamic() && !q->is_dynamic() && bn->owner == n.owner;
+    }
+    if (bn != nullptr && !fused && !b.defined()) {
+      // The layer runs int8 with its own weights and the batch norm runs after it: the layer's
+      // output shift reaches the batch norm's output times gamma / sigma, so beta takes that.
+      const Tensor& beta = bn->inputs[4];
+      const Tensor& gamma = bn->inputs[3];
+      if (!beta.defined() || !g.is_param(beta) || g.param_uses.at(beta.storage().get()) != 1) {
+        skip("no bias, and the unfused batch norm after it has no beta parameter of its own to correct");
+        continue;
+      }
+      const Tensor var = bn->inputs[2].contiguous();
+      const float* pv = var.data<float>();
+      const Tensor gc = gamma.defined() ? gamma.contiguous() : Tensor();
+      t.post_scale.resize(static_cast<size_t>(var.numel()));
+      for (int64_t o = 0; o < var.numel(); ++o) {
+        const double gm = gc.defined() ? gc.data<float>()[o] : 1.0;
+        t.post_scale[static_cast<size_t>(o)] = static_cast<float>(gm / std::sqrt(static_cast<double>(pv[o]) + bn->eps));
+      }
+      t.param = beta;
+      t.target = g.param_name(beta);
+    } else if (fused) {
       const Tensor& beta = bn->inputs[4];
       if (!beta.defined() || !g.is_param(beta) || g.param_uses.at(beta.storage().get()) != 1) {
         skip("the batch norm after it has no beta parameter of its own to correct");
@@ -200,7 +229,8 @@ BiasCorrectionReport correct_bias(nn::Module& model, const std::vector<std::vect
     l.channels = static_cast<int64_t>(t.sum.size());
     float* p = t.param.mutable_data<float>();
     for (size_t o = 0; o < t.sum.size(); ++o) {
-      const double shift = t.count > 0 ? t.sum[o] / static_cast<double>(t.count) : 0.0;
+      double shift = t.count > 0 ? t.sum[o] / static_cast<double>(t.count) : 0.0;
+      if (!t.post_scale.empty()) shift *= t.post_scale[o];
       p[o] = static_cast<float>(static_cast<double>(p[o]) + shift);
       l.max_abs_shift = std::max(l.max_abs_shift, std::abs(shift));
       l.mean_abs_shift += std::abs(shift) / static_cast<double>(t.sum.size());

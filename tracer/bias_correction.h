@@ -13,12 +13,14 @@
 //   dbrq::save_safetensors("w.safetensors", model->state_dict());      // the corrected biases
 //
 // For each conv2d / linear that `mapping` quantizes, with W its weights as convert will quantize
-// them (a batch norm reading only its output folded in, PyTorch's arithmetic) and Q(W) their
+// them (a batch norm reading only its output folded in when prepare fuses the two: the mapping
+// quantizes the batch norm int8 and one module calls both; PyTorch's arithmetic) and Q(W) their
 // quantized values under the mapping's weight observer (per channel or per tensor), the shift of
 // output channel o is mean over the calibration inputs x and all output positions of
 // conv(x, W - Q(W))[o] (bias excluded; padding included, so it is exact, not E[x]-based). It is
 // added to the layer's bias, or to the following batch norm's beta (which moves the folded bias
-// by exactly that). Inputs are those of the fp32 model (one pass, all shifts measured before any
+// by exactly that; for a batch norm that is not fused and a layer without bias, the shift times
+// gamma / sigma, what reaches the batch norm's output). Inputs are those of the fp32 model (one pass, all shifts measured before any
 // is applied).
 //
 // Where the correction lives: in the model's own parameters. The fp32 model changes by the

@@ -13,6 +13,9 @@ class FlowRecorder final : public Interceptor {
     FlowNode n;
     n.kind = call.kind;
     n.module = stack_.empty() ? nullptr : stack_.back();
+    for (auto it = stack_.rbegin(); it != stack_.rend() && n.owner == nullptr; ++it) {
+      if (!(*it)->is_leaf()) n.owner = *it;
+    }
     for (size_t i = 0; i < call.num_inputs(); ++i) {
       const Tensor& t = call.input(i);
       n.inputs.push_back(t);

@@ -24,6 +24,9 @@ namespace dbrq::tracer {
 struct FlowNode {
   OpKind kind = OpKind::kNumOpKinds;
   nn::Module* module = nullptr;  // innermost module being called (the layer, for a layer call)
+  // Innermost non-leaf module being called: the one whose quantization state records this op (ops
+  // of two owners are never fused, e.g. a conv in a child Sequential and a batch norm after it).
+  nn::Module* owner = nullptr;
   std::vector<Tensor> inputs;    // every tensor argument in the op's order (absent ones undefined)
   std::vector<int> producers;    // per input: the node that produced it, -1 for anything else
   Tensor output;

@@ -231,6 +231,95 @@ TEST(BiasCorrection, ShrinksTheInt8MeanError) {
   EXPECT_LT(after, 0.5 * before) << "mean |channel bias| " << before << " -> " << after;
 }
 
+// The batch norm is not fused with the conv (kept fp32 by the mapping; or the conv lives in a
+// child module, which prepare never fuses across): convert runs the conv int8 with its own
+// weights, so the shift is the unfolded weights' error, carried through the batch norm
+// (times gamma / sigma) into beta. Before, the folded weights' error was used as if fused.
+struct ChildConvBn : nn::CallableModule<ChildConvBn> {
+  ChildConvBn() {
+    auto conv = std::make_shared<Conv2d>(3, 4, 3, 1, 1, 1, 1, false);
+    spread_rows(conv->weight, 8);
+    body = register_module("body", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{conv}));
+    bn = register_module("bn", std::make_shared<BatchNorm2d>(4));
+    randomize_bn(*bn, 7);
+    this->conv = conv;
+  }
+  Tensor forward(const Tensor& x) { return relu((*bn)((*body)(x))); }
+  std::shared_ptr<nn::Sequential> body;
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<BatchNorm2d> bn;
+};
+
+template <typename M>
+void expect_unfused_bn_shift(M& m, const QConfigMapping& mapping, const std::string& what) {
+  m.eval();
+  const std::vector<Tensor> xs = {rand_uniform({2, 3, 4, 4}, 0.0, 1.0, 3)};
+  const std::vector<float> w = vals(m.conv->weight), g = vals(m.bn->weight), var = vals(m.bn->running_var),
+                           beta = vals(m.bn->bias);
+  std::vector<double> shift = naive_conv_mean(xs, fake_quant_error(w, mapping.global()->weight, m.conv->weight), 4, 3);
+  for (int o = 0; o < 4; ++o) shift[o] *= g[o] / std::sqrt(double(var[o]) + 1e-5);
+  const BiasCorrectionReport r = correct_bias(m, batches_of(xs), mapping);
+  ASSERT_EQ(r.layers.size(), 1u) << what << "\n" << r.to_string();
+  EXPECT_EQ(r.layers[0].target, "bn.bias") << what;
+  const std::vector<float> beta2 = vals(m.bn->bias);
+  double max_shift = 0;
+  for (int o = 0; o < 4; ++o) {
+    EXPECT_NEAR(beta2[o] - beta[o], shift[o], 1e-6 + 1e-3 * std::abs(shift[o])) << what << " channel " << o;
+    max_shift = std::max(max_shift, std::abs(shift[o]));
+  }
+  EXPECT_GT(max_shift, 1e-3) << what;
+  EXPECT_EQ(vals(m.conv->weight), w) << what;
+}
+
+TEST(BiasCorrection, UnfusedBatchNormTakesTheUnfoldedShift) {
+  {
+    ConvBn m;
+    QConfigMapping mapping = per_tensor_mapping();
+    mapping.set_object_type("BatchNorm2d", nullptr);
+    expect_unfused_bn_shift(m, mapping, "batch norm kept fp32");
+  }
+  {
+    ChildConvBn m;
+    expect_unfused_bn_shift(m, per_tensor_mapping(), "conv in a child module");
+  }
+}
+
+// And the correction does what it is for on such a model: the int8 output's per-channel mean
+// error shrinks.
+TEST(BiasCorrection, UnfusedBatchNormShrinksTheInt8MeanError) {
+  QConfigMapping mapping = per_tensor_mapping();
+  mapping.set_object_type("BatchNorm2d", nullptr);
+  // conv -> bn, no relu (it would hide negative shifts).
+  struct ConvBnOut : nn::CallableModule<ConvBnOut> {
+    ConvBnOut() {
+      conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1, 1, 1, false));
+      bn = register_module("bn", std::make_shared<BatchNorm2d>(4));
+      randomize_bn(*bn, 7);
+      spread_rows(conv->weight, 8);
+    }
+    Tensor forward(const Tensor& x) { return (*bn)((*conv)(x)); }
+    std::shared_ptr<Conv2d> conv;
+    std::shared_ptr<BatchNorm2d> bn;
+  };
+  auto ref = std::make_shared<ConvBnOut>(), plain = std::make_shared<ConvBnOut>(),
+       corrected = std::make_shared<ConvBnOut>();
+  for (auto* m : {ref.get(), plain.get(), corrected.get()}) m->eval();
+  plain->load_state_dict(ref->state_dict());
+  corrected->load_state_dict(ref->state_dict());
+  std::vector<std::vector<Tensor>> calib;
+  for (int i = 0; i < 4; ++i) calib.push_back({rand_uniform({2, 3, 8, 8}, 0.0, 1.0, 200 + i)});
+  correct_bias(*corrected, calib, mapping);
+  for (auto* m : {plain.get(), corrected.get()}) {
+    prepare(*m, {calib[0][0]}, mapping);
+    for (const auto& b : calib) (*m)(b[0]);
+    convert(*m);
+  }
+  const Tensor test = rand_uniform({4, 3, 8, 8}, 0.0, 1.0, 998);
+  const Tensor y = (*ref)(test);
+  const double before = mean_channel_bias((*plain)(test), y), after = mean_channel_bias((*corrected)(test), y);
+  EXPECT_LT(after, 0.5 * before) << "mean |channel bias| " << before << " -> " << after;
+}
+
 TEST(BiasCorrection, CorrectedWeightsAndQuantStateReproduceTheInt8Model) {
   const std::string path = testing::temp_file("bias_corrected.qstate.json");
   ConvBn m;
