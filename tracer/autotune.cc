@@ -353,7 +353,13 @@ class Tuner {
       };
       std::vector<std::pair<double, const OpNumerics*>> ranked;
       for (const OpNumerics& o : rep.ops) {
-        if (!leaves.count(o.fqn) || !std::isfinite(o.sqnr_db)) continue;
+        // An exact op (+inf) has nothing to gain. -inf (noise where fp32 is all zero) and NaN (a
+        // non-finite value in its output) are the most sensitive of all: ranked first.
+        if (!leaves.count(o.fqn) || (std::isinf(o.sqnr_db) && o.sqnr_db > 0)) continue;
+        if (!std::isfinite(o.sqnr_db)) {
+          ranked.emplace_back(kInf, &o);
+          continue;
+        }
         double in = 0.0;
         auto st = states.find(o.module_fqn);
         if (st != states.end() && o.index < static_cast<int>(st->second->seen_ops().size())) {

@@ -5,6 +5,7 @@
 // best model exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -178,6 +179,51 @@ TEST(Autotune, FragileLayerIsTheOneMovedOutOfInt8) {
   int int8_linears = 0;
   for (const QuantizedOpInfo& op : quantized_ops(*r.best_model)) int8_linears += op.kind == OpKind::kLinear;
   EXPECT_EQ(int8_linears, 2);
+}
+
+// lin0 makes [a, a/2]; fc computes a/2 - a/2, exactly 0 in fp32. In int8 the two codes round
+// differently, so fc's output is pure noise: its op SQNR is -inf (zero signal). The ranking skipped
+// non-finite SQNRs, so the one layer to blame was never tried and the search ended unmet.
+struct Cancelling : nn::CallableModule<Cancelling> {
+  Cancelling() {
+    lin0 = register_module("lin0", std::make_shared<nn::Linear>(1, 2, false));
+    fc = register_module("fc", std::make_shared<nn::Linear>(2, 1, false));
+    float* w0 = lin0->weight.mutable_data<float>();
+    w0[0] = 1.f;
+    w0[1] = 0.5f;
+    float* w1 = fc->weight.mutable_data<float>();
+    w1[0] = 0.5f;
+    w1[1] = -1.f;
+  }
+  Tensor forward(const Tensor& x) { return (*fc)((*lin0)(x)); }
+  std::shared_ptr<nn::Linear> lin0, fc;
+};
+
+TEST(Autotune, ALayerWithMinusInfiniteSqnrIsRankedFirst) {
+  ModelFactory make = [] {
+    auto m = std::make_shared<Cancelling>();
+    m->eval();
+    return std::static_pointer_cast<nn::Module>(m);
+  };
+  Batches calib;
+  for (const Tensor& x : testing::random_batches(4, 41, {32, 1})) calib.push_back({x});
+  const std::vector<Tensor> test = testing::random_batches(2, 42, {32, 1});
+  // The largest |output| over the test inputs (fp32: exactly 0).
+  EvaluateFn max_abs = [&](nn::Module& m) {
+    double worst = 0;
+    for (const Tensor& x : test)
+      for (float v : m.forward_tensors({x})[0].contiguous().to_vector<float>()) worst = std::max(worst, double(std::fabs(v)));
+    return worst;
+  };
+  const AutotuneResult r = autotune(make, calib, max_abs, TuneCriterion::at_most(1e-6), TuneBudget{});
+  SCOPED_TRACE(r.to_string());
+  ASSERT_FALSE(r.sensitivity.empty());
+  EXPECT_EQ(r.sensitivity[0].first, "fc");
+  EXPECT_TRUE(std::isinf(r.sensitivity[0].second) && r.sensitivity[0].second < 0) << r.sensitivity[0].second;
+  ASSERT_EQ(r.status, TuneStatus::kMet);
+  std::vector<std::string> moved = r.best_config.bf16_layers;
+  moved.insert(moved.end(), r.best_config.fp32_layers.begin(), r.best_config.fp32_layers.end());
+  EXPECT_NE(std::find(moved.begin(), moved.end(), "fc"), moved.end());
 }
 
 TEST(Autotune, ImpossibleCriterionReturnsTheBestFoundAfterTheWholeSpace) {
