@@ -57,6 +57,11 @@ TEST_P(EntropyReference, PicksTheSameThresholdAsPytorchQuantization) {
   const double one_bin = abs_max / 2048.0;
   EXPECT_NEAR(hi - lo, want, 1e-4 * want) << c << ": reference bin " << bin << " (t=" << t << "), dbrq range ["
                                            << lo << ", " << hi << "], bin width " << one_bin;
+  // And each end on its own, within the zero point's rounding (one step): the width alone would
+  // not see a range shifted to one side (the signed cases clip both ends, so both are checked).
+  const double want_lo = std::max<double>(std::min(mn, 0.f), -t), want_hi = std::min<double>(mx, t);
+  EXPECT_NEAR(lo, want_lo, qp->scale()) << c;
+  EXPECT_NEAR(hi, want_hi, qp->scale()) << c;
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, EntropyReference,
