@@ -58,7 +58,9 @@ def accuracy(model, images, labels):
         return (model(images).argmax(1) == labels).float().mean().item()
 
 
-def main():
+def load_splits():
+    """Seeds torch, and returns the normalized splits: mean, std, and (images, labels) for the
+    train, calibration and test parts (the test part is held back; calibration is not trained on)."""
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -78,20 +80,16 @@ def main():
         x = torch.from_numpy((images[idx] - mean) / std).reshape(-1, 1, 8, 8).contiguous()
         return x.float(), torch.from_numpy(labels[idx])
 
-    x_train, y_train = split(train_idx)
-    x_calib, y_calib = split(calib_idx)
-    x_test, y_test = split(test_idx)
+    return mean, std, split(train_idx), split(calib_idx), split(test_idx)
 
-    model = SmallCnn()
-    keys = list(model.state_dict().keys())
-    if keys != EXPECTED_KEYS:
-        sys.exit(f"state-dict keys differ from zoo::SmallCnn's: {keys}")
 
+def fit(model, x_train, y_train, epochs, describe=lambda model: ""):
+    """Adam + cosine schedule, seeded shuffles, cross-entropy; prints the loss (and `describe`) per epoch."""
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
     gen = torch.Generator().manual_seed(SEED)
     loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         model.train()
         perm = torch.randperm(len(y_train), generator=gen)
         total = 0.0
@@ -103,8 +101,20 @@ def main():
             optimizer.step()
             total += loss.item() * len(b)
         scheduler.step()
-        print(f"epoch {epoch + 1:2d}/{EPOCHS}: loss {total / len(y_train):.4f}, "
-              f"calibration-split accuracy {accuracy(model, x_calib, y_calib) * 100:.2f}%")
+        print(f"epoch {epoch + 1:2d}/{epochs}: loss {total / len(y_train):.4f}{describe(model)}")
+    model.eval()
+
+
+def main():
+    mean, std, (x_train, y_train), (x_calib, y_calib), (x_test, y_test) = load_splits()
+
+    model = SmallCnn()
+    keys = list(model.state_dict().keys())
+    if keys != EXPECTED_KEYS:
+        sys.exit(f"state-dict keys differ from zoo::SmallCnn's: {keys}")
+
+    fit(model, x_train, y_train, EPOCHS,
+        lambda m: f", calibration-split accuracy {accuracy(m, x_calib, y_calib) * 100:.2f}%")
 
     model.eval()
     train_acc = accuracy(model, x_train, y_train)

@@ -33,23 +33,19 @@ import copy
 import os
 import sys
 
-import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from torch_zoo import read_safetensors, write_safetensors  # noqa: E402
-import train_digits  # noqa: E402  (its split: SEED, NUM_TEST, NUM_CALIB)
+import train_digits  # noqa: E402  (its splits and training loop)
 
 ROOT = os.path.dirname(HERE)
 DATA_DIR = os.path.join(ROOT, "samples", "data")
 GOLDEN_DIR = os.path.join(ROOT, "tests", "models", "golden")
 
 EPOCHS = 15
-BATCH_SIZE = 32
-LEARNING_RATE = 3e-3
 CALIB_BATCH = 32  # tests/models/digits_residual_test.cc calibrates the same way
 
 
@@ -99,27 +95,7 @@ def fx_int8_logits(model, weight_observer, x_calib, x_test):
 
 
 def main():
-    torch.manual_seed(train_digits.SEED)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-
-    digits = load_digits()
-    images = digits.images.astype(np.float32) / 16.0
-    labels = digits.target.astype(np.int64)
-    order = np.random.RandomState(train_digits.SEED).permutation(len(labels))
-    test_idx = order[:train_digits.NUM_TEST]
-    calib_idx = order[train_digits.NUM_TEST:train_digits.NUM_TEST + train_digits.NUM_CALIB]
-    train_idx = order[train_digits.NUM_TEST + train_digits.NUM_CALIB:]
-    mean = float(images[train_idx].mean())
-    std = float(images[train_idx].std())
-
-    def split(idx):
-        x = torch.from_numpy((images[idx] - mean) / std).reshape(-1, 1, 8, 8).contiguous()
-        return x.float(), torch.from_numpy(labels[idx])
-
-    x_train, y_train = split(train_idx)
-    x_calib, y_calib = split(calib_idx)
-    x_test, y_test = split(test_idx)
+    mean, std, (x_train, y_train), (x_calib, y_calib), (x_test, y_test) = train_digits.load_splits()
     # The bundled splits must be exactly these (the C++ test reads them).
     for name, x, y in (("calib", x_calib, y_calib), ("test", x_test, y_test)):
         stored = read_safetensors(os.path.join(DATA_DIR, f"digits_{name}.safetensors"))
@@ -127,23 +103,7 @@ def main():
             sys.exit(f"samples/data/digits_{name}.safetensors differs from tools/train_digits.py's split")
 
     model = DigitsResidual()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS)
-    gen = torch.Generator().manual_seed(train_digits.SEED)
-    loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(EPOCHS):
-        model.train()
-        perm = torch.randperm(len(y_train), generator=gen)
-        total = 0.0
-        for i in range(0, len(perm), BATCH_SIZE):
-            b = perm[i:i + BATCH_SIZE]
-            optimizer.zero_grad()
-            loss = loss_fn(model(x_train[b]), y_train[b])
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(b)
-        scheduler.step()
-        print(f"epoch {epoch + 1:2d}/{EPOCHS}: loss {total / len(y_train):.4f}")
+    train_digits.fit(model, x_train, y_train, EPOCHS)
 
     model.eval()
     with torch.no_grad():
