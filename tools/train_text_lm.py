@@ -21,7 +21,7 @@ Writes:
       "fp32_nll" [W] f32   PyTorch fp32 summed negative log-likelihood (nats) of each eval window
       "fx_nll", "dynamic_nll" [W] f32  the same for FX int8 and quantize_dynamic
       metadata: fp32_bpc, fx_bpc, dynamic_bpc (bits per byte over every eval window), outlier ratios
-      of the LayerNorm outputs on the calibration windows, the text's sha256, the configuration.
+      of the LayerNorm inputs and outputs on the calibration windows, the text's sha256, the configuration.
 
 PyTorch int8: FX prepare_fx with get_default_qconfig_mapping("onednn") on the onednn engine,
 calibrated on the 32 calibration windows (one batch), convert_fx; quantize_dynamic(model,
@@ -141,18 +141,21 @@ def bpc(nll, windows):
 
 
 def outlier_ratios(model, calib):
-    """Per LayerNorm output: max over channels of max|x| divided by the median channel's max|x|."""
+    """Per LayerNorm, for its input (the residual stream) and its output (what the linears read): max over
+    channels of max|x| divided by the median channel's max|x|, on the calibration windows."""
     stats, hooks = {}, []
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.LayerNorm):
             def hook(mod, inp, out, name=name):
-                stats[name] = out.detach().abs().reshape(-1, out.shape[-1]).amax(0)
+                stats[name] = [t.detach().abs().reshape(-1, t.shape[-1]).amax(0) for t in (inp[0], out)]
             hooks.append(m.register_forward_hook(hook))
     with torch.no_grad():
         model(calib.long())
     for h in hooks:
         h.remove()
-    return {k.replace("lm.", ""): round(float(v.max() / v.median()), 2) for k, v in stats.items()}
+    ratio = lambda v: round(float(v.max() / v.median()), 2)  # noqa: E731
+    return ({k.replace("lm.", ""): ratio(v[0]) for k, v in stats.items()},
+            {k.replace("lm.", ""): ratio(v[1]) for k, v in stats.items()})
 
 
 def train(train_parts, log):
@@ -220,7 +223,8 @@ def main():
     fp32_nll = window_nll(model, evals)
     fp32 = bpc(fp32_nll, evals)
     log(f"fp32 held-out bpc {fp32:.4f} over {evals.shape[0]} windows")
-    ratios = outlier_ratios(model, calib)
+    in_ratios, ratios = outlier_ratios(model, calib)
+    log(f"LayerNorm input (residual stream) max/median channel ratio: {in_ratios}")
     log(f"LayerNorm output max/median channel ratio: {ratios}")
 
     from torch.ao.quantization import get_default_qconfig_mapping
@@ -240,11 +244,12 @@ def main():
                                 text=True).stdout.strip()
     meta = {"fp32_bpc": repr(fp32), "fx_bpc": repr(fx), "dynamic_bpc": repr(dyn), "num_calib": str(NUM_CALIB),
             "text_sha256": sha, "text_files": ",".join(names), "base_files_version": base_files,
-            "layernorm_outlier_ratio": json.dumps(ratios), "config": json.dumps(CONFIG), "steps": str(STEPS),
+            "layernorm_outlier_ratio": json.dumps(ratios),
+            "layernorm_input_outlier_ratio": json.dumps(in_ratios), "config": json.dumps(CONFIG), "steps": str(STEPS),
             "torch_version": torch.__version__, "script": "tools/train_text_lm.py"}
     write_safetensors(GOLDEN, [("eval", evals), ("calib", calib), ("fp32_nll", fp32_nll.float()),
                           ("fx_nll", fx_nll.float()), ("dynamic_nll", dyn_nll.float())], meta)
-    log(f"wrote {WEIGHTS} and {GOLDEN}")
+    log(f"wrote {GOLDEN}" if "--eval-only" in sys.argv else f"wrote {WEIGHTS} and {GOLDEN}")
 
 
 if __name__ == "__main__":
