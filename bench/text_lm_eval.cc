@@ -38,6 +38,19 @@ struct Row {
   std::string note;
 };
 
+// The 1, 5 and 15 minute load averages (Linux), to report the load a run had.
+std::string load_average() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return "unknown";
+  char buf[64] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  std::string s(buf, n);
+  size_t cut = 0;
+  for (int i = 0; i < 3 && cut != std::string::npos; ++i) cut = s.find(' ', cut + (i > 0));
+  return s.substr(0, cut);
+}
+
 double median_ratio(std::vector<float> v) {
   if (v.empty()) return NAN;
   float mx = 0.f;
@@ -73,6 +86,7 @@ int run(const std::map<std::string, std::string>& args) {
     for (std::string item; std::getline(list, item, ',');) tune_losses.push_back(std::stod(item));
   }
 
+  const std::string load_at_start = load_average();
   const text_lm::TextLmData d = text_lm::load_text_lm_data(golden);
   const Tensor odd = text_lm::every_other(d.eval, 1), even = text_lm::every_other(d.eval, 0);
   std::vector<Row> rows;
@@ -106,21 +120,26 @@ int run(const std::map<std::string, std::string>& args) {
     measure("dbrq int8 transformer", *lm, "transformer_qconfig_mapping: add fp32, softmax observed");
   }
   std::string sq_text;
-  for (const bool search : {false, true}) {
+  struct SqRun {
+    bool search, transformer;
+  };
+  for (const SqRun run : {SqRun{false, false}, SqRun{true, false}, SqRun{true, true}}) {
     auto lm = text_lm::make_text_lm(weights);
     dbrq::SmoothQuantOptions o;
-    o.search_alpha = search;
+    o.search_alpha = run.search;
     const dbrq::SmoothQuantReport rep = dbrq::smooth_quant(*lm, {{d.calib}}, o);
     std::ostringstream note;
     note << rep.groups.size() << " groups";
-    if (search) {
+    if (run.search) {
       note << ", alphas";
       for (const auto& g : rep.groups) note << " " << fmt(g.alpha, 1);
       sq_text = rep.to_string();
     }
-    int8(lm, dbrq::default_qconfig_mapping("onednn"));
-    measure(search ? "dbrq SmoothQuant search + default" : "dbrq SmoothQuant a=0.5 + default", *lm, note.str());
-    if (!search) {
+    int8(lm, run.transformer ? dbrq::transformer_qconfig_mapping("onednn") : dbrq::default_qconfig_mapping("onednn"));
+    measure(std::string(run.search ? "dbrq SmoothQuant search" : "dbrq SmoothQuant a=0.5") +
+                (run.transformer ? " + transformer" : " + default"),
+            *lm, note.str());
+    if (!run.search) {
       std::cerr << "LayerNorm outputs, max/median of the per-channel max|x| (dbrq, calibration windows):";
       for (const auto& g : rep.groups) std::cerr << " " << g.producer << " " << fmt(median_ratio(g.act_absmax), 2);
       std::cerr << "\n";
@@ -156,6 +175,8 @@ int run(const std::map<std::string, std::string>& args) {
   const double fp32 = rows[0].all;
   std::printf("Held-out bits per character (%lld windows of 64 predicted bytes; odd half: %lld windows).\n",
               static_cast<long long>(d.eval.size(0)), static_cast<long long>(odd.size(0)));
+  std::printf("Load average at start %s, at end %s (%d threads).\n", load_at_start.c_str(), load_average().c_str(),
+              std::stoi(get("threads", "1")));
   std::printf("Calibration for every int8 method: the same %lld training windows of 64 bytes, one batch.\n",
               static_cast<long long>(d.calib.size(0)));
   std::printf("| method | bpc (all) | vs fp32 | bpc (odd half) | eval s | notes |\n|---|---|---|---|---|---|\n");
@@ -171,8 +192,10 @@ int run(const std::map<std::string, std::string>& args) {
               (fmt((t_fx / fp32 - 1) * 100, 2) + "%").c_str());
   std::printf("| PyTorch quantize_dynamic | %s | %s | - | - | golden |\n", fmt(t_dyn).c_str(),
               (fmt((t_dyn / fp32 - 1) * 100, 2) + "%").c_str());
-  std::printf("PyTorch LayerNorm outlier ratios (max/median channel max|x|): %s\n",
-              d.metadata.count("layernorm_outlier_ratio") ? d.metadata.at("layernorm_outlier_ratio").c_str() : "-");
+  for (const char* key : {"layernorm_outlier_ratio", "layernorm_input_outlier_ratio"}) {
+    std::printf("PyTorch %s (max/median of the channels' max|x|): %s\n", key,
+                d.metadata.count(key) ? d.metadata.at(key).c_str() : "-");
+  }
   std::printf("\nSmoothQuant (alpha search):\n%s\n", sq_text.c_str());
   return 0;
 }

@@ -153,6 +153,11 @@ TEST(TextLmHelpers, BadGoldenFiles) {
                          {{"fp32_bpc", "abc"}});
   EXPECT_THROW_MSG(text_lm::load_text_lm_data(nll), dbrq::FileFormatError, "\"fp32_nll\" must be [2], got [1]");
 
+  EXPECT_THROW_MSG(text_lm::load_text_lm_data("/nonexistent/text_lm_golden.safetensors"), dbrq::IOError,
+                   "cannot open \"/nonexistent/text_lm_golden.safetensors\"");
+  EXPECT_THROW_MSG(text_lm::make_text_lm("/nonexistent/text_lm.safetensors"), dbrq::IOError,
+                   "cannot open \"/nonexistent/text_lm.safetensors\"");
+
   text_lm::TextLmData d;
   d.metadata = {{"fp32_bpc", "abc"}};
   EXPECT_THROW_MSG(d.number("fp32_bpc"), dbrq::ValueError, "metadata \"fp32_bpc\" = \"abc\" is not a number");
