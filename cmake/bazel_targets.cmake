@@ -89,6 +89,17 @@ dbrq_bazel_target(
     dbrq_samples_zoo
 )
 dbrq_bazel_target(
+  KIND cc_binary
+  LABEL //bench:text_lm_eval
+  NAME dbrq_bench_text_lm_eval
+  RUNFILE bench/text_lm_eval
+  SRCS
+    bench/text_lm_eval.cc
+  DEPS
+    dbrq
+    dbrq_samples_text_lm
+)
+dbrq_bazel_target(
   KIND cc_library
   LABEL //core:core
   NAME dbrq_core
@@ -285,6 +296,19 @@ dbrq_bazel_target(
   SYSTEM
     absl
     json
+)
+dbrq_bazel_target(
+  KIND cc_library
+  LABEL //samples/text_lm:text_lm
+  NAME dbrq_samples_text_lm
+  RUNFILE samples/text_lm/text_lm
+  SRCS
+    samples/text_lm/text_lm.cc
+  HDRS
+    samples/text_lm/text_lm.h
+  DEPS
+    dbrq
+    dbrq_samples_zoo
 )
 dbrq_bazel_target(
   KIND cc_library
@@ -642,6 +666,7 @@ dbrq_bazel_target(
     bench/encoder_numerics.cc
     bench/overhead_bench.cc
     bench/qconfig_table.cc
+    bench/text_lm_eval.cc
     core/dim_vector.h
     core/dtype.cc
     core/dtype.h
@@ -736,6 +761,8 @@ dbrq_bazel_target(
     samples/demo/demo.cc
     samples/demo/pipeline.cc
     samples/demo/pipeline.h
+    samples/text_lm/text_lm.cc
+    samples/text_lm/text_lm.h
     samples/zoo/bert_encoder.cc
     samples/zoo/bert_encoder.h
     samples/zoo/dcgan_generator.cc
@@ -907,11 +934,30 @@ dbrq_bazel_target(
     tests/models/golden/mobilenet_v2.safetensors
     tests/models/golden/resnet18.safetensors
     tests/models/golden/small_cnn.safetensors
+    tests/models/golden/text_lm_golden.safetensors
     tests/models/golden/torchvision_keys.txt
     tests/models/golden/unet.safetensors
     tests/models/golden/unet_int8.safetensors
     tests/models/golden/vit.safetensors
     tests/models/golden/vit_int8.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/models:text_lm_test
+  NAME dbrq_tests_models_text_lm_test
+  RUNFILE tests/models/text_lm_test
+  SRCS
+    tests/models/text_lm_test.cc
+  DEPS
+    dbrq
+    dbrq_samples_text_lm
+    dbrq_tests_test_util
+  SYSTEM
+    gtest
+    gtest_main
+  DATA
+    tests/models/golden/text_lm_golden.safetensors
+    samples/data/text_lm.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test
