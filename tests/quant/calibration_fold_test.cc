@@ -272,6 +272,14 @@ TEST(CalibrationFold, LinearOnA3dInputDoesNotFoldTheBatchNormOverItsDim1) {
   EXPECT_THROW_MSG(m2(x), dbrq::ControlFlowError,
                    "int8 linear: a batch norm was folded into it from 2-D calls, so it takes 2-D inputs only, got "
                    "sizes [4, 6, 5]");
+
+  // Fused from 2-D calls, then a 3-D calibrating call: it computes the fp32 function (no fold).
+  LinearBn1d m3;
+  m3.eval();
+  const Tensor fp32_3d = m3(x);
+  dbrq::prepare(m3, {x2}, minmax_mapping());
+  ASSERT_EQ(chain_of(m3, 0), "linear+batch_norm");
+  dbrq::testing::expect_close(m3(x), fp32_3d, 1e-5, "3-D calibrating call of a fused linear");
 }
 
 // linear_torch_order: each output is the dot product summed over k in order, one rounding per
