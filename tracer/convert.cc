@@ -257,9 +257,11 @@ class Converter {
       o.weight_qparams = weight_qparams(*qconfig, o.weight);
       return make(std::move(o), params.get());
     };
-    return std::make_unique<WeightedExec>(def, factory, op.params,
-                                          dynamic ? InputSpec{} : InputSpec{base.src_qparams, def.int8_input_format},
-                                          weight, deferred);
+    auto exec = std::make_unique<WeightedExec>(
+        def, factory, op.params, dynamic ? InputSpec{} : InputSpec{base.src_qparams, def.int8_input_format}, weight,
+        deferred);
+    if (op.kind == OpKind::kLinear && !folds.empty()) exec->set_folded_into_linear();
+    return exec;
   }
 
   void summarize() {

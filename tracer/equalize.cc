@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -62,8 +64,35 @@ struct Pair {
 
 bool is_weighted(const FlowNode& n) { return n.kind == OpKind::kConv2d || n.kind == OpKind::kLinear; }
 
+// The names each parameter / buffer storage is registered under, one per (module, name): a storage
+// registered twice is tied (an LM head and its embedding, two convs sharing a kernel), and the
+// other module may read it on a path the example does not take.
+using Registrations = std::map<const Storage*, std::vector<std::string>>;
+
+Registrations registrations(nn::Module& model) {
+  Registrations r;
+  std::set<std::pair<const nn::Module*, std::string>> seen;  // a shared module under two names
+  for (const auto& [fqn, m] : model.named_modules()) {
+    for (const bool params : {true, false}) {
+      for (const auto& [name, t] : params ? m->named_parameters(false) : m->named_buffers(false)) {
+        if (t.defined() && seen.insert({m, name}).second)
+          r[t.storage().get()].push_back(fqn.empty() ? name : fqn + "." + name);
+      }
+    }
+  }
+  return r;
+}
+
+// Why `t` (which equalize would rescale) must keep its values, or "".
+std::string tied(const Registrations& reg, const Tensor& t, const char* what) {
+  if (!t.defined()) return "";
+  auto it = reg.find(t.storage().get());
+  if (it == reg.end() || it->second.size() < 2) return "";
+  return absl::StrCat("its ", what, " is tied to another registered tensor (", absl::StrJoin(it->second, ", "), ")");
+}
+
 // The layer at node i, or a reason it cannot take part.
-std::string describe_weighted(const FlowGraph& g, int i, Weighted* out) {
+std::string describe_weighted(const FlowGraph& g, const Registrations& reg, int i, Weighted* out) {
   const FlowNode& n = g.nodes[static_cast<size_t>(i)];
   Weighted l;
   l.node = i;
@@ -73,6 +102,8 @@ std::string describe_weighted(const FlowGraph& g, int i, Weighted* out) {
   if (l.b.defined() && !g.is_param(l.b)) return "its bias is not a registered f32 parameter";
   if (g.param_uses.at(l.w.storage().get()) != 1) return "its weight is used by several ops";
   if (l.b.defined() && g.param_uses.at(l.b.storage().get()) != 1) return "its bias is used by several ops";
+  for (const std::string& why : {tied(reg, l.w, "weight"), tied(reg, l.b, "bias")})
+    if (!why.empty()) return why;
   if (n.kind == OpKind::kConv2d) {
     if (l.w.dim() != 4) return "its weight is not 4-D";
     l.groups = n.conv.groups;
@@ -89,7 +120,8 @@ std::string describe_weighted(const FlowGraph& g, int i, Weighted* out) {
 }
 
 // The batch norm reading only node i's output, with its statistics as registered tensors.
-int following_bn(const FlowGraph& g, int i, bool need_affine, Weighted* l, std::string* why) {
+int following_bn(const FlowGraph& g, const Registrations& reg, int i, bool need_affine, Weighted* l,
+                 std::string* why) {
   const int c = g.sole_consumer(i);
   if (c < 0) return -1;
   const FlowNode& n = g.nodes[static_cast<size_t>(c)];
@@ -113,6 +145,9 @@ int following_bn(const FlowGraph& g, int i, bool need_affine, Weighted* l, std::
       *why = "the batch norm's affine parameters are not registered parameters used once";
       return -2;
     }
+    *why = tied(reg, gamma, "batch norm's weight");
+    if (why->empty()) *why = tied(reg, beta, "batch norm's bias");
+    if (!why->empty()) return -2;
   }
   if (mean.numel() != l->out || var.numel() != l->out) {
     *why = "the batch norm's channel count differs from the layer's";
@@ -211,6 +246,7 @@ EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_in
   std::vector<Tensor> before;
   FlowGraph g = tracer::trace_flow(model, [&] { before = model.forward_tensors(example_inputs); });
 
+  const Registrations reg = registrations(model);
   EqualizeReport report;
   std::vector<Pair> pairs;
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
@@ -220,9 +256,9 @@ EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_in
     std::string why;
     int cur = i;
     std::vector<std::string> via;
-    const bool a_ok = describe_weighted(g, i, &p.a).empty();
+    const bool a_ok = describe_weighted(g, reg, i, &p.a).empty();
     if (!a_ok) continue;
-    const int bn = following_bn(g, i, /*need_affine=*/true, &p.a, &why);
+    const int bn = following_bn(g, reg, i, /*need_affine=*/true, &p.a, &why);
     if (bn >= 0) {
       cur = bn;
       via.push_back("batch_norm");
@@ -248,13 +284,13 @@ EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_in
     if (n->kind != g.nodes[static_cast<size_t>(i)].kind) continue;
     // A second layer reading the chain: a candidate pair from here on; say why it is skipped.
     const std::string name_a = tracer::node_name(model, g, i), name_b = tracer::node_name(model, g, c);
-    if (why.empty()) why = describe_weighted(g, c, &p.b);
+    if (why.empty()) why = describe_weighted(g, reg, c, &p.b);
     if (why.empty() && p.b.in_channels() != p.a.out) why = "channel counts differ";
     for (size_t k = 1; why.empty() && k < n->producers.size(); ++k)
       if (n->producers[k] == cur) why = "the intermediate is also its weight";
     if (why.empty()) {
       std::string ignored;
-      if (following_bn(g, c, /*need_affine=*/false, &p.b, &ignored) < -1) p.b.bn = -1;
+      if (following_bn(g, reg, c, /*need_affine=*/false, &p.b, &ignored) < -1) p.b.bn = -1;
     }
     if (!why.empty()) {
       report.skipped.push_back(absl::StrCat(name_a, " -> ", name_b, ": ", why));

@@ -142,6 +142,10 @@ Tensor WeightedExec::run(const OpCall& call) {
     DBRQ_THROW(ControlFlowError, "int8 ", def_.name, ": its parameters (stride, padding, ...) differ from the ones "
                "recorded by the first run; an op's parameters must not change between calls");
   }
+  DBRQ_ENSURE(!folded_into_linear_ || call.input(0).dim() == 2, ControlFlowError, "int8 ", def_.name,
+              ": a batch norm was folded into it from 2-D calls, so it takes 2-D inputs only, got sizes ",
+              call.input(0).shape_string(), " (a batch norm normalizes dim 1, a linear's features are the last "
+              "dim); calibrate with such inputs so that the two stay separate");
   const std::shared_ptr<kernels::QWeighted> k = kernel(call.input(1));
   Tensor x = prepare_input(call.input(0), input_);
   if (!deferred_) return k->run(x);

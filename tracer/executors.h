@@ -85,6 +85,8 @@ class WeightedExec : public ConvertedOp {
     return kernel_;
   }
   bool deferred() const { return deferred_; }
+  // A batch norm folded into a linear: right for 2-D inputs only (a batch norm normalizes dim 1).
+  void set_folded_into_linear() { folded_into_linear_ = true; }
 
  private:
   std::shared_ptr<kernels::QWeighted> kernel(const Tensor& weight);
@@ -94,6 +96,7 @@ class WeightedExec : public ConvertedOp {
   InputSpec input_;
   InputSpec residual_;
   bool deferred_;
+  bool folded_into_linear_ = false;
   std::mutex mu_;
   std::shared_ptr<kernels::QWeighted> kernel_;
   const Storage* weight_storage_;

@@ -49,6 +49,8 @@ bool run_folded_base(const AutoQuantizationState& s, const SeenOpInfo& op, const
   if (call.inputs.size() != n_act + 2) return false;
   const Tensor& w = *call.inputs[n_act];
   const Tensor& b = *call.inputs[n_act + 1];
+  // A linear's features are the last dim, a batch norm's channels dim 1: the same on 2-D only.
+  if (op.kind == OpKind::kLinear && (n_act == 0 || call.inputs[0]->dim() != 2)) return false;
   if (!w.defined() || w.dtype() != DType::kF32 || (b.defined() && b.dtype() != DType::kF32)) return false;
   if (def.int8_weight_layout != nullptr && def.weight_from_int8_layout == nullptr) return false;
 

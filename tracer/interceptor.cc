@@ -392,6 +392,15 @@ void QuantInterceptor::note_inputs(const OpCall& call, Frame* owner, SeenOpInfo&
         p.consumers.push_back(c);
         model_->set_dirty(true);
       }
+      // A batch norm normalizes dim 1; a linear's output features are its last dim, the same dim
+      // only on 2-D tensors. On more dims the batch norm must not fold into the linear (it would
+      // scale the wrong axis, silently when the sizes agree): the linear's output counts as read
+      // outside a chain, so no fusion takes it.
+      if (a == 0 && op_def(call.kind).fold != nullptr && p.kind == OpKind::kLinear && t.dim() != 2 &&
+          !p.read_by_fp32) {
+        p.read_by_fp32 = true;
+        model_->set_dirty(true);
+      }
       for (size_t j = 0; j < n_seen && j < 8; ++j) {
         if (seen_ids[j] == id && !p.read_twice) {
           p.read_twice = true;

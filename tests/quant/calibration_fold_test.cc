@@ -232,6 +232,56 @@ TEST(CalibrationFold, OtherReadersOfTheConvOutputSeeItsOwnValue) {
   expect_bitwise(m(x), fp32_poked, "batch norm after a write into the conv output");
 }
 
+// A linear on [N, L, F] followed by batch_norm1d normalizes dim 1 (the L positions), not the
+// linear's output features (the last dim); with L equal to out_features nothing failed, and the
+// batch norm was folded into the linear's weight rows: the calibrating call returned another
+// function than the fp32 model (and convert kept it). PyTorch's fuse_linear_bn_weights holds for
+// 2-D inputs only. The chain must not fuse; a 2-D input still folds.
+struct LinearBn1d : nn::CallableModule<LinearBn1d> {
+  LinearBn1d() {
+    fc = register_module("fc", std::make_shared<nn::Linear>(5, 6));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm1d>(6));
+    randomize(*bn, 40);
+  }
+  Tensor forward(const Tensor& x) { return (*bn)((*fc)(x)); }
+  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::BatchNorm1d> bn;
+};
+
+TEST(CalibrationFold, LinearOnA3dInputDoesNotFoldTheBatchNormOverItsDim1) {
+  dbrq::manual_seed(41);
+  LinearBn1d m;
+  m.eval();
+  const Tensor x = dbrq::randn({4, 6, 5}, 42);  // L = 6 = out_features
+  const Tensor fp32 = m(x);
+  dbrq::prepare(m, {x}, minmax_mapping());
+  EXPECT_EQ(chain_of(m, 0), "linear");
+  dbrq::testing::expect_close(m(x), fp32, 1e-5, "calibrating call");
+  for (int i = 0; i < 3; ++i) m(dbrq::randn({4, 6, 5}, 43 + i));
+  dbrq::convert(m);
+  dbrq::testing::expect_close(m(x), fp32, 0.05, "int8");
+
+  LinearBn1d m2;  // the same layers on [N, F]: linear + batch_norm folds
+  m2.eval();
+  const Tensor x2 = dbrq::randn({8, 5}, 47);
+  dbrq::prepare(m2, {x2}, minmax_mapping());
+  EXPECT_EQ(chain_of(m2, 0), "linear+batch_norm");
+  m2(x2);
+  dbrq::convert(m2);
+  // Converted with the batch norm folded in: a 3-D input is refused, not computed on the wrong axis.
+  EXPECT_THROW_MSG(m2(x), dbrq::ControlFlowError,
+                   "int8 linear: a batch norm was folded into it from 2-D calls, so it takes 2-D inputs only, got "
+                   "sizes [4, 6, 5]");
+
+  // Fused from 2-D calls, then a 3-D calibrating call: it computes the fp32 function (no fold).
+  LinearBn1d m3;
+  m3.eval();
+  const Tensor fp32_3d = m3(x);
+  dbrq::prepare(m3, {x2}, minmax_mapping());
+  ASSERT_EQ(chain_of(m3, 0), "linear+batch_norm");
+  dbrq::testing::expect_close(m3(x), fp32_3d, 1e-5, "3-D calibrating call of a fused linear");
+}
+
 // linear_torch_order: each output is the dot product summed over k in order, one rounding per
 // step, then + bias (the reference BLAS through PyTorch's addmm). Volatile keeps the compiler from
 // fusing or reordering the reference's steps.

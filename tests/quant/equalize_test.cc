@@ -295,6 +295,56 @@ TEST(Equalize, FunctionalConvWithComputedWeightIsSkipped) {
   EXPECT_NE(r.skipped[0].find("its weight is not a registered f32 parameter"), std::string::npos) << r.skipped[0];
 }
 
+// fc1 -> relu -> fc2 where one layer's weight is tied to `side`, a Linear the example never runs
+// (a second head, another method, a branch not taken). Equalizing rescaled the tied weight, and
+// with it `side`, silently: one use in the traced run looked like no other use.
+struct TiedToASideLayer : nn::CallableModule<TiedToASideLayer> {
+  explicit TiedToASideLayer(bool tie_second) {
+    fc1 = register_module("fc1", std::make_shared<Linear>(6, 10));
+    fc2 = register_module("fc2", std::make_shared<Linear>(10, 6));
+    side = register_module("side", tie_second ? std::make_shared<Linear>(10, 6, false)
+                                              : std::make_shared<Linear>(6, 10, false));
+    side->weight = side->register_parameter("weight", tie_second ? fc2->weight : fc1->weight);
+    spread_rows(fc1->weight, 71);
+  }
+  Tensor forward(const Tensor& x) { return (*fc2)(relu((*fc1)(x))); }
+  std::shared_ptr<Linear> fc1, fc2, side;
+};
+
+TEST(Equalize, TiedWeightsAreNotRescaled) {
+  for (const bool tie_second : {false, true}) {
+    SCOPED_TRACE(tie_second ? "fc2 tied" : "fc1 tied");
+    TiedToASideLayer m(tie_second);
+    m.eval();
+    const Tensor x = randn({4, 6}, 72), xs = randn({4, tie_second ? 10 : 6}, 73);
+    const Tensor y = m(x), ys = (*m.side)(xs);
+    const std::vector<float> w1 = vals(m.fc1->weight), w2 = vals(m.fc2->weight), b1 = vals(m.fc1->bias);
+    const EqualizeReport r = equalize(m, {x});
+    EXPECT_TRUE(r.pairs.empty()) << r.to_string();
+    EXPECT_EQ(vals(m.fc1->weight), w1);
+    EXPECT_EQ(vals(m.fc1->bias), b1);
+    EXPECT_EQ(vals(m.fc2->weight), w2);
+    EXPECT_EQ(vals((*m.side)(xs)), vals(ys));
+    EXPECT_EQ(vals(m(x)), vals(y));
+    if (tie_second) {
+      ASSERT_EQ(r.skipped.size(), 1u) << r.to_string();
+      EXPECT_EQ(r.skipped[0], "fc1 -> fc2: its weight is tied to another registered tensor (fc2.weight, side.weight)");
+    }
+  }
+}
+
+// One Linear registered under two names is not a tie: the pair is equalized.
+TEST(Equalize, ASharedLayerIsNotATie) {
+  Mlp m;
+  m.register_module("fc1_again", m.fc1);
+  m.eval();
+  const Tensor x = randn({4, 6}, 74);
+  const Tensor y = m(x);
+  const EqualizeReport r = equalize(m, {x});
+  ASSERT_EQ(r.pairs.size(), 1u) << r.to_string();
+  EXPECT_LT(rel_diff(m(x), y), 1e-5);
+}
+
 TEST(Equalize, BadInputs) {
   ConvBnReluConv m;
   const Tensor x = randn({1, 3, 6, 6}, 1);
