@@ -59,6 +59,8 @@ Tensor weight_error(const QConfig& q, const Tensor& w) {
 std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mapping, const FlowGraph& g,
                                  std::vector<std::string>* skipped) {
   std::vector<Target> out;
+  // A bias (or beta) another module also registers may be read on a path the run did not take.
+  const tracer::Registrations reg = tracer::registrations(model);
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     const FlowNode& n = g.nodes[static_cast<size_t>(i)];
     if (n.kind != OpKind::kConv2d && n.kind != OpKind::kLinear) continue;
@@ -96,6 +98,16 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
     if (bn != nullptr) {
       const QConfigPtr bq = qconfig_of(model, mapping, *bn);
       fused = bq != nullptr && !bq->is_bf16() && !bq->is_dynamic() && !q->is_dynamic() && bn->owner == n.owner;
+    }
+    std::string tie;
+    if (bn != nullptr && (fused || !b.defined())) {
+      tie = tracer::tied(reg, bn->inputs[4], "batch norm's bias");
+    } else {
+      tie = tracer::tied(reg, b, "bias");
+    }
+    if (!tie.empty()) {
+      skip(tie);
+      continue;
     }
     if (bn != nullptr && !fused && !b.defined()) {
       // The layer runs int8 with its own weights and the batch norm runs after it: the layer's

@@ -17,6 +17,9 @@ namespace dbrq {
 namespace {
 
 using tracer::FlowGraph;
+using tracer::Registrations;
+using tracer::registrations;
+using tracer::tied;
 using tracer::FlowNode;
 
 // A conv2d or linear layer with its weights and, when one follows it alone, its batch norm.
@@ -63,33 +66,6 @@ struct Pair {
 };
 
 bool is_weighted(const FlowNode& n) { return n.kind == OpKind::kConv2d || n.kind == OpKind::kLinear; }
-
-// The names each parameter / buffer storage is registered under, one per (module, name): a storage
-// registered twice is tied (an LM head and its embedding, two convs sharing a kernel), and the
-// other module may read it on a path the example does not take.
-using Registrations = std::map<const Storage*, std::vector<std::string>>;
-
-Registrations registrations(nn::Module& model) {
-  Registrations r;
-  std::set<std::pair<const nn::Module*, std::string>> seen;  // a shared module under two names
-  for (const auto& [fqn, m] : model.named_modules()) {
-    for (const bool params : {true, false}) {
-      for (const auto& [name, t] : params ? m->named_parameters(false) : m->named_buffers(false)) {
-        if (t.defined() && seen.insert({m, name}).second)
-          r[t.storage().get()].push_back(fqn.empty() ? name : fqn + "." + name);
-      }
-    }
-  }
-  return r;
-}
-
-// Why `t` (which equalize would rescale) must keep its values, or "".
-std::string tied(const Registrations& reg, const Tensor& t, const char* what) {
-  if (!t.defined()) return "";
-  auto it = reg.find(t.storage().get());
-  if (it == reg.end() || it->second.size() < 2) return "";
-  return absl::StrCat("its ", what, " is tied to another registered tensor (", absl::StrJoin(it->second, ", "), ")");
-}
 
 // The layer at node i, or a reason it cannot take part.
 std::string describe_weighted(const FlowGraph& g, const Registrations& reg, int i, Weighted* out) {

@@ -1,6 +1,10 @@
 #include "tracer/flow_graph.h"
 
+#include <set>
 #include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dbrq::tracer {
 namespace {
@@ -130,6 +134,27 @@ std::string node_name(nn::Module& model, const FlowGraph& g, int i) {
   }
   if (n.module != nullptr && n.module->is_leaf()) return where;
   return where + ":" + op_name(n.kind) + "#" + std::to_string(i);
+}
+
+Registrations registrations(nn::Module& model) {
+  Registrations r;
+  std::set<std::pair<const nn::Module*, std::string>> seen;  // a shared module under two names
+  for (const auto& [fqn, m] : model.named_modules()) {
+    for (const bool params : {true, false}) {
+      for (const auto& [name, t] : params ? m->named_parameters(false) : m->named_buffers(false)) {
+        if (t.defined() && seen.insert({m, name}).second)
+          r[t.storage().get()].push_back(fqn.empty() ? name : fqn + "." + name);
+      }
+    }
+  }
+  return r;
+}
+
+std::string tied(const Registrations& reg, const Tensor& t, const char* what) {
+  if (!t.defined()) return "";
+  auto it = reg.find(t.storage().get());
+  if (it == reg.end() || it->second.size() < 2) return "";
+  return absl::StrCat("its ", what, " is tied to another registered tensor (", absl::StrJoin(it->second, ", "), ")");
 }
 
 }  // namespace dbrq::tracer

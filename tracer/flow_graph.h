@@ -59,4 +59,15 @@ FlowGraph trace_flow(nn::Module& model, const std::function<void()>& run,
 // Human-readable name of the layer or module that ran node `i` ("features.1.conv.0.0").
 std::string node_name(nn::Module& model, const FlowGraph& g, int i);
 
+// The names each parameter / buffer storage is registered under, one per (module, name): a storage
+// registered twice is tied (an LM head and its embedding, two convs sharing a kernel), and the
+// other module may read it on a path an example run does not take. One module registered under
+// two names (a shared layer) counts once.
+using Registrations = std::map<const Storage*, std::vector<std::string>>;
+Registrations registrations(nn::Module& model);
+
+// Why `t` (which a transform would rewrite in place) must keep its values: "its <what> is tied to
+// another registered tensor (a.weight, b.weight)"; "" when it is registered once (or not at all).
+std::string tied(const Registrations& reg, const Tensor& t, const char* what);
+
 }  // namespace dbrq::tracer

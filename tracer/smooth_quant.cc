@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "core/error.h"
 #include "runtime/dispatcher.h"
+#include "tracer/flow_graph.h"
 #include "tracer/quantize.h"
 
 namespace dbrq {
@@ -335,27 +336,9 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
   DBRQ_ENSURE(!is_prepared(model), UsageError,
               "smooth_quant: the model is already prepared; smooth the fp32 model before prepare()");
 
-  // Every registered parameter and buffer by storage, with its fqn and owner: a layer whose weight
-  // or bias shares storage with another module's tensor (tied weights, e.g. an LM head and its
-  // embedding) is frozen. One module registered under two names (a shared layer) is not a tie.
-  std::map<const Storage*, std::vector<std::pair<std::string, const nn::Module*>>> registered;
-  for (const auto& [fqn, m] : model.named_modules()) {
-    const std::string prefix = fqn.empty() ? "" : fqn + ".";
-    for (const auto& named : std::vector<decltype(m->named_parameters(false))>{m->named_parameters(false), m->named_buffers(false)}) {
-      for (const auto& [name, t] : named) {
-        if (t.defined()) registered[t.storage().get()].emplace_back(prefix + name, m);
-      }
-    }
-  }
-  auto tied_to = [&](const Tensor& t, const nn::Module* owner) -> std::string {
-    if (!t.defined()) return "";
-    auto it = registered.find(t.storage().get());
-    if (it == registered.end()) return "";
-    for (const auto& [name, m] : it->second) {
-      if (m != owner) return name;
-    }
-    return "";
-  };
+  // A weight or bias another module also registers (tied weights, e.g. an LM head and its
+  // embedding) keeps its values.
+  const tracer::Registrations registered = tracer::registrations(model);
 
   // Linear and LayerNorm layers by weight address; only f32 contiguous parameters can be folded.
   std::unordered_map<const void*, Layer> layers;
@@ -371,9 +354,8 @@ SmoothQuantReport smooth_quant(nn::Module& model, const std::vector<std::vector<
       if (name == "weight") l.weight = t;
       if (name == "bias") l.bias = t;
     }
-    for (const char* which : {"weight", "bias"}) {
-      const std::string other = tied_to(std::string(which) == "weight" ? l.weight : l.bias, m);
-      if (!other.empty() && l.frozen.empty()) l.frozen = absl::StrCat("its ", which, " is tied to ", other);
+    for (const std::string& why : {tracer::tied(registered, l.weight, "weight"), tracer::tied(registered, l.bias, "bias")}) {
+      if (!why.empty() && l.frozen.empty()) l.frozen = why;
     }
     if (linear) linear_order.push_back(fqn);
     if (linear && !l.frozen.empty()) unfoldable[fqn] = l.frozen;

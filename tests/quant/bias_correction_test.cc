@@ -343,6 +343,29 @@ TEST(BiasCorrection, CorrectedWeightsAndQuantStateReproduceTheInt8Model) {
   testing::expect_equal(deployed(x), y, "deployed int8 output");
 }
 
+// A bias another module also registers (here `side`, which this forward never calls) is not
+// shifted: `side` would change silently on the path that calls it.
+TEST(BiasCorrection, TiedBiasIsNotShifted) {
+  struct TiedBias : nn::CallableModule<TiedBias> {
+    TiedBias() {
+      conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+      side = register_module("side", std::make_shared<Conv2d>(3, 4, 1));
+      side->bias = side->register_parameter("bias", conv->bias);
+      spread_rows(conv->weight, 5);
+    }
+    Tensor forward(const Tensor& x) { return (*conv)(x); }
+    std::shared_ptr<Conv2d> conv, side;
+  };
+  TiedBias m;
+  m.eval();
+  const std::vector<float> b = vals(m.conv->bias);
+  const BiasCorrectionReport r = correct_bias(m, {{rand_uniform({2, 3, 5, 6}, -0.2, 1.0, 1)}}, per_tensor_mapping());
+  EXPECT_TRUE(r.layers.empty()) << r.to_string();
+  ASSERT_EQ(r.skipped.size(), 1u) << r.to_string();
+  EXPECT_EQ(r.skipped[0], "conv: its bias is tied to another registered tensor (conv.bias, side.bias)");
+  EXPECT_EQ(vals(m.conv->bias), b);
+}
+
 TEST(BiasCorrection, SkippedLayersAreReported) {
   OneConv nobias(/*bias=*/false);
   nobias.eval();
