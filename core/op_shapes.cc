@@ -95,6 +95,12 @@ PoolGeometry pool2d_geometry(const char* op, const Tensor& x, const Pool2dParams
   return g;
 }
 
+int64_t linear_rows(const Tensor& x) {
+  int64_t m = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
+  return m;
+}
+
 DimVector linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_defined("linear", "input", x);
   check_defined("linear", "weight", w);

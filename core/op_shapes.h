@@ -45,6 +45,9 @@ PoolGeometry pool2d_geometry(const char* op, const Tensor& x, const Pool2dParams
 
 // x: [..., in_features], w: [out, in], b: undefined or [out]. Returns the output sizes.
 DimVector linear_output_sizes(const Tensor& x, const Tensor& w, const Tensor& b);
+// The rows a linear computes: every dim of x but the last (not x.numel() / in_features, which is
+// 0 / 0 for in_features 0).
+int64_t linear_rows(const Tensor& x);
 
 // NumPy broadcasting; `op` names the op in the error.
 DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b);

@@ -51,6 +51,9 @@ using PostOps = std::vector<Eltwise>;
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const PostOps& post = {});
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, const PostOps& post = {});
+// A linear with in_features 0 (an empty sum): [m, n] rows of the bias (zeros without one), as
+// PyTorch returns; the post-ops applied.
+Tensor linear_bias_rows(int64_t m, int64_t n, const Tensor& b, const PostOps& post = {});
 // The same functions computed in PyTorch 1.13's order of operations (Debian's build, which
 // calibration must reproduce so observers see PyTorch FX's values): conv2d as ideep asks oneDNN for
 // it (layouts chosen by oneDNN, training propagation); linear as the reference BLAS sums (each dot

@@ -124,13 +124,10 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w_in, const Tensor& b) {
   check_float("linear", "weight", w_in);
   if (b.defined()) check_float("linear", "bias", b);
   const int64_t k = w_in.size(1), n = w_in.size(0);
-  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const int64_t m = linear_rows(x);
   Tensor dst = Tensor::empty({m, n}, DType::kF32);
   if (m == 0 || n == 0) return dst.raw_view(out_sizes);
-  if (k == 0) {
-    fill(dst, 0.0);
-    return dst.raw_view(out_sizes);
-  }
+  if (k == 0) return linear_bias_rows(m, n, b).raw_view(out_sizes);
   const Tensor x2 = to_bf16(x, MemoryFormat::kContiguous).raw_view({m, k});
   const Tensor w = w_in.is_contiguous() ? w_in : copy(w_in, MemoryFormat::kContiguous, DType::kF32);
 

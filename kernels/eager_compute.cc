@@ -68,22 +68,29 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
   return dst;
 }
 
+Tensor linear_bias_rows(int64_t m, int64_t n, const Tensor& b, const PostOps& post) {
+  Tensor dst = Tensor::empty({m, n}, DType::kF32);
+  float* p = dst.mutable_data<float>();
+  const Tensor bc = b.defined() ? contiguous(b) : Tensor();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) p[r * n + j] = bc.defined() ? bc.data<float>()[j] : 0.f;
+  for (const Eltwise& e : post) dst = eltwise(e, dst);
+  return dst;
+}
+
 Tensor linear(const Tensor& x, const Tensor& w_in, const Tensor& b, const PostOps& post) {
   const DimVector out_sizes = linear_output_sizes(x, w_in, b);
   check_float("linear", "input", x);
   check_float("linear", "weight", w_in);
   if (b.defined()) check_float("linear", "bias", b);
   const int64_t k = w_in.size(1), n = w_in.size(0);
-  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const int64_t m = linear_rows(x);
+  Tensor dst = Tensor::empty({m, n}, DType::kF32);
+  if (m == 0 || n == 0) return dst.raw_view(out_sizes);
+  if (k == 0) return linear_bias_rows(m, n, b, post).raw_view(out_sizes);
   Tensor x2 = x.raw_view({m, k});
   if (!x2.defined() || x2.stride(1) != 1) x2 = copy(x, MemoryFormat::kContiguous, DType::kF32).raw_view({m, k});
   const Tensor w = w_in.stride(1) == 1 ? w_in : copy(w_in, MemoryFormat::kContiguous, DType::kF32);
-  Tensor dst = Tensor::empty({m, n}, DType::kF32);
-  if (m == 0 || n == 0) return dst.raw_view(out_sizes);
-  if (k == 0) {
-    fill(dst, 0.0);
-    return dst.raw_view(out_sizes);
-  }
 
   PrimitiveKey key("linear_f32");
   key.add(x2).add(w.sizes()).add(w.strides()).add(static_cast<int64_t>(b.defined()));

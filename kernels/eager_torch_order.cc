@@ -97,7 +97,8 @@ __attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const T
   check_float("linear", "weight", w_in);
   if (b.defined()) check_float("linear", "bias", b);
   const int64_t k = w_in.size(1), n = w_in.size(0);
-  const int64_t m = k == 0 ? 0 : x.numel() / k;
+  const int64_t m = linear_rows(x);
+  if (k == 0) return linear_bias_rows(m, n, b).raw_view(out_sizes);
   const Tensor xc = contiguous(x);
   const Tensor w = contiguous(w_in);
   Tensor dst = Tensor::empty({m, n}, DType::kF32);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dbrq.h"
+#include "kernels/bf16.h"
 #include "kernels/bn_fold.h"
 #include "kernels/eager.h"
 #include "tests/test_util.h"
@@ -280,6 +281,32 @@ TEST(CalibrationFold, LinearOnA3dInputDoesNotFoldTheBatchNormOverItsDim1) {
   dbrq::prepare(m3, {x2}, minmax_mapping());
   ASSERT_EQ(chain_of(m3, 0), "linear+batch_norm");
   dbrq::testing::expect_close(m3(x), fp32_3d, 1e-5, "3-D calibrating call of a fused linear");
+}
+
+// in_features 0: every kernel returns the bias in every row, as PyTorch does (an empty sum), for a
+// 3-D input too. Before, the row count came from x.numel() / in_features (0 / 0): the fp32 and bf16
+// kernels returned an empty result, or zeros, and the PyTorch-order one read no rows.
+TEST(TorchOrderKernels, ZeroInFeaturesGiveTheBiasInEveryRow) {
+  const Tensor x = dbrq::Tensor::empty({2, 3, 0}, dbrq::DType::kF32);
+  const Tensor w = dbrq::Tensor::empty({4, 0}, dbrq::DType::kF32);
+  const Tensor b = dbrq::randn({4}, 3);
+  const std::vector<float> bv = b.to_vector<float>();
+  std::vector<float> want;
+  for (int r = 0; r < 6; ++r) want.insert(want.end(), bv.begin(), bv.end());
+  for (const auto& [name, got] : std::vector<std::pair<std::string, Tensor>>{
+           {"fp32", kernels::linear(x, w, b)},
+           {"fp32 relu post-op", kernels::linear(x, w, b, {kernels::Eltwise::relu()})},
+           {"torch order", kernels::linear_torch_order(x, w, b)},
+           {"bf16", kernels::linear_bf16(x, w, b)},
+           {"public op", dbrq::linear(x, w, b)}}) {
+    ASSERT_TRUE(got.defined()) << name;
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 3, 4})) << name;
+    std::vector<float> expect = want;
+    if (name == "fp32 relu post-op")
+      for (float& v : expect) v = std::max(v, 0.f);
+    EXPECT_EQ(got.contiguous().to_vector<float>(), expect) << name;
+  }
+  EXPECT_EQ(kernels::linear(x, w, Tensor()).contiguous().to_vector<float>(), std::vector<float>(24, 0.f));
 }
 
 // linear_torch_order: each output is the dot product summed over k in order, one rounding per
