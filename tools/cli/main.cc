@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -828,10 +829,13 @@ int run_tune_with(const TuneFn& tune, const std::function<void(const std::string
   opt.quant_state_path = path_flag(FLAGS_out);
   opt.on_trial = [&](const dbrq::TuneProgress& p) { bar.update(std::min<int64_t>(p.trials_done, bound)); };
   dbrq::TuneBudget budget{absl::GetFlag(FLAGS_trials), absl::GetFlag(FLAGS_time_limit)};
+  const auto tune_start = std::chrono::steady_clock::now();
   const dbrq::AutotuneResult r =
       tune([&] { return pipeline::clone_model(spec, s.variant, *s.model); }, calibration, evaluate, criterion, budget, opt);
+  const double tune_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
   bar.finish();
   std::cout << "\n" << r.to_string();
+  std::cout << absl::StrFormat("searched:  %d trials in %.3f s\n", r.trials.size(), tune_seconds);
   std::cout << "status:    " << dbrq::tune_status_name(r.status) << "\n";
   if (r.best_trial >= 0) {
     std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << " and " << absl::GetFlag(FLAGS_out) << ".mapping.json\n";
