@@ -459,6 +459,16 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/distributed:detect_mpi_test
+  NAME dbrq_tests_distributed_detect_mpi_test
+  RUNFILE tests/distributed/detect_mpi_test
+  SRCS
+    tests/distributed/detect_mpi_test.sh
+  DATA
+    third_party/mpi/detect_mpi.sh
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/int8:int8_e2e_test
   NAME dbrq_tests_int8_int8_e2e_test
