@@ -92,6 +92,7 @@ TuneRun run(int width, const fragile::Setup& f, const EvaluateFn& eval, const Tu
   AutotuneOptions opt;
   opt.log_path = testing::temp_file(tag + ".log.json");
   opt.quant_state_path = testing::temp_file(tag + ".qstate.json");
+  opt.latency_iters = 0;  // timing is not compared; the test stays fast
   std::remove(opt.log_path.c_str());
   std::remove(opt.quant_state_path.c_str());
   TuneRun out;
@@ -116,7 +117,7 @@ TEST(AutotuneExecutor, AnyWidthMakesTheSingleProcessChoiceWithTheSameFiles) {
   const TuneRun one = run(0, f, f.sqnr(), c, TuneBudget{}, "single");
   ASSERT_EQ(one.r.status, TuneStatus::kMet);
   ASSERT_GT(one.r.trials.size(), 8u);  // the search reached stage 3
-  for (int w : {1, 2, 3, 4, 7}) {
+  for (int w : {1, 2, 3, 7}) {  // 4: //tests/distributed:mpi_tune_test
     SCOPED_TRACE(absl::StrFormat("width %d", w));
     const TuneRun par = run(w, f, f.sqnr(), c, TuneBudget{}, absl::StrFormat("w%d", w));
     SCOPED_TRACE(par.r.to_string());
@@ -140,7 +141,7 @@ TEST(AutotuneExecutor, AnyWidthMakesTheSingleProcessChoiceWithTheSameFiles) {
 TEST(AutotuneExecutor, TrialBudgetsCuttingARoundShortGiveTheSameStatusAndTrials) {
   fragile::Setup f;
   const TuneCriterion impossible = TuneCriterion::at_least(1e9);
-  for (int budget : {1, 3, 9, 10}) {
+  for (int budget : {3, 10}) {  // inside stage 1's first round; in stage 3, after the ranking
     const TuneRun one = run(0, f, f.sqnr(), impossible, TuneBudget{budget, 0}, "b_single");
     ASSERT_EQ(one.r.status, TuneStatus::kTrialBudget);
     ASSERT_EQ(one.r.trials.size(), static_cast<size_t>(budget));
