@@ -483,6 +483,16 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/distributed:detect_mpi_test
+  NAME dbrq_tests_distributed_detect_mpi_test
+  RUNFILE tests/distributed/detect_mpi_test
+  SRCS
+    tests/distributed/detect_mpi_test.sh
+  DATA
+    third_party/mpi/detect_mpi.sh
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/int8:int8_e2e_test
   NAME dbrq_tests_int8_int8_e2e_test
@@ -690,6 +700,8 @@ dbrq_bazel_target(
     distributed/calibrate.h
     distributed/comm.cc
     distributed/comm.h
+    distributed/tune.cc
+    distributed/tune.h
     kernels/activation_math.h
     kernels/bf16.h
     kernels/bn_fold.cc
@@ -790,6 +802,7 @@ dbrq_bazel_target(
     tools/check_layers.sh
     tracer/autotune.cc
     tracer/autotune.h
+    tracer/autotune_executor.h
     tracer/bias_correction.cc
     tracer/bias_correction.h
     tracer/convert.cc
@@ -1894,6 +1907,23 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/tune:autotune_executor_test
+  NAME dbrq_tests_tune_autotune_executor_test
+  RUNFILE tests/tune/autotune_executor_test
+  SRCS
+    tests/tune/autotune_executor_test.cc
+  DEPS
+    dbrq_tests_tune_fragile_model
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    absl
+    gtest_main
+    json
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/tune:autotune_test
   NAME dbrq_tests_tune_autotune_test
   RUNFILE tests/tune/autotune_test
@@ -1935,6 +1965,18 @@ dbrq_bazel_target(
     samples/data/digits_calib.safetensors
     samples/data/digits_small_cnn.safetensors
     samples/data/digits_test.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_library
+  LABEL //tests/tune:fragile_model
+  NAME dbrq_tests_tune_fragile_model
+  RUNFILE tests/tune/fragile_model
+  HDRS
+    tests/tune/fragile_model.h
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+  TESTONLY
 )
 dbrq_bazel_target(
   KIND cc_library
@@ -2010,6 +2052,7 @@ dbrq_bazel_target(
     tracer/smooth_quant.cc
   HDRS
     tracer/autotune.h
+    tracer/autotune_executor.h
     tracer/bias_correction.h
     tracer/convert.h
     tracer/equalize.h

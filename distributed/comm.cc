@@ -251,6 +251,9 @@ void Comm::finish_notices(const std::vector<RankStatus>& statuses) {
   }
   for (MPI_Request& req : notices_->requests) wait(&req, "sending failure notices");
   notices_->requests.clear();
+  // The next run on this Comm starts clean: a rank that fails again must notify again (without
+  // this, its peers' finish_notices waited for a notice never sent, until the timeout aborted).
+  notices_->sent = false;
 }
 
 }  // namespace dbrq::distributed

@@ -1,4 +1,5 @@
 #include "tracer/autotune.h"
+#include "tracer/autotune_executor.h"
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,7 @@
 #include "tracer/numerics.h"
 #include "tracer/precision.h"
 #include "tracer/quantize.h"
+#include "quant_state/serialization.h"
 
 namespace dbrq {
 namespace {
@@ -88,25 +90,87 @@ struct Trial {
   bool threw = false;  // evaluate or the factory threw: never reused on resume
 };
 
+// A trial's result as processes exchange it (executor mode).
+struct Outcome {
+  double metric = kNaN;
+  double latency_ms = 0.0;
+  std::string error;
+  bool threw = false;
+  std::string message;  // the exception's message when it threw
+  int process = 0;      // which process evaluated it
+};
+
+// A trial a pass needs and no process has evaluated yet.
+struct Pending {
+  TuneConfig config;
+  std::string stage;
+  int index = 0;  // its index in the search, were it reached
+};
+
+json units_to_json(const std::vector<Unit>& units) {
+  json s = json::array();
+  for (const Unit& u : units) s.push_back(json{{"fqn", u.fqn}, {"layers", u.layers}, {"sqnr_db", metric_to_json(u.sqnr_db)}});
+  return s;
+}
+
+std::vector<Unit> units_from_json(const json& s) {
+  std::vector<Unit> units;
+  for (const json& j : s) {
+    Unit u;
+    u.fqn = j.at("fqn").get<std::string>();
+    u.layers = j.at("layers").get<std::vector<std::string>>();
+    u.sqnr_db = metric_from_json(j.at("sqnr_db"));
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
+// Temporary file, then rename: a reader never sees half a file.
+void write_atomically(const std::string& path, const std::string& text, const char* what) {
+  const std::string tmp = path + ".tmp";
+  write_text_file(tmp, text);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    DBRQ_THROW(IOError, "autotune: cannot write ", what, " ", path, ": ", std::strerror(err));
+  }
+}
+
 class Tuner {
  public:
   Tuner(const ModelFactory& make, const std::vector<std::vector<Tensor>>& calib, const EvaluateFn& evaluate,
-        const TuneCriterion& criterion, const TuneBudget& budget, const AutotuneOptions& options)
-      : make_(make), calib_(calib), evaluate_(evaluate), criterion_(criterion), budget_(budget), opt_(options) {}
+        const TuneCriterion& criterion, const TuneBudget& budget, const AutotuneOptions& options,
+        TrialExecutor* executor = nullptr)
+      : make_(make),
+        calib_(calib),
+        evaluate_(evaluate),
+        criterion_(criterion),
+        budget_(budget),
+        opt_(options),
+        ex_(executor) {}
+
+  AutotuneRunStats stats() const { return stats_; }
 
   AutotuneResult run() {
     start_ = Clock::now();
     r_.criterion = criterion_;
     r_.bf16_used = bf16_supported();
     // The fp32 reference: always evaluated (a log is only resumed for the same model and metric).
-    {
+    auto fp32_metric = [&] {
       std::shared_ptr<nn::Module> fp32 = fresh_model("the fp32 reference");
-      r_.fp32_metric = call_evaluate(*fp32, "the fp32 reference");
+      return call_evaluate(*fp32, "the fp32 reference");
+    };
+    if (ex_ == nullptr) {
+      r_.fp32_metric = fp32_metric();
+    } else {
+      r_.fp32_metric = metric_from_json(
+          json::parse(ex_->from_writer("evaluating the fp32 reference", [&] { return metric_to_json(fp32_metric()).dump(); })));
     }
     DBRQ_ENSURE(!std::isnan(r_.fp32_metric), ValueError,
                 "autotune: evaluate returned NaN for the fp32 model; the metric must be a number");
     r_.target = criterion_.target(r_.fp32_metric);
     load_log();
+    if (ex_ != nullptr) return run_passes();
     planned_ = 8;
     status_ = TuneStatus::kNotMet;
     if (search()) status_ = TuneStatus::kMet;
@@ -115,6 +179,162 @@ class Tuner {
   }
 
  private:
+  // ---- executor mode: passes over the table of evaluated trials (autotune_executor.h) ----
+
+  AutotuneResult run_passes() {
+    for (;;) {
+      r_.trials.clear();
+      r_.sensitivity.clear();
+      threw_.clear();
+      run_ = 0;
+      planned_ = 8;
+      status_ = TuneStatus::kNotMet;
+      frontier_.clear();
+      // The writer's clock decides the time budget, the same way on every process.
+      pass_elapsed_ = std::stod(ex_->from_writer("reading the clock", [&] {
+        return absl::StrFormat("%.17g", seconds_since(start_));
+      }));
+      const bool met = search();
+      // Trials before the first unknown one are what one process would have logged by now.
+      const size_t known = frontier_.empty() ? r_.trials.size() : static_cast<size_t>(frontier_[0].index);
+      ex_->from_writer("writing the trial log", [&] {
+        write_log(known);
+        return std::string();
+      });
+      if (frontier_.empty()) {
+        if (met) status_ = TuneStatus::kMet;
+        break;
+      }
+      const int n = static_cast<int>(frontier_.size());
+      const std::vector<std::string> results = ex_->exchange(n, [&](int k) { return run_pending(frontier_[static_cast<size_t>(k)]); });
+      DBRQ_CHECK(static_cast<int>(results.size()) == n);
+      for (int k = 0; k < n; ++k) {
+        const json j = json::parse(results[static_cast<size_t>(k)]);
+        Outcome o;
+        o.metric = metric_from_json(j.at("metric"));
+        o.latency_ms = j.at("latency_ms").get<double>();
+        o.error = j.at("error").get<std::string>();
+        o.threw = j.at("threw").get<bool>();
+        o.message = j.at("message").get<std::string>();
+        o.process = k;
+        table_[frontier_[static_cast<size_t>(k)].config.key()] = o;
+      }
+      ++stats_.rounds;
+      stats_.evaluated += n;
+    }
+    int used = 0;
+    for (const TuneTrial& t : r_.trials) used += t.resumed ? 0 : 1;
+    stats_.discarded = stats_.evaluated - used;
+    if (stats_.discarded > 0) {
+      log()->info("autotune: {} trials evaluated in {} rounds on {} processes; {} speculative ones discarded (not "
+                  "counted, not logged)",
+                  stats_.evaluated, stats_.rounds, ex_->width(), stats_.discarded);
+    }
+    finish();
+    return std::move(r_);
+  }
+
+  // Evaluates one pending trial on this process; never throws (a failure is in the result).
+  std::string run_pending(const Pending& p) {
+    TuneTrial t;
+    t.index = p.index;
+    t.stage = p.stage;
+    t.config = p.config;
+    json o;
+    try {
+      std::shared_ptr<nn::Module> m = build(p.config, &t);
+      o = json{{"metric", metric_to_json(t.metric)}, {"latency_ms", t.latency_ms}, {"error", t.error},
+               {"threw", false}, {"message", ""}};
+      // Its calibration as one process would save it (after evaluate: the call counts are in it),
+      // in case it becomes the best.
+      if (!std::isnan(t.metric)) states_[p.config.key()] = quant_state_to_json(model_quant_state(*m), m->type_name(), {});
+      // The writer keeps the models that may become the best (it saves it): those that meet the
+      // criterion (the search stops at the first), and the best metric it has seen.
+      if (ex_->writer() && !std::isnan(t.metric)) {
+        if (criterion_.met(t.metric, r_.fp32_metric)) kept_[p.config.key()] = m;
+        const bool best = kept_best_key_.empty() || (criterion_.higher_is_better ? t.metric > kept_best_metric_
+                                                                                 : t.metric < kept_best_metric_);
+        if (best) {
+          if (!kept_best_key_.empty() && !criterion_.met(kept_best_metric_, r_.fp32_metric)) kept_.erase(kept_best_key_);
+          kept_best_key_ = p.config.key();
+          kept_best_metric_ = t.metric;
+          kept_[kept_best_key_] = m;
+        }
+      }
+    } catch (const std::exception& e) {
+      o = json{{"metric", "nan"}, {"latency_ms", 0.0}, {"error", absl::StrCat("threw: ", e.what())},
+               {"threw", true}, {"message", e.what()}};
+    } catch (...) {
+      o = json{{"metric", "nan"}, {"latency_ms", 0.0}, {"error", "threw: unknown exception"},
+               {"threw", true}, {"message", "unknown exception"}};
+    }
+    return o.dump();
+  }
+
+  // trial() in executor mode, past the resume and budget checks.
+  int trial_from_table(const TuneConfig& c, const std::string& stage, const std::string& key) {
+    TuneTrial t;
+    t.index = static_cast<int>(r_.trials.size());
+    t.stage = stage;
+    t.config = c;
+    auto it = table_.find(key);
+    if (it == table_.end()) {
+      frontier_.push_back(Pending{c, stage, t.index});
+      if (static_cast<int>(frontier_.size()) >= ex_->width()) {
+        stopped_ = true;
+        return -2;
+      }
+      // Speculation: assume it fails the criterion and has no metric, and look further.
+      t.metric = kNaN;
+      ++run_;
+      r_.trials.push_back(t);
+      threw_.push_back(false);
+      return t.index;
+    }
+    const Outcome& o = it->second;
+    t.metric = o.metric;
+    t.latency_ms = o.latency_ms;
+    t.error = o.error;
+    if (o.threw) {
+      if (!frontier_.empty()) {  // reached only if an unknown trial before it fails: decide that first
+        stopped_ = true;
+        return -2;
+      }
+      // One process would have logged it and stopped here: so does every process, together.
+      r_.trials.push_back(t);
+      threw_.push_back(true);
+      ex_->from_writer("writing the trial log", [&] {
+        write_log(r_.trials.size());
+        return std::string();
+      });
+      ex_->trial_failed(o.process, absl::StrCat("autotune: trial ", t.index, " (", key, ") failed: ", o.message));
+    }
+    ++run_;
+    t.meets = !std::isnan(t.metric) && criterion_.met(t.metric, r_.fp32_metric);
+    r_.trials.push_back(t);
+    threw_.push_back(false);
+    if (frontier_.empty() && t.index >= reported_) {  // a trial one process would have run by now
+      reported_ = t.index + 1;
+      log()->info("autotune: trial {} [{}] {} -> {}{}", t.index, stage, key, fmt_metric(t.metric),
+                  t.meets ? " (meets the criterion)" : "");
+      ex_->from_writer("on_trial", [&] {
+        if (opt_.on_trial) {
+          TuneProgress p;
+          p.trials_done = run_;
+          p.trials_planned = std::max(run_, std::min(budget_.max_trials, planned_ - resumed_count()));
+          p.elapsed_seconds = seconds_since(start_);
+          p.eta_seconds = (p.trials_planned - run_) * (p.elapsed_seconds / run_);
+          p.last = &r_.trials.back();
+          opt_.on_trial(p);
+        }
+        return std::string();
+      });
+    }
+    return t.index;
+  }
+
+  double elapsed() const { return ex_ != nullptr ? pass_elapsed_ : seconds_since(start_); }
+
   // ---- the search ----
 
   // True when a trial met the criterion (the search stops there); false when the space or the
@@ -145,7 +365,13 @@ class Tuner {
     }
     // Stage 3: layers to bf16, then fp32, worst SQNR first, accumulated.
     if (best < 0) {
+      if (ex_ != nullptr && !frontier_.empty()) return false;  // speculative: nothing is known yet
       log()->warn("autotune: no observer configuration produced a metric; nothing to rank layers from");
+      return false;
+    }
+    // Executor mode: the base of stage 3 is only known once every trial before it is.
+    if (ex_ != nullptr && !logged_sensitivity_ && !frontier_.empty()) {
+      stopped_ = true;
       return false;
     }
     TuneConfig cur = r_.trials[static_cast<size_t>(best)].config;
@@ -207,10 +433,11 @@ class Tuner {
       status_ = TuneStatus::kTrialBudget;
       return -2;
     }
-    if (budget_.max_seconds > 0 && seconds_since(start_) >= budget_.max_seconds) {
+    if (budget_.max_seconds > 0 && elapsed() >= budget_.max_seconds) {
       status_ = TuneStatus::kTimeBudget;
       return -2;
     }
+    if (ex_ != nullptr) return trial_from_table(c, stage, key);
     TuneTrial t;
     t.index = static_cast<int>(r_.trials.size());
     t.stage = stage;
@@ -319,7 +546,25 @@ class Tuner {
     std::vector<Unit> units;
     if (logged_sensitivity_) {
       units = logged_units_;
+    } else if (ex_ != nullptr) {
+      // Measured once, on the writer; every process ranks with its numbers.
+      units = units_from_json(json::parse(
+          ex_->from_writer("ranking layers by sensitivity", [&] { return units_to_json(rank_units(c)).dump(); })));
+      logged_units_ = units;
+      logged_sensitivity_ = true;
     } else {
+      units = rank_units(c);
+      logged_units_ = units;
+      logged_sensitivity_ = true;
+      write_log();
+    }
+    for (const Unit& u : units) r_.sensitivity.emplace_back(u.fqn, u.sqnr_db);
+    return units;
+  }
+
+  std::vector<Unit> rank_units(const TuneConfig& c) {
+    std::vector<Unit> units;
+    {
       std::shared_ptr<nn::Module> q = build(c, nullptr);
       std::shared_ptr<nn::Module> ref = fresh_model("the fp32 reference for compare_numerics");
       const NumericReport rep = compare_numerics(*ref, *q, calib_);
@@ -387,11 +632,7 @@ class Tuner {
         for (const std::string& l : u.layers) done.insert(l);
         units.push_back(std::move(u));
       }
-      logged_units_ = units;
-      logged_sensitivity_ = true;
-      write_log();
     }
-    for (const Unit& u : units) r_.sensitivity.emplace_back(u.fqn, u.sqnr_db);
     return units;
   }
 
@@ -418,6 +659,49 @@ class Tuner {
     const TuneTrial& b = r_.trials[static_cast<size_t>(best)];
     r_.best_config = b.config;
     r_.best_metric = b.metric;
+    if (ex_ != nullptr) {
+      // The process that evaluated the best trial sends its calibration (a resumed best is rebuilt
+      // by the writer, as one process does); the writer saves it, atomically, while the other
+      // processes wait for the outcome.
+      const std::string key = b.config.key();
+      auto o = table_.find(key);
+      const int owner = b.resumed || o == table_.end() ? 0 : o->second.process;
+      const std::string state = ex_->from_process(owner, "sending the best trial's calibration", [&] {
+        auto it = states_.find(key);
+        if (it != states_.end()) return it->second;
+        std::shared_ptr<nn::Module> m = build(b.config, nullptr);
+        return quant_state_to_json(model_quant_state(*m), m->type_name(), {});
+      });
+      states_.clear();
+      ex_->from_writer("saving the best trial", [&] {
+        auto it = kept_.find(key);
+        if (it != kept_.end() && owner == 0 && !b.resumed) {
+          r_.best_model = it->second;
+        } else {  // the same model from the calibration: prepare, load, convert
+          r_.best_model = fresh_model("the best trial");
+          prepare(*r_.best_model, calib_[0], b.config.mapping());
+          quant_state_from_json(model_quant_state(*r_.best_model), r_.best_model->type_name(), state,
+                                "(the best trial's calibration)");
+          ConvertOptions co;
+          co.strict_paths = true;
+          convert(*r_.best_model, co);
+          stats_.rebuilt_best = 1;
+        }
+        kept_.clear();
+        if (!opt_.quant_state_path.empty()) {
+          write_atomically(opt_.quant_state_path, state, "the quant state");
+          write_atomically(opt_.quant_state_path + ".mapping.json", qconfig_mapping_to_json(b.config.mapping()),
+                           "the qconfig mapping");
+        }
+        return std::string();
+      });
+      if (status_ != TuneStatus::kMet) {
+        log()->warn("autotune: the criterion ({}, target {}) was not met ({}); best found: trial {} with {}",
+                    criterion_.to_string(), fmt_metric(r_.target), tune_status_name(status_), best,
+                    fmt_metric(b.metric));
+      }
+      return;
+    }
     // The model of a resumed trial is rebuilt (calibration is deterministic: the same parameters).
     r_.best_model = best == best_in_memory_ ? best_model_ : build(b.config, nullptr);
     if (!opt_.quant_state_path.empty()) {
@@ -439,7 +723,7 @@ class Tuner {
                 {"fp32_layers", c.fp32_layers}};
   }
 
-  void write_log() {
+  void write_log(size_t limit = std::numeric_limits<size_t>::max()) {
     if (opt_.log_path.empty()) return;
     json doc;
     doc["format"] = kLogFormat;
@@ -448,7 +732,7 @@ class Tuner {
     doc["fp32_metric"] = metric_to_json(r_.fp32_metric);
     doc["bf16_hardware"] = bf16_supported();
     json trials = json::array();
-    for (size_t i = 0; i < r_.trials.size(); ++i) {
+    for (size_t i = 0; i < r_.trials.size() && i < limit; ++i) {
       const TuneTrial& t = r_.trials[i];
       trials.push_back(json{{"index", t.index},
                             {"stage", t.stage},
@@ -461,11 +745,7 @@ class Tuner {
                             {"error", t.error}});
     }
     doc["trials"] = trials;
-    if (logged_sensitivity_) {
-      json s = json::array();
-      for (const Unit& u : logged_units_) s.push_back(json{{"fqn", u.fqn}, {"layers", u.layers}, {"sqnr_db", metric_to_json(u.sqnr_db)}});
-      doc["sensitivity"] = s;
-    }
+    if (logged_sensitivity_) doc["sensitivity"] = units_to_json(logged_units_);
     // Written whole to a temporary file, then renamed: an interrupted search leaves a readable log.
     const std::string tmp = opt_.log_path + ".tmp";
     write_text_file(tmp, doc.dump(1));
@@ -473,15 +753,24 @@ class Tuner {
                 opt_.log_path, ": ", std::strerror(errno));
   }
 
-  void load_log() {
-    if (opt_.log_path.empty()) return;
+  // "" when there is no log (a new search), else "L" + its text.
+  std::string read_log() const {
     std::FILE* f = std::fopen(opt_.log_path.c_str(), "rb");
-    if (f == nullptr) return;  // a new search
-    std::string text;
+    if (f == nullptr) return std::string();
+    std::string text = "L";
     char buf[65536];
     size_t n;
     while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
     std::fclose(f);
+    return text;
+  }
+
+  void load_log() {
+    if (opt_.log_path.empty()) return;
+    // Executor mode: the writer's log (other machines need not see its file system).
+    std::string text = ex_ == nullptr ? read_log() : ex_->from_writer("reading the trial log", [&] { return read_log(); });
+    if (text.empty()) return;  // a new search
+    text.erase(0, 1);
     const std::string where = absl::StrCat("autotune log ", opt_.log_path);
     try {
       const json doc = json::parse(text);
@@ -505,13 +794,7 @@ class Tuner {
         if (!t.threw || !logged_.count(key)) logged_[key] = t;
       }
       if (doc.contains("sensitivity")) {
-        for (const json& j : doc.at("sensitivity")) {
-          Unit u;
-          u.fqn = j.at("fqn").get<std::string>();
-          u.layers = j.at("layers").get<std::vector<std::string>>();
-          u.sqnr_db = metric_from_json(j.at("sqnr_db"));
-          logged_units_.push_back(std::move(u));
-        }
+        logged_units_ = units_from_json(doc.at("sensitivity"));
         logged_sensitivity_ = true;
       }
     } catch (const json::exception& e) {
@@ -538,6 +821,18 @@ class Tuner {
   std::vector<Unit> logged_units_;
   int best_in_memory_ = -1;
   std::shared_ptr<nn::Module> best_model_;
+  // Executor mode.
+  TrialExecutor* ex_ = nullptr;
+  std::map<std::string, Outcome> table_;  // every evaluated trial, by key
+  std::vector<Pending> frontier_;         // this pass's unknown trials, in search order
+  bool stopped_ = false;                  // this pass stopped at an unknown (not the budget)
+  double pass_elapsed_ = 0.0;             // the writer's clock at the start of the pass
+  int reported_ = 0;                      // trials already logged / passed to on_trial
+  std::map<std::string, std::shared_ptr<nn::Module>> kept_;  // writer: models that may be the best
+  std::map<std::string, std::string> states_;  // quant state of every trial this process evaluated
+  std::string kept_best_key_;
+  double kept_best_metric_ = 0.0;
+  AutotuneRunStats stats_;
 };
 
 std::string layer_list(const std::vector<std::string>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
@@ -650,9 +945,10 @@ std::string AutotuneResult::to_string() const {
   return s;
 }
 
-AutotuneResult autotune(const ModelFactory& make_model, const std::vector<std::vector<Tensor>>& calibration,
-                        const EvaluateFn& evaluate, const TuneCriterion& criterion, const TuneBudget& budget,
-                        const AutotuneOptions& options) {
+namespace {
+
+void check_autotune_args(const ModelFactory& make_model, const std::vector<std::vector<Tensor>>& calibration,
+                         const EvaluateFn& evaluate, const TuneBudget& budget, const AutotuneOptions& options) {
   DBRQ_ENSURE(make_model != nullptr, ValueError, "autotune: the model factory is empty");
   DBRQ_ENSURE(evaluate != nullptr, ValueError, "autotune: the evaluate callback is empty");
   DBRQ_ENSURE(!calibration.empty(), ValueError, "autotune: no calibration data (one input list per call expected)");
@@ -666,8 +962,29 @@ AutotuneResult autotune(const ModelFactory& make_model, const std::vector<std::v
               "autotune: max_seconds must be finite and >= 0 (0: no limit), got ", budget.max_seconds);
   DBRQ_ENSURE(options.latency_iters >= 0, ValueError, "autotune: latency_iters must be >= 0, got ",
               options.latency_iters);
+}
+
+}  // namespace
+
+AutotuneResult autotune(const ModelFactory& make_model, const std::vector<std::vector<Tensor>>& calibration,
+                        const EvaluateFn& evaluate, const TuneCriterion& criterion, const TuneBudget& budget,
+                        const AutotuneOptions& options) {
+  check_autotune_args(make_model, calibration, evaluate, budget, options);
   Tuner t(make_model, calibration, evaluate, criterion, budget, options);
   return t.run();
+}
+
+AutotuneResult autotune_with_executor(TrialExecutor& executor, const ModelFactory& make_model,
+                                      const std::vector<std::vector<Tensor>>& calibration, const EvaluateFn& evaluate,
+                                      const TuneCriterion& criterion, const TuneBudget& budget,
+                                      const AutotuneOptions& options, AutotuneRunStats* stats) {
+  DBRQ_ENSURE(executor.width() >= 1, ValueError, "autotune: the executor evaluates ", executor.width(),
+              " trials per round; it must evaluate at least 1");
+  check_autotune_args(make_model, calibration, evaluate, budget, options);
+  Tuner t(make_model, calibration, evaluate, criterion, budget, options, &executor);
+  AutotuneResult r = t.run();
+  if (stats != nullptr) *stats = t.stats();
+  return r;
 }
 
 }  // namespace dbrq

@@ -234,6 +234,25 @@ TEST(MpiCalibration, ARankWhoseModelThrowsFailsEveryRankWithItsMessage) {
   expect_every_rank_failed(t, 4, out, "distributed calibration failed on rank 2 of 4: calibrate: ShapeError: ");
 }
 
+TEST(MpiCalibration, AReusedCommReportsARankFailingAgain) {
+  // Two failed runs on one Comm: the second failure must notify the other ranks again. Before the
+  // fix its notice was never sent (the "sent" flag stayed set), rank 0 waited for it until the
+  // timeout and aborted the job.
+  const std::string out = dbrq::testing::temp_path("reused.json");
+  std::vector<std::string> args = resnet_args("minmax", out);
+  args.push_back("--fail_rank=1");
+  args.push_back("--repeat=2");
+  args.push_back("--timeout=20");
+  const Timed t = mpirun(2, args);
+  EXPECT_EQ(t.r.exit_code, 1) << t.r.err;
+  EXPECT_LT(t.seconds, 20.0);
+  EXPECT_EQ(count(t.r.err, "mpi_worker: error: distributed calibration failed on rank 1 of 2: calibrate: ShapeError: "),
+            4u)
+      << t.r.err;
+  EXPECT_THAT(t.r.err, ::testing::Not(HasSubstr("aborting the job")));
+  EXPECT_FALSE(dbrq::testing::file_exists(out));
+}
+
 TEST(MpiCalibration, AnUnreadableShardFailsEveryRankWithItsMessage) {
   const std::string out = dbrq::testing::temp_path("missing.json");
   std::vector<std::string> args = resnet_args("minmax", out);

@@ -10,6 +10,8 @@
 //              [--hang_rank=R]      rank R never finishes calibrating (caught by --timeout)
 //              [--die_rank=R]       rank R exits (code 7) without MPI_Finalize while calibrating
 //              [--timeout=S] [--reduction=tree|gather]
+//              [--repeat=N]      calibrate N times on the same Comm (a failing run does not end
+//                                the worker; exit 1 when any failed)
 // if_else (tests/quant/control_flow_models.h) branches on the input's mean: item i has a positive
 // mean for even i, a negative one for odd i, so with 2 ranks each rank sees only one branch.
 // OUT.uncalibrated.rank<r> then holds dbrq::uncalibrated_ops after running both branches.
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -122,8 +125,11 @@ int main(int argc, char** argv) {
   }
 
   dbrq::distributed::MpiSession mpi(&argc, &argv);
-  try {
-    dbrq::distributed::Comm comm(flag_int(a, "timeout", 60));
+  std::unique_ptr<dbrq::distributed::Comm> comm_ptr;
+  int failed = 0;
+  for (int rep = 0; rep < flag_int(a, "repeat", 1); ++rep) try {
+    if (comm_ptr == nullptr) comm_ptr = std::make_unique<dbrq::distributed::Comm>(flag_int(a, "timeout", 60));
+    dbrq::distributed::Comm& comm = *comm_ptr;
     const int rank = comm.rank();
     std::shared_ptr<dbrq::nn::Module> model;
     dbrq::distributed::Replica replica;
@@ -155,11 +161,12 @@ int main(int argc, char** argv) {
     write_outputs(job, *model, out + ".rank" + std::to_string(rank) + ".bin");
     std::cout << "rank " << rank << " ok: stats " << st.stats_bytes << " bytes, gathered " << st.gathered_bytes
               << " bytes, reduction " << st.reduction_ms() << " ms" << std::endl;
-    return 0;
   } catch (const std::exception& e) {
     const std::string line = std::string("mpi_worker: error: ") + e.what() + "\n";
     std::fwrite(line.data(), 1, line.size(), stderr);  // one write: ranks share the pipe
     std::fflush(stderr);
-    return 1;
+    if (comm_ptr == nullptr) return 1;
+    ++failed;
   }
+  return failed > 0 ? 1 : 0;
 }

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -44,6 +45,7 @@
 #include "dbrq.h"
 #ifdef DBRQ_WITH_MPI
 #include "distributed/calibrate.h"
+#include "distributed/tune.h"
 #endif
 #include "samples/demo/pipeline.h"
 #include "samples/zoo/zoo.h"
@@ -265,7 +267,9 @@ const std::vector<Command>& commands() {
                       {"log"},
                       {"batches"},
                       {"batch_size", false, "", "32"},
-                      {"progress"}}),
+                      {"progress"},
+                      {"distributed"},
+                      {"mpi_timeout"}}),
               common_flags()),
        "dbrq tune --model=small_cnn --weights=samples/data/digits_small_cnn.safetensors \\\n"
        "      --calib=samples/data/digits_calib.safetensors --data=samples/data/digits_test.safetensors \\\n"
@@ -740,28 +744,51 @@ int run_bench() {
   return kExitOk;
 }
 
-int run_tune() {
-  check_output_path("out", path_flag(FLAGS_out));
-  if (!absl::GetFlag(FLAGS_log).empty()) check_output_path("log", path_flag(FLAGS_log));
-  Setup s = build_model();
-  const pipeline::Dataset calib = load_data("calib", FLAGS_calib, s);
-  const pipeline::Dataset data = load_data("data", FLAGS_data, s);
-  std::cout << "calib:     " << absl::GetFlag(FLAGS_calib) << ": " << pipeline::describe(calib) << "\n";
-  std::cout << "data:      " << absl::GetFlag(FLAGS_data) << ": " << pipeline::describe(data) << "\n";
-  const bool accuracy = absl::GetFlag(FLAGS_metric) == "accuracy";
-  if (accuracy && !data.has_labels()) {
-    usage_error("--metric=accuracy needs \"labels\" in --data; use --metric=sqnr for unlabeled data");
-  }
-  const int64_t batch = batch_size_or(32);
+std::string error_kind(const std::exception& e);
+
+using TuneFn = std::function<dbrq::AutotuneResult(
+    const dbrq::ModelFactory&, const std::vector<std::vector<dbrq::Tensor>>&, const dbrq::EvaluateFn&,
+    const dbrq::TuneCriterion&, const dbrq::TuneBudget&, const dbrq::AutotuneOptions&)>;
+
+// `dbrq tune` with `tune` doing the search (dbrq::autotune, or distributed::autotune). With
+// `setup_vote` (distributed), a failure before the search (a flag, a file) is passed to it instead
+// of thrown, so that every rank learns it; `writer`: this process checks and writes the output.
+int run_tune_with(const TuneFn& tune, const std::function<void(const std::string&)>& setup_vote = nullptr,
+                  bool writer = true) {
+  Setup s;
+  pipeline::Dataset calib, data;
+  bool accuracy = false;
+  int64_t batch = 0, eval_batches = 0;
   std::vector<std::vector<dbrq::Tensor>> calibration;
-  for (int64_t i = 0; i < calib.num_batches(batch, absl::GetFlag(FLAGS_batches)); ++i) {
-    calibration.push_back({calib.input_batch(i, batch)});
-  }
-  const int64_t eval_batches = data.num_batches(batch);
   std::vector<dbrq::Tensor> reference;  // fp32 outputs, for sqnr
-  if (!accuracy) {
-    for (int64_t i = 0; i < eval_batches; ++i) reference.push_back(s.spec->run(*s.model, data.input_batch(i, batch)));
+  std::string setup_error;
+  try {
+    if (writer) {
+      check_output_path("out", path_flag(FLAGS_out));
+      if (!absl::GetFlag(FLAGS_log).empty()) check_output_path("log", path_flag(FLAGS_log));
+    }
+    s = build_model();
+    calib = load_data("calib", FLAGS_calib, s);
+    data = load_data("data", FLAGS_data, s);
+    std::cout << "calib:     " << absl::GetFlag(FLAGS_calib) << ": " << pipeline::describe(calib) << "\n";
+    std::cout << "data:      " << absl::GetFlag(FLAGS_data) << ": " << pipeline::describe(data) << "\n";
+    accuracy = absl::GetFlag(FLAGS_metric) == "accuracy";
+    if (accuracy && !data.has_labels()) {
+      usage_error("--metric=accuracy needs \"labels\" in --data; use --metric=sqnr for unlabeled data");
+    }
+    batch = batch_size_or(32);
+    for (int64_t i = 0; i < calib.num_batches(batch, absl::GetFlag(FLAGS_batches)); ++i) {
+      calibration.push_back({calib.input_batch(i, batch)});
+    }
+    eval_batches = data.num_batches(batch);
+    if (!accuracy) {
+      for (int64_t i = 0; i < eval_batches; ++i) reference.push_back(s.spec->run(*s.model, data.input_batch(i, batch)));
+    }
+  } catch (const std::exception& e) {
+    if (!setup_vote) throw;
+    setup_error = absl::StrCat(e.what(), " [", error_kind(e), "]");
   }
+  if (setup_vote) setup_vote(setup_error);
   const zoo::ModelSpec& spec = *s.spec;
   auto evaluate = [&](dbrq::nn::Module& m) -> double {
     int64_t correct = 0, n = 0;
@@ -796,16 +823,19 @@ int run_tune() {
   int64_t leaves = 0;
   for (const auto& [fqn, m] : s.model->named_modules()) leaves += !fqn.empty() && m->children().empty();
   const int64_t bound = std::min<int64_t>(absl::GetFlag(FLAGS_trials), 8 + 2 * leaves);
-  pipeline::ProgressBar bar("tuning", bound, "trials", progress_mode());
+  pipeline::ProgressBar bar("tuning", bound, "trials", writer ? progress_mode() : pipeline::ProgressMode::kNever);
   dbrq::AutotuneOptions opt;
   opt.log_path = absl::GetFlag(FLAGS_log).empty() ? "" : path_flag(FLAGS_log);
   opt.quant_state_path = path_flag(FLAGS_out);
   opt.on_trial = [&](const dbrq::TuneProgress& p) { bar.update(std::min<int64_t>(p.trials_done, bound)); };
   dbrq::TuneBudget budget{absl::GetFlag(FLAGS_trials), absl::GetFlag(FLAGS_time_limit)};
-  const dbrq::AutotuneResult r = dbrq::autotune(
-      [&] { return pipeline::clone_model(spec, s.variant, *s.model); }, calibration, evaluate, criterion, budget, opt);
+  const auto tune_start = std::chrono::steady_clock::now();
+  const dbrq::AutotuneResult r =
+      tune([&] { return pipeline::clone_model(spec, s.variant, *s.model); }, calibration, evaluate, criterion, budget, opt);
+  const double tune_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tune_start).count();
   bar.finish();
   std::cout << "\n" << r.to_string();
+  std::cout << absl::StrFormat("searched:  %d trials in %.3f s\n", r.trials.size(), tune_seconds);
   std::cout << "status:    " << dbrq::tune_status_name(r.status) << "\n";
   if (r.best_trial >= 0) {
     std::cout << "saved:     " << absl::GetFlag(FLAGS_out) << " and " << absl::GetFlag(FLAGS_out) << ".mapping.json\n";
@@ -813,6 +843,54 @@ int run_tune() {
   if (!opt.log_path.empty()) std::cout << "log:       " << absl::GetFlag(FLAGS_log) << "\n";
   return kExitOk;
 }
+
+#ifdef DBRQ_WITH_MPI
+int run_tune_distributed();
+#endif
+
+int run_tune() {
+#ifdef DBRQ_WITH_MPI
+  if (absl::GetFlag(FLAGS_distributed)) return run_tune_distributed();
+#endif
+  return run_tune_with(dbrq::autotune);
+}
+
+#ifdef DBRQ_WITH_MPI
+// `mpirun -np N dbrq_mpi tune ... --distributed` (docs/distributed.md): every rank loads the model
+// and all the data; trials are evaluated in parallel, the choice is the one-process choice; rank 0
+// prints the report and writes --out and --log. Errors are printed by every rank, as in quantize.
+int run_tune_distributed() {
+  dbrq::distributed::MpiSession mpi(nullptr, nullptr);
+  int exit_code = kExitOk;
+  try {
+    dbrq::distributed::Comm comm(absl::GetFlag(FLAGS_mpi_timeout));
+    if (comm.rank() != 0) std::cout.setstate(std::ios::failbit);  // one report, from rank 0
+    dbrq::distributed::TuneStats st;
+    auto tune = [&](const dbrq::ModelFactory& make, const std::vector<std::vector<dbrq::Tensor>>& calib,
+                    const dbrq::EvaluateFn& evaluate, const dbrq::TuneCriterion& criterion,
+                    const dbrq::TuneBudget& budget, const dbrq::AutotuneOptions& opt) {
+      return dbrq::distributed::autotune(comm, make, calib, evaluate, criterion, budget, opt, &st);
+    };
+    auto vote = [&](const std::string& error) {
+      dbrq::distributed::RankStatus mine;
+      mine.ok = error.empty();
+      mine.message = error;
+      comm.agree_or_throw(mine, "loading the model and data");
+    };
+    exit_code = run_tune_with(tune, vote, comm.rank() == 0);
+    std::cout << absl::StrFormat(
+        "ranks:     %d; %d trials evaluated in %d rounds, %d speculative ones discarded (not counted, not logged)%s\n",
+        st.ranks, st.evaluated, st.rounds, st.discarded, st.rebuilt_best ? "; best model rebuilt on rank 0" : "");
+  } catch (const std::exception& e) {
+    const std::string line = absl::StrCat("dbrq tune: error: ", one_line(e.what()), " [", error_kind(e), "]\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: every rank shares the pipe
+    std::fflush(stderr);
+    exit_code = kExitFailure;
+  }
+  std::cout.clear();
+  return exit_code;
+}
+#endif
 
 int run_export() {
   Setup s = build_model();
