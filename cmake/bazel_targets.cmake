@@ -1936,6 +1936,7 @@ dbrq_bazel_target(
     dbrq_samples_zoo
     dbrq_tests_test_util
     dbrq_tests_quant_quant_test_util
+    dbrq_tests_tune_fragile_model
   SYSTEM
     gtest_main
     json
@@ -1958,6 +1959,7 @@ dbrq_bazel_target(
     dbrq_samples_zoo
     dbrq_tests_test_util
     dbrq_tests_quant_quant_test_util
+    dbrq_tests_tune_fragile_model
   SYSTEM
     gtest_main
     json

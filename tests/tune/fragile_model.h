@@ -1,6 +1,5 @@
 // A model with one fragile layer, for autotune tests that need the search to reach stage 3
-// (tests/tune/autotune_executor_test.cc, tests/distributed/tune_worker.cc; the same model as in
-// tests/tune/autotune_test.cc).
+// (tests/tune/autotune_test.cc, autotune_executor_test.cc, tests/distributed/tune_worker.cc).
 //
 //   dbrq::fragile::Setup f;   // calibration, test inputs, fp32 outputs
 //   dbrq::autotune(dbrq::fragile::make, f.calib, f.sqnr(), dbrq::TuneCriterion::at_least(dbrq::fragile::kTarget), {});
