@@ -2,7 +2,7 @@
 # ONNX export interop (issue 14): exports zoo models with `dbrq export` (tiny variants, random
 # weights calibrated on random batches), checks every export with Debian's python3-onnx checker
 # (full_check: types and shapes inferred), and runs ResNet-18, MobileNetV2, the BERT encoder, the
-# small CNN, the DCGAN generator and the U-Net in ONNX Runtime 1.30 (npm onnxruntime-node, installed with --ignore-scripts into
+# small CNN, the DCGAN generator, the U-Net and the decoder LM in ONNX Runtime 1.30 (npm onnxruntime-node, installed with --ignore-scripts into
 # $DBRQ_ORT_DIR, default ~/.cache/dbrq-ort), requiring >= 99% of output elements within one
 # quantization step of dbrq's int8 outputs (tools/onnx/ort_compare.js).
 #
@@ -131,7 +131,7 @@ if [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
   fi
 else
   echo "onnx runtime: $(node -e "console.log(require('$ORT_DIR/node_modules/onnxruntime-node/package.json').version)"), $THREADS threads"
-  for m in resnet18 mobilenet_v2 bert_encoder small_cnn dcgan_generator unet; do
+  for m in resnet18 mobilenet_v2 bert_encoder small_cnn dcgan_generator unet decoder_lm; do
     if [ ! -f "$OUT/$m.onnx" ]; then
       fail "$m: no export to run in ONNX Runtime"
       continue
