@@ -26,9 +26,9 @@ BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/bench"
 # ONNX Runtime running dbrq's exported int8 model vs dbrq int8, same threads (bench/onnx_bench.sh):
 # its rows print first, so the last line stays compare.py's JSON. DBRQ_COMPARE_ONNX=0 skips them.
 if [ "${DBRQ_COMPARE_ONNX:-1}" != "0" ]; then
-  onnx_threads=2
+  onnx_threads=1,2  # every thread count in the same run (onnx_bench.sh takes the list)
   for a in "$@"; do
-    case "$a" in --threads=*) onnx_threads=${a#*=}; onnx_threads=${onnx_threads##*,} ;; esac
+    case "$a" in --threads=*) onnx_threads=${a#*=} ;; esac
   done
   onnx_iters=20
   for a in "$@"; do [ "$a" = "--quick" ] && onnx_iters=10; done

@@ -1013,6 +1013,17 @@ dbrq_bazel_target(
     tests/models/golden/unet_int8.safetensors
 )
 dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/onnx:interop_expected_test
+  NAME dbrq_tests_onnx_interop_expected_test
+  RUNFILE tests/onnx/interop_expected_test
+  SRCS
+    tests/onnx/interop_expected_test.sh
+  DATA
+    tools/onnx/expected_exports.txt
+    tools/onnx/interop_check.sh
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/onnx:onnx_export_test
   NAME dbrq_tests_onnx_onnx_export_test

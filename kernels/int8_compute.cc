@@ -359,12 +359,7 @@ QuantParamsPtr dynamic_qparams(const Tensor& x) {
   const float* p = x.data<float>();
   const int64_t n = x.numel();
   float mn = 0.f, mx = 0.f;  // the range always includes 0; non-finite values are skipped
-#pragma omp simd reduction(min : mn) reduction(max : mx)
-  for (int64_t i = 0; i < n; ++i) {
-    const bool finite = std::isfinite(p[i]);
-    mn = std::min(mn, finite ? p[i] : 0.f);
-    mx = std::max(mx, finite ? p[i] : 0.f);
-  }
+  simd::minmax_finite(p, n, &mn, &mx);  // AVX-512 chosen at run time (the baseline build's SSE loop was slower)
   const double scale = std::max((static_cast<double>(mx) - mn) / 255.0, 1e-8);
   const double zp_from_min = 0.0 - mn / scale;
   const int32_t zp = static_cast<int32_t>(std::min(std::max(std::nearbyint(zp_from_min), 0.0), 255.0));

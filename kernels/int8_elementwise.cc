@@ -243,19 +243,24 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
                                       : 1.0f / static_cast<float>(h1 - h0) / static_cast<float>(w1 - w0);
         // Sums per channel, walking the window pixel by pixel (channels innermost: contiguous in NHWC).
         std::fill(acc.begin(), acc.end(), nhwc ? -zp * static_cast<int32_t>(count) : 0);
-        for (int64_t y = h0; y < h1; ++y) {
-          for (int64_t z = w0; z < w1; ++z) {
-            const uint8_t* px = src + b * sn + y * sh + z * sw;
-            if (sc == 1) {
-              simd::accumulate_u8(px, acc.data(), c);
-            } else {
+        if (sc == 1) {
+          // The whole window in one call (AVX-512 chosen at run time, sums kept in registers).
+          simd::window_sum_u8(src + b * sn + h0 * sh + w0 * sw, h1 - h0, w1 - w0, sh, sw, acc.data(), c);
+        } else {
+          for (int64_t y = h0; y < h1; ++y) {
+            for (int64_t z = w0; z < w1; ++z) {
+              const uint8_t* px = src + b * sn + y * sh + z * sw;
               for (int64_t ch = 0; ch < c; ++ch) acc[static_cast<size_t>(ch)] += px[ch * sc];
             }
           }
         }
         uint8_t* o = out + b * dn + i * dh + j * dw;
-        for (int64_t ch = 0; ch < c; ++ch) {
-          o[ch * dc] = avg_code(acc[static_cast<size_t>(ch)], multiplier, nhwc ? zp : 0);
+        if (dc == 1) {
+          simd::average_u8(acc.data(), o, c, multiplier, nhwc ? zp : 0);
+        } else {
+          for (int64_t ch = 0; ch < c; ++ch) {
+            o[ch * dc] = avg_code(acc[static_cast<size_t>(ch)], multiplier, nhwc ? zp : 0);
+          }
         }
       }
     }

@@ -154,6 +154,59 @@ DBRQ_TARGET_AVX512 __attribute__((optimize("-ffp-contract=off"))) inline int64_t
   return j;
 }
 
+// Running min and max of the finite values of in[0, n) (non-finite ones count as 0), folded into
+// *mn and *mx. The exponent test is AVX512F (fpclass would need DQ).
+DBRQ_TARGET_AVX512 inline int64_t minmax_finite(const float* in, int64_t n, float* mn, float* mx) {
+  int64_t i = 0;
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  __m512 vmn = _mm512_set1_ps(*mn), vmx = _mm512_set1_ps(*mx);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(in + i);
+    const __mmask16 finite =
+        _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
+    const __m512 f = _mm512_maskz_mov_ps(finite, v);
+    vmn = _mm512_min_ps(vmn, f);
+    vmx = _mm512_max_ps(vmx, f);
+  }
+  *mn = _mm512_reduce_min_ps(vmn);
+  *mx = _mm512_reduce_max_ps(vmx);
+  return i;
+}
+
+// acc[ch] += sum over a rows x cols window of u8 pixels (pixel (r, c) at base + r * row_stride +
+// c * col_stride, channels contiguous), for whole vectors of 16 channels: each block of sums stays
+// in a register over the window.
+DBRQ_TARGET_AVX512 inline int64_t window_sum_u8(const uint8_t* base, int64_t rows, int64_t cols, int64_t row_stride,
+                                                 int64_t col_stride, int32_t* acc, int64_t c) {
+  int64_t ch = 0;
+  for (; ch + 16 <= c; ch += 16) {
+    __m512i a = _mm512_loadu_si512(acc + ch);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* px = base + r * row_stride + ch;
+      for (int64_t q = 0; q < cols; ++q, px += col_stride) {
+        a = _mm512_add_epi32(a, _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(px))));
+      }
+    }
+    _mm512_storeu_si512(acc + ch, a);
+  }
+  return ch;
+}
+
+// out[i] = clamp(round(acc[i] * multiplier) + zp, 0, 255)
+DBRQ_TARGET_AVX512 inline int64_t average_u8(const int32_t* acc, uint8_t* out, int64_t n, float multiplier,
+                                              int32_t zp) {
+  int64_t i = 0;
+  const __m512 vm = _mm512_set1_ps(multiplier);
+  const __m512i vzp = _mm512_set1_epi32(zp), zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + i)), vm);
+    __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vzp);
+    q = _mm512_min_epi32(_mm512_max_epi32(q, zero), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(q));
+  }
+  return i;
+}
+
 }  // namespace avx512
 #pragma GCC diagnostic pop
 #endif
@@ -236,6 +289,55 @@ __attribute__((optimize("-ffp-contract=off"))) inline void axpy_unfused(float x,
     const float prod = x * w[j];
     acc[j] = acc[j] + prod;
   }
+}
+
+// The smallest and largest finite value of in[0, n), with 0 always in the range (non-finite
+// values count as 0): the range of a dynamic quantization. A zero result is +0 on both paths.
+inline void minmax_finite(const float* in, int64_t n, float* mn_out, float* mx_out) {
+  float mn = 0.f, mx = 0.f;
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::minmax_finite(in, n, &mn, &mx);
+#endif
+  for (; i < n; ++i) {
+    const float v = std::isfinite(in[i]) ? in[i] : 0.f;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  // min / max of +0 and -0 may return either: one answer for both paths.
+  *mn_out = mn == 0.f ? 0.f : mn;
+  *mx_out = mx == 0.f ? 0.f : mx;
+}
+
+// acc[ch] += the u8 pixels of a rows x cols window, channels contiguous (pixel (r, c) at
+// base + r * row_stride + c * col_stride): the window sums of average pooling on NHWC (exact in s32).
+inline void window_sum_u8(const uint8_t* base, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                          int32_t* acc, int64_t c) {
+  int64_t ch = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) ch = avx512::window_sum_u8(base, rows, cols, row_stride, col_stride, acc, c);
+#endif
+  for (; ch < c; ++ch) {
+    int32_t a = acc[ch];
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t q = 0; q < cols; ++q) a += base[r * row_stride + q * col_stride + ch];
+    }
+    acc[ch] = a;
+  }
+}
+
+// out[i] = clamp(round_half_even(float(acc[i]) * multiplier) + zp, 0, 255): a pooled mean's code.
+inline uint8_t average_one(int32_t acc, float multiplier, int32_t zp) {
+  const int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(acc) * multiplier)) + zp;
+  return static_cast<uint8_t>(std::min(std::max(q, 0), 255));
+}
+
+inline void average_u8(const int32_t* acc, uint8_t* out, int64_t n, float multiplier, int32_t zp) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::average_u8(acc, out, n, multiplier, zp);
+#endif
+  for (; i < n; ++i) out[i] = average_one(acc[i], multiplier, zp);
 }
 
 // out[i] = lut[in[i]]

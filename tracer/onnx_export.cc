@@ -752,6 +752,17 @@ class Recorder : public Interceptor {
       case OpKind::kLogSoftmax:
         y = b_.node(c.kind == OpKind::kSoftmax ? "Softmax" : "LogSoftmax", {in(0)}, op_name(c.kind),
                     {Attribute::Int("axis", wrap(c.p<DimParams>().dims.at(0), in_rank))});
+        if (c.kind == OpKind::kSoftmax && out.is_quantized() && out.dtype() == DType::kU8 &&
+            !out.qparams()->is_per_channel()) {
+          // Min(p, top) with top the largest value the u8 output represents: the QuantizeLinear
+          // after it saturates there anyway, so the graph means what dbrq computes. It keeps ONNX
+          // Runtime (1.30) from fusing DQ -> Softmax -> Q into its QLinearSoftmax, which turns a
+          // probability that rounds to 1.0 with the fixed parameters (1/256, 0) into code 0
+          // instead of 255 (256 wraps around): every one-key row of causal attention, and any
+          // row with one dominant score (docs/onnx_export.md).
+          const float top = static_cast<float>(255 - out.q_zero_point()) * out.q_scale();
+          y = b_.node("Min", {y, b_.f32_scalar(top)}, "softmax_saturate");
+        }
         break;
       case OpKind::kMaxPool2d:
       case OpKind::kAvgPool2d: {

@@ -370,5 +370,38 @@ TEST(Int8E2e, PortableLoopsGiveTheSameBytes) {
   }
 }
 
+// The loops added for the baseline build's speed (dynamic quantization's min / max, the adaptive
+// average pool's window sums and means): the dynamic GRU classifier and the small CNN (batch 8, as
+// bench/portable_vs_native.py times them) give the same bytes on both paths.
+TEST(Int8E2e, PortableLoopsGiveTheSameBytesDynamicGruAndSmallCnn) {
+  if (!dbrq::kernels::simd::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU: one path only";
+  for (const std::string name : {"gru_classifier", "small_cnn"}) {
+    const zoo::ModelSpec& spec = zoo::find_model(name);
+    dbrq::manual_seed(0);
+    auto model = spec.make(zoo::Variant::kTiny);
+    model->eval();
+    const bool dynamic = name == "gru_classifier";
+    const Tensor example = spec.example_input(zoo::Variant::kTiny, 8, 0);
+    dbrq::prepare(*model, {example},
+                  dynamic ? dbrq::default_dynamic_qconfig_mapping() : dbrq::default_qconfig_mapping("onednn"));
+    if (!dynamic) {
+      spec.run(*model, spec.example_input(zoo::Variant::kTiny, 8, 100));
+      spec.run(*model, spec.example_input(zoo::Variant::kTiny, 8, 101));
+    }
+    dbrq::convert(*model);
+    const Tensor x = spec.example_input(zoo::Variant::kTiny, 8, 7);
+    const Tensor fast = spec.run(*model, x).contiguous();
+    dbrq::kernels::simd::force_portable(true);
+    const Tensor portable = spec.run(*model, x).contiguous();
+    dbrq::kernels::simd::force_portable(false);
+    ASSERT_EQ(fast.dtype(), portable.dtype()) << name;
+    ASSERT_EQ(fast.nbytes(), portable.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(fast.data_ptr(), portable.data_ptr(), fast.nbytes()), 0) << name;
+    // Not a vacuous comparison: the outputs vary.
+    const std::vector<float> v = fast.to_vector<float>();
+    EXPECT_GT(*std::max_element(v.begin(), v.end()), *std::min_element(v.begin(), v.end())) << name;
+  }
+}
+
 }  // namespace
 

@@ -146,6 +146,104 @@ TEST_F(SimdDispatch, AccumulateIsBitIdentical) {
   }
 }
 
+TEST_F(SimdDispatch, MinMaxFiniteIsBitIdentical) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : lengths_) {
+    // floats(): NaN, +-inf and +-3e38 among ordinary values; non-finite ones must not count.
+    std::vector<float> x = floats(rng_, n, 0.37f);
+    float ref_mn = 0.f, ref_mx = 0.f;
+    for (float v : x) {
+      if (!std::isfinite(v)) continue;
+      ref_mn = v < ref_mn ? v : ref_mn;
+      ref_mx = v > ref_mx ? v : ref_mx;
+    }
+    float a_mn, a_mx, b_mn, b_mx;
+    force_portable(false);
+    minmax_finite(x.data(), n, &a_mn, &a_mx);
+    force_portable(true);
+    minmax_finite(x.data(), n, &b_mn, &b_mx);
+    EXPECT_EQ(a_mn, ref_mn) << "avx512 n=" << n;
+    EXPECT_EQ(a_mx, ref_mx) << "avx512 n=" << n;
+    EXPECT_EQ(std::memcmp(&a_mn, &b_mn, 4), 0) << "n=" << n << ": " << a_mn << " vs " << b_mn;
+    EXPECT_EQ(std::memcmp(&a_mx, &b_mx, 4), 0) << "n=" << n << ": " << a_mx << " vs " << b_mx;
+  }
+  // Only -0, NaN and inf, all in the vector part: the range is [+0, +0] on both paths.
+  std::vector<float> z(32, -0.f);
+  z[3] = nan;
+  z[20] = -inf;
+  z[21] = inf;
+  for (bool portable : {false, true}) {
+    force_portable(portable);
+    float mn = 1.f, mx = 1.f;
+    minmax_finite(z.data(), 32, &mn, &mx);
+    EXPECT_EQ(mn, 0.f);
+    EXPECT_EQ(mx, 0.f);
+    EXPECT_FALSE(std::signbit(mn)) << (portable ? "portable" : "avx512");
+    EXPECT_FALSE(std::signbit(mx)) << (portable ? "portable" : "avx512");
+  }
+  // Small positive and negative values only in the tail after the vectors.
+  std::vector<float> t(19, 0.f);
+  t[17] = -2.5f;
+  t[18] = 4.f;
+  for (bool portable : {false, true}) {
+    force_portable(portable);
+    float mn, mx;
+    minmax_finite(t.data(), 19, &mn, &mx);
+    EXPECT_EQ(mn, -2.5f);
+    EXPECT_EQ(mx, 4.f);
+  }
+}
+
+TEST_F(SimdDispatch, WindowSumAndAverageAreBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t c : lengths_) {
+    if (c > 200) continue;
+    // An NHWC image of 5 x 6 pixels with c channels; windows of every size and position.
+    const int64_t h = 5, w = 6, row = w * c;
+    std::vector<uint8_t> img(static_cast<size_t>(h * row));
+    for (auto& v : img) v = static_cast<uint8_t>(byte(rng_));
+    for (int64_t r0 = 0; r0 < h; r0 += 2) {
+      for (int64_t rows = 1; r0 + rows <= h; rows += 2) {
+        for (int64_t cols : {int64_t{1}, int64_t{4}, w}) {
+          std::vector<int32_t> ref(static_cast<size_t>(c), -128 * static_cast<int32_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t q = 0; q < cols; ++q) {
+              for (int64_t ch = 0; ch < c; ++ch) ref[static_cast<size_t>(ch)] += img[static_cast<size_t>((r0 + r) * row + q * c + ch)];
+            }
+          }
+          std::vector<int32_t> a(static_cast<size_t>(c), -128 * static_cast<int32_t>(rows * cols)), b = a;
+          force_portable(false);
+          window_sum_u8(img.data() + r0 * row, rows, cols, row, c, a.data(), c);
+          force_portable(true);
+          window_sum_u8(img.data() + r0 * row, rows, cols, row, c, b.data(), c);
+          EXPECT_EQ(a, ref) << "c=" << c << " rows=" << rows << " cols=" << cols;
+          EXPECT_EQ(b, ref) << "c=" << c << " rows=" << rows << " cols=" << cols;
+        }
+      }
+    }
+  }
+  // Averages: ties of every parity (sums k + 0.5 after scaling by 1/2, 1/4), saturation both ways.
+  for (int64_t n : lengths_) {
+    std::vector<int32_t> acc(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) acc[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % 2000) - 1000;
+    for (float mult : {0.5f, 0.25f, 1.f / 3.f, 1.f / 9.f}) {
+      for (int32_t zp : {0, 7, 128, 255}) {
+        std::vector<uint8_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          const int32_t q = static_cast<int32_t>(std::nearbyint(static_cast<float>(acc[static_cast<size_t>(i)]) * mult)) + zp;
+          ref[static_cast<size_t>(i)] = static_cast<uint8_t>(q < 0 ? 0 : q > 255 ? 255 : q);
+        }
+        force_portable(false);
+        average_u8(acc.data(), a.data(), n, mult, zp);
+        force_portable(true);
+        average_u8(acc.data(), b.data(), n, mult, zp);
+        EXPECT_EQ(a, ref) << "avx512 n=" << n << " mult=" << mult << " zp=" << zp;
+        EXPECT_EQ(b, ref) << "portable n=" << n << " mult=" << mult << " zp=" << zp;
+      }
+    }
+  }
+}
+
 // The reference step, rounded twice: the volatile product cannot be fused into the add.
 float unfused_step(float acc, float x, float w) {
   volatile float prod = x * w;

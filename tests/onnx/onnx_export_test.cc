@@ -3,6 +3,8 @@
 // of a model with control flow, and its bad inputs. ONNX Runtime running the exports of the zoo
 // models is tools/onnx/interop_check.sh (tools/run_tests.sh's onnx stage).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -598,6 +600,60 @@ TEST(OnnxExport, NarrowFromTheEnd) {
     EXPECT_EQ(i64(n.in[1]), 2);
     EXPECT_EQ(i64(n.in[2]), 3);
   }
+}
+
+struct SoftmaxNet : nn::CallableModule<SoftmaxNet> {
+  SoftmaxNet() {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 4));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) { return (*fc2)(softmax((*fc1)(x), -1)); }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+};
+
+// An int8 softmax is Softmax -> Min(top) -> QuantizeLinear, top the largest value its u8 output
+// represents ((255 - zp) * scale): the same meaning (QuantizeLinear saturates there), and ONNX
+// Runtime does not fuse it into its QLinearSoftmax, which wraps a probability that rounds to 1.0
+// to code 0 (the decoder LM's one-key attention rows differed by up to 62 steps).
+TEST(OnnxExport, Int8SoftmaxSaturatesBeforeItsQuantizeLinear) {
+  manual_seed(7);
+  SoftmaxNet m;
+  m.eval();
+  prepare(m, {randn({2, 3, 4}, 1)});
+  m(randn({2, 3, 4}, 2));
+  convert(m);
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({2, 3, 4}, 3)}));
+  ASSERT_EQ(g.count("Softmax"), 1);
+  std::string sm_out;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "Softmax") sm_out = n.out.at(0);
+  }
+  int min_nodes = 0;
+  for (const NodeR& n : g.nodes) {
+    if (std::find(n.in.begin(), n.in.end(), sm_out) == n.in.end()) continue;
+    EXPECT_EQ(n.op, "Min") << "the softmax's probabilities go to " << n.op;
+    if (n.op != "Min") continue;
+    ++min_nodes;
+    ASSERT_EQ(n.in.size(), 2u);
+    const std::vector<float> top = g.floats(n.in[1]);
+    ASSERT_EQ(top.size(), 1u);
+    const NodeR* q = nullptr;
+    for (const NodeR& c : g.nodes) {
+      if (!c.in.empty() && c.in[0] == n.out.at(0)) q = &c;
+    }
+    ASSERT_NE(q, nullptr);
+    ASSERT_EQ(q->op, "QuantizeLinear");
+    const std::vector<float> scale = g.floats(q->in.at(1));
+    const InitR& zp = g.inits.at(q->in.at(2));
+    ASSERT_EQ(scale.size(), 1u);
+    ASSERT_EQ(zp.raw.size(), 1u);
+    const int zero_point = static_cast<uint8_t>(zp.raw[0]);
+    // dbrq's softmax output parameters (PyTorch's fixed ones) and the cap they imply.
+    EXPECT_FLOAT_EQ(scale[0], 1.f / 256.f);
+    EXPECT_EQ(zero_point, 0);
+    EXPECT_EQ(top[0], static_cast<float>(255 - zero_point) * scale[0]);
+  }
+  EXPECT_EQ(min_nodes, 1);
 }
 
 TEST(OnnxExportErrors, BadExampleInputs) {
