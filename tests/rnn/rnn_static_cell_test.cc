@@ -205,9 +205,10 @@ struct LstmModel : nn::CallableModule<LstmModel> {
 // projections and gate arithmetic quantize like the hand-written cells above (each layer and
 // direction runs under its own OpIdentityScope, so its gate ops have records and ranges of their
 // own; the projections are one record per weight).
-TEST(RnnStaticCell, NnGruStatic) { calibrate_at_some_lengths_run_at_others<GruModel>("nn::GRU static", 26.0); }
+// 30 dB: with the layers sharing their gate records (before OpIdentityScope) the GRU's worst was 28.5.
+TEST(RnnStaticCell, NnGruStatic) { calibrate_at_some_lengths_run_at_others<GruModel>("nn::GRU static", 30.0); }
 
-TEST(RnnStaticCell, NnLstmStatic) { calibrate_at_some_lengths_run_at_others<LstmModel>("nn::LSTM static", 26.0); }
+TEST(RnnStaticCell, NnLstmStatic) { calibrate_at_some_lengths_run_at_others<LstmModel>("nn::LSTM static", 30.0); }
 
 // Packed sequences under the static mapping. The layers' batch plumbing (sorting by length, the
 // state buffers, writing each step into the output) records nothing, so the recorded program is the
