@@ -698,8 +698,8 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       r.input_observers = get_integers<int>(o.at("input_observers"), "input_observers");
       r.output_observer = get_integer<int>(o.at("output_observer"), "output_observer");
 
-      // The tag is a function of what the record says it is: an edited kind, layer, parameter,
-      // scalar or weight shows.
+      // The tag is a function of what the record says it is: an edited kind, layer, salt,
+      // parameter, scalar or weight shows.
       uint64_t h = tag_start(r.kind, r.leaf ? name_fingerprint(r.fqn) : 0);
       if (r.salt != 0) h = fingerprint_mix(h, r.salt);
       if (def.params_in_identity && !r.params.empty()) h = fingerprint_mix(h, r.params_fingerprint);
