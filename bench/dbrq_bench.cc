@@ -17,10 +17,11 @@
 //
 // Without --weights the model keeps its default initialization; without --inputs the zoo's
 // example_input() supplies the timed input (seed 0) and the calibration batches (seeds 100, 101;
-// decoder_lm: four one-sequence prompts, seeds 100..103).
+// decoder_lm: four one-sequence prompts, seeds 100..103; gru_classifier: sixteen, 100..115).
 // With --inputs the timed input is the tensor "x_bs<batch>" (token models: bert_encoder and
 // gru_classifier "ids_bs<batch>", decoder_lm "ids_prompt"), the example for prepare() is "example"
-// ("ids_example") and the calibration batches are "calib0", "calib1" ("ids_calib0", "ids_calib1");
+// ("ids_example") and the calibration batches are "calib0", "calib1" ("ids_calib0", "ids_calib1";
+// gru_classifier "ids_calib0".."ids_calib15");
 // --input_key, --example_key and --calib_keys override them.
 //
 // decoder_lm is timed generating: one timed run is DecoderLM::generate(prompt, new_tokens) (greedy,
@@ -126,11 +127,11 @@ struct DataSpec {
     const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) || is_gru(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
     d.input_key = c.value("input_key", p + input);
     d.example_key = c.value("example_key", p + "example");
-    const std::vector<std::string> calib =
-        is_decoder(d.model) ? std::vector<std::string>{"calib0", "calib1", "calib2", "calib3"}
-                            : std::vector<std::string>{"calib0", "calib1"};
+    // gru_classifier: 16 batches of 8 sequences (issue 11). With 2, its logits' range came from 64
+    // values and clipped other batches' logits (26.5 dB -> 17-29 dB per batch; docs/recurrent.md).
+    const int num_calib = is_decoder(d.model) ? 4 : is_gru(d.model) ? 16 : 2;
     std::vector<std::string> keys;
-    for (const std::string& k : calib) keys.push_back(p + k);
+    for (int i = 0; i < num_calib; ++i) keys.push_back(p + "calib" + std::to_string(i));
     d.calib_keys = c.value("calib_keys", keys);
     return d;
   }

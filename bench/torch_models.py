@@ -75,6 +75,7 @@ DECODER_CALIB = (32, 24, 40, 16)  # calibration prompt lengths (longest cache: 4
 # samples/zoo/zoo.cc, Variant::kFull, and gru_example_seq_len.
 GRU_FULL = {"vocab_size": 10000, "embedding_dim": 128, "hidden_size": 128, "num_layers": 2, "num_classes": 4}
 GRU_STEPS = 64
+GRU_CALIB_BATCHES = 16  # of 8 sequences; bench/dbrq_bench.cc calibrates on all of them
 TOKEN_MODELS = ("bert_encoder", "gru_classifier", "decoder_lm")
 # samples/zoo/zoo.cc unet_config(Variant::kFull) and unet_example_hw.
 UNET_FULL = {"in_channels": 3, "num_classes": 4, "base_width": 32}
@@ -221,8 +222,13 @@ def make_inputs(name, seed):
         # Batch 1: one sequence of the full 64 tokens; batch 8 and calibration: lengths 16..64.
         full = torch.randint(1, GRU_FULL["vocab_size"], (1, GRU_STEPS), generator=g, dtype=torch.int64)
         ids = lambda n: gru_classifier_ids(n, GRU_STEPS, GRU_FULL["vocab_size"], g)
-        return {"ids_bs1": full, "ids_bs8": ids(8), "ids_example": full.clone(), "ids_calib0": ids(8),
-                "ids_calib1": ids(8)}
+        out = {"ids_bs1": full, "ids_bs8": ids(8), "ids_example": full.clone(), "ids_calib0": ids(8),
+               "ids_calib1": ids(8)}
+        # Issue 11: 14 more calibration batches (16 in all, 128 sequences), drawn after the others
+        # so those stay as they were. Two batches gave the logits' range from 64 values.
+        for i in range(2, GRU_CALIB_BATCHES):
+            out[f"ids_calib{i}"] = ids(8)
+        return out
     if name == "bert_encoder":
         ids = lambda n: torch.randint(0, BERT_FULL["vocab_size"], (n, BERT_SEQ), generator=g, dtype=torch.int64)
         calib = [ids(4), ids(4)]

@@ -64,6 +64,19 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_binary
+  LABEL //bench:gru_numerics
+  NAME dbrq_bench_gru_numerics
+  RUNFILE bench/gru_numerics
+  SRCS
+    bench/gru_numerics.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+  SYSTEM
+    absl
+)
+dbrq_bazel_target(
+  KIND cc_binary
   LABEL //bench:overhead_bench
   NAME dbrq_bench_overhead_bench
   RUNFILE bench/overhead_bench
@@ -674,6 +687,7 @@ dbrq_bazel_target(
     bench/cle_bc_table.cc
     bench/dbrq_bench.cc
     bench/encoder_numerics.cc
+    bench/gru_numerics.cc
     bench/overhead_bench.cc
     bench/qconfig_table.cc
     bench/text_lm_eval.cc

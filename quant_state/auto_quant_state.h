@@ -126,6 +126,9 @@ struct SeenOpInfo {
   // different tensors to their consumers, and a loop that views a loop-carried tensor still folds
   // (AutoQuantizationState::output_tag).
   int64_t out_tag = 0;
+  // The OpIdentityScope salt the op ran under (0: none), part of `tag`: nn::GRU / nn::LSTM run each
+  // layer and direction under its own, so their gate ops get records (and ranges) of their own.
+  uint64_t identity_salt = 0;
   uint64_t params_fingerprint = 0;  // stable across processes (files)
   QConfigPtr qconfig;
   QuantRole role = QuantRole::kNone;  // as decided by the analysis (kNone: runs in fp32)

@@ -284,6 +284,7 @@ struct FileRecord {
   std::string fqn;
   bool leaf = false;
   int64_t tag = 0;
+  uint64_t salt = 0;  // OpIdentityScope; absent in the file when 0
   ProducerTags producers;
   OpParams params;
   uint64_t params_fingerprint = 0;
@@ -358,6 +359,9 @@ json origin_to_json(ModelQuantState& model, int64_t id) {
 json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
   json j{{"index", op.index}, {"global", op.global_index}, {"kind", op_name(op.kind)}, {"fqn", op.fqn},
          {"leaf", op.leaf != nullptr}, {"tag", hex64(static_cast<uint64_t>(op.tag))}};
+  // Only under an OpIdentityScope (nn::GRU / nn::LSTM layers after the first): other records, and
+  // so the files of every other model, stay as they were.
+  if (op.identity_salt != 0) j["salt"] = hex64(op.identity_salt);
   json producers = json::array();
   for (int64_t p : op.producers) producers.push_back(hex64(static_cast<uint64_t>(p)));
   j["producers"] = producers;
@@ -629,6 +633,7 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       for (const json& p : get_array(o.at("producers"), "producers")) {
         r.producers.push_back(static_cast<int64_t>(get_hex64(p, "producer tag")));
       }
+      if (o.contains("salt")) r.salt = get_hex64(o.at("salt"), "salt");
       const OpDef& def = op_def(r.kind);
       if (o.contains("params")) {
         DBRQ_ENSURE(def.params_from_fields != nullptr, FileFormatError, where, ": ", op_where(fm, r),
@@ -693,9 +698,10 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       r.input_observers = get_integers<int>(o.at("input_observers"), "input_observers");
       r.output_observer = get_integer<int>(o.at("output_observer"), "output_observer");
 
-      // The tag is a function of what the record says it is: an edited kind, layer, parameter,
-      // scalar or weight shows.
+      // The tag is a function of what the record says it is: an edited kind, layer, salt,
+      // parameter, scalar or weight shows.
       uint64_t h = tag_start(r.kind, r.leaf ? name_fingerprint(r.fqn) : 0);
+      if (r.salt != 0) h = fingerprint_mix(h, r.salt);
       if (def.params_in_identity && !r.params.empty()) h = fingerprint_mix(h, r.params_fingerprint);
       if (r.has_scalar) h = tag_scalar(h, r.scalar, r.scalar_first);
       if (!r.leaf) {
@@ -867,6 +873,7 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
     const FileRecord& r = d.records[g];
     AutoQuantizationState& s = *model.states()[static_cast<size_t>(r.module)];
     SeenOpInfo& op = s.add_record(r.tag, r.kind, r.producers);
+    op.identity_salt = r.salt;
     op.global_index = static_cast<int>(g);
     op.program_index = op.global_index;
     model.records().emplace_back(&s, op.index);

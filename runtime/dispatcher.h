@@ -83,6 +83,30 @@ inline thread_local Interceptor* tls_interceptor = nullptr;
 
 inline Interceptor* current_interceptor() { return detail::tls_interceptor; }
 
+namespace detail {
+inline thread_local uint64_t tls_op_identity_salt = 0;
+}  // namespace detail
+
+// The identity salt of the ops this thread runs now (0: none); see OpIdentityScope.
+inline uint64_t op_identity_salt() { return detail::tls_op_identity_salt; }
+
+// Marks the ops run in its scope as distinct, for the quantization tracer, from the same ops run
+// outside it (docs/control_flow.md: an op's identity). A composed layer that applies the same
+// functional code to several sets of weights (nn::GRU's layers) uses it so that each set gets its
+// own records and ranges. Salt 0 is no salt. Scopes nest; the innermost one counts.
+class OpIdentityScope {
+ public:
+  explicit OpIdentityScope(uint64_t salt) : saved_(detail::tls_op_identity_salt) {
+    detail::tls_op_identity_salt = salt;
+  }
+  ~OpIdentityScope() { detail::tls_op_identity_salt = saved_; }
+  OpIdentityScope(const OpIdentityScope&) = delete;
+  OpIdentityScope& operator=(const OpIdentityScope&) = delete;
+
+ private:
+  uint64_t saved_;
+};
+
 // Installs an interceptor on this thread for the scope's lifetime (null suspends interception).
 class InterceptorScope {
  public:

@@ -123,6 +123,7 @@ decltype(auto) self_located(F&& f) {
 int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act,
                                  bool seen) const {
   uint64_t h = tag_start(call.kind, leaf != nullptr ? leaf->fqn_fingerprint() : 0);
+  if (const uint64_t salt = op_identity_salt(); salt != 0) h = fingerprint_mix(h, salt);
   // Parameters and scalars identify a recorded op whose int8 form is built from them; an op that
   // is not recorded is only ever a producer, and its parameters may vary with a loop's index.
   if (seen && def.params_in_identity && call.params != nullptr && def.params_fingerprint != nullptr) {
@@ -289,6 +290,7 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
   const size_t n_act = def.activation_inputs(call.inputs.size());
   if (leaf == nullptr && n_act < call.inputs.size()) check_layer_bypass(call, def, s, qconfig, n_act);
   SeenOpInfo& op = s.add_record(tag, call.kind, producers);
+  op.identity_salt = op_identity_salt();
   op.global_index = static_cast<int>(model_->records().size());
   op.program_index = op.global_index;
   model_->records().emplace_back(&s, op.index);
