@@ -26,7 +26,9 @@ count_results() {
   local label=$1 since=$2 p=0 f=0
   while IFS= read -r xml; do
     local line t fl er
-    line=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || grep -m1 -o '<testsuite [^>]*>' "$xml")
+    # The <testsuites> totals (GoogleTest writes them), else the first <testsuite> (Bazel's own XML
+    # for a test that writes none, e.g. an sh_test, has a bare <testsuites>).
+    line=$(grep -m1 -o '<testsuites [^>]*tests="[0-9]*"[^>]*>' "$xml" || grep -m1 -o '<testsuite [^>]*>' "$xml")
     t=$(echo "$line" | sed -n 's/.* tests="\([0-9]*\)".*/\1/p')
     fl=$(echo "$line" | sed -n 's/.* failures="\([0-9]*\)".*/\1/p')
     er=$(echo "$line" | sed -n 's/.* errors="\([0-9]*\)".*/\1/p')
