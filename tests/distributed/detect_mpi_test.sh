@@ -11,6 +11,7 @@ detect="${1:-${TEST_SRCDIR:-/nonexistent}/${TEST_WORKSPACE:-dbrq}/third_party/mp
 [ -f "$detect" ] || detect="$here/../../third_party/mpi/detect_mpi.sh"
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/detect_mpi.XXXXXX")
 failures=0
+passes=0
 expect() {  # expect NAME WRAPPER EXPECTED_FIRST_LINE_PREFIX [EXPECTED_SUBSTRING]
   local out code
   out=$(bash "$detect" "$2")
@@ -24,6 +25,7 @@ expect() {  # expect NAME WRAPPER EXPECTED_FIRST_LINE_PREFIX [EXPECTED_SUBSTRING
     echo "FAIL $1: output does not contain \"$4\":"; echo "$out"; failures=$((failures + 1)); return
   fi
   echo "ok   $1"
+  passes=$((passes + 1))
 }
 
 mkdir -p "$tmp/include" "$tmp/empty"
@@ -69,5 +71,10 @@ if real=$(command -v mpicxx); then
 fi
 
 rm -rf "$tmp"
+# Counted cases for tools/run_tests.sh and the CMake stage (as the other sh_tests write them).
+if [ -n "${XML_OUTPUT_FILE:-}" ]; then
+  printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites tests="%d" failures="%d" errors="0">\n<testsuite name="detect_mpi" tests="%d" failures="%d" errors="0">\n</testsuite>\n</testsuites>\n' \
+    $((passes + failures)) "$failures" $((passes + failures)) "$failures" >"$XML_OUTPUT_FILE"
+fi
 if [ "$failures" -ne 0 ]; then echo "$failures failed"; exit 1; fi
 echo "all passed"

@@ -92,4 +92,9 @@ if [ $rc -ne 0 ] && echo "$out" | grep -q "FAIL  $first: expected to export"; th
 record committed_list_catches_its_first_model "$r"
 
 echo "$pass passed, $fail failed"
+# Counted cases for tools/run_tests.sh and the CMake stage (as the other sh_tests write them).
+if [ -n "${XML_OUTPUT_FILE:-}" ]; then
+  printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites tests="%d" failures="%d" errors="0">\n<testsuite name="interop_expected" tests="%d" failures="%d" errors="0">\n</testsuite>\n</testsuites>\n' \
+    $((pass + fail)) "$fail" $((pass + fail)) "$fail" >"$XML_OUTPUT_FILE"
+fi
 [ "$fail" -eq 0 ]
