@@ -39,8 +39,9 @@ ROOT = os.path.join(HERE, "..")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
 import make_model_goldens as mg  # noqa: E402
-from torch_zoo import (BertEncoder, DcganGenerator, DecoderLM, KwsConv1d, ResNet18W, SmallCnn,  # noqa: E402
-                       UNet, VisionTransformer, densenet, read_safetensors, write_safetensors)
+from torch_zoo import (BertEncoder, DcganGenerator, DecoderLM, DecoderLogits, KwsConv1d, ResNet18W,  # noqa: E402
+                       SmallCnn, UNet, VisionTransformer, densenet, positions_of, read_safetensors,
+                       write_safetensors)
 from torchvision.models.mobilenetv2 import MobileNetV2  # noqa: E402
 
 GOLDEN = os.path.join(ROOT, "tests", "models", "golden")
@@ -52,43 +53,13 @@ EVAL_BATCHES = 2   # of 16 samples each
 # FX 1.13 cannot trace the shape-dependent factories of the BERT embeddings (torch.arange of a
 # traced length) and of the decoder (arange, and `if s > 1` on a traced size). The table runs
 # them through forwards that compute the same function with positions and the causal mask derived
-# from the data (cumsum of ones), which traces; no weight or state-dict key changes.
-def positions_of(ids):
-    return torch.cumsum(torch.ones_like(ids), 1) - 1
-
-
+# from the data (cumsum of ones), which traces; no weight or state-dict key changes (the decoder's:
+# torch_zoo.DecoderLogits).
 def bert_embeddings_forward(self, input_ids):
     positions = positions_of(input_ids)
     x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
     x = x + self.token_type_embeddings(torch.zeros_like(input_ids))
     return self.dropout(self.LayerNorm(x))
-
-
-def causal_attention_forward(self, x):
-    n, s = x.shape[0], x.shape[1]
-    q = self.split_heads(self.q_proj(x))
-    k = self.split_heads(self.k_proj(x))
-    v = self.split_heads(self.v_proj(x))
-    scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-    idx = torch.cumsum(torch.ones_like(x[0, :, 0]), 0)
-    scores = scores.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
-    context = self.matmul(torch.softmax(scores, -1), v).permute(0, 2, 1, 3)
-    return self.out_proj(context.reshape(n, s, self.num_heads * self.head_dim)), None
-
-
-class DecoderLogits(torch.nn.Module):
-    """DecoderLM's logits for a prompt with an empty cache (dbrq's zoo `run`), FX-traceable."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids):
-        x = self.lm.wte(input_ids) + self.lm.wpe(positions_of(input_ids))
-        for block in self.lm.h:
-            h = x + block.attn(block.ln_1(x))[0]
-            x = h + block.mlp(block.ln_2(h))
-        return self.lm.lm_head(self.lm.ln_f(x))
 
 
 def traceable_bert(c):
@@ -99,11 +70,7 @@ def traceable_bert(c):
 
 
 def traceable_decoder(c):
-    lm = DecoderLM(c)
-    for block in lm.h:
-        a = block.attn
-        a.forward = types.MethodType(causal_attention_forward, a)
-    return DecoderLogits(lm)
+    return DecoderLogits(DecoderLM(c))
 
 
 def images(c, hw):

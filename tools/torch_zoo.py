@@ -30,6 +30,7 @@ little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
 import json
 import math
 import struct
+import types
 
 import torch
 from torch import nn
@@ -629,3 +630,40 @@ def densenet(growth_rate=32, block_config=(6, 12, 24, 16), num_init_features=64,
     from torchvision.models.densenet import DenseNet
     return DenseNet(growth_rate=growth_rate, block_config=tuple(block_config), num_init_features=num_init_features,
                     bn_size=bn_size, drop_rate=0, num_classes=num_classes)
+
+
+# FX 1.13 cannot trace the decoder's shape-dependent factories (arange, and `if s > 1` on a traced
+# size): a forward computing the same function with positions and the causal mask derived from the
+# data (cumsum of ones), which traces (bench/qconfig_table.py, tools/train_text_lm.py).
+def positions_of(ids):
+    return torch.cumsum(torch.ones_like(ids), 1) - 1
+
+
+def causal_attention_forward(self, x):
+    n, s = x.shape[0], x.shape[1]
+    q = self.split_heads(self.q_proj(x))
+    k = self.split_heads(self.k_proj(x))
+    v = self.split_heads(self.v_proj(x))
+    scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+    idx = torch.cumsum(torch.ones_like(x[0, :, 0]), 0)
+    scores = scores.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
+    context = self.matmul(torch.softmax(scores, -1), v).permute(0, 2, 1, 3)
+    return self.out_proj(context.reshape(n, s, self.num_heads * self.head_dim)), None
+
+
+class DecoderLogits(torch.nn.Module):
+    """DecoderLM's logits for a prompt with an empty cache (dbrq's zoo `run`), FX-traceable: the same function
+    and the same state-dict keys (under lm.) with positions and the causal mask derived from the data."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        for block in lm.h:
+            block.attn.forward = types.MethodType(causal_attention_forward, block.attn)
+
+    def forward(self, input_ids):
+        x = self.lm.wte(input_ids) + self.lm.wpe(positions_of(input_ids))
+        for block in self.lm.h:
+            h = x + block.attn(block.ln_1(x))[0]
+            x = h + block.mlp(block.ln_2(h))
+        return self.lm.lm_head(self.lm.ln_f(x))

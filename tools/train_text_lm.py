@@ -40,14 +40,13 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_zoo import DecoderLM, read_safetensors, write_safetensors  # noqa: E402
+from torch_zoo import DecoderLM, DecoderLogits, read_safetensors, write_safetensors  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 TEXT_DIR = "/usr/share/common-licenses"
@@ -89,39 +88,6 @@ def eval_windows(held):
         for s in range(0, len(part) - CONTEXT, CONTEXT):
             rows.append(list(part[s:s + CONTEXT + 1]))
     return torch.tensor(rows, dtype=torch.uint8)
-
-
-def positions_of(ids):
-    return torch.cumsum(torch.ones_like(ids), 1) - 1
-
-
-def causal_attention_forward(self, x):
-    n, s = x.shape[0], x.shape[1]
-    q = self.split_heads(self.q_proj(x))
-    k = self.split_heads(self.k_proj(x))
-    v = self.split_heads(self.v_proj(x))
-    scores = self.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-    idx = torch.cumsum(torch.ones_like(x[0, :, 0]), 0)
-    scores = scores.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
-    context = self.matmul(torch.softmax(scores, -1), v).permute(0, 2, 1, 3)
-    return self.out_proj(context.reshape(n, s, self.num_heads * self.head_dim)), None
-
-
-class DecoderLogits(torch.nn.Module):
-    """DecoderLM's logits with an empty cache, FX-traceable (same function, same state-dict keys under lm.)."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-        for block in lm.h:
-            block.attn.forward = types.MethodType(causal_attention_forward, block.attn)
-
-    def forward(self, input_ids):
-        x = self.lm.wte(input_ids) + self.lm.wpe(positions_of(input_ids))
-        for block in self.lm.h:
-            h = x + block.attn(block.ln_1(x))[0]
-            x = h + block.mlp(block.ln_2(h))
-        return self.lm.lm_head(self.lm.ln_f(x))
 
 
 def window_nll(model, windows, batch=64):
