@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <set>
+#include <string_view>
 #include <sstream>
 
 #include "absl/strings/str_join.h"
@@ -38,6 +39,21 @@ std::string demangle_type_name(const char* mangled) {
   // Drop template arguments and namespaces: "ns::Block<int>" -> "Block".
   if (auto lt = name.find('<'); lt != std::string::npos) name.resize(lt);
   if (auto colon = name.rfind("::"); colon != std::string::npos) name = name.substr(colon + 2);
+  return name;
+}
+
+std::string module_type_name(const char* impl_mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(impl_mangled, nullptr, nullptr, &status);
+  const std::string full = (status == 0 && demangled != nullptr) ? demangled : impl_mangled;
+  std::free(demangled);
+  std::string name = demangle_type_name(impl_mangled);
+  // Built-in modules are dbrq::nn::XImpl and name themselves X (PyTorch's name).
+  constexpr std::string_view kBuiltin = "dbrq::nn::", kImpl = "Impl";
+  if (full.compare(0, kBuiltin.size(), kBuiltin) == 0 && full.find("::", kBuiltin.size()) == std::string::npos &&
+      name.size() > kImpl.size() && name.compare(name.size() - kImpl.size(), kImpl.size(), kImpl) == 0) {
+    name.resize(name.size() - kImpl.size());
+  }
   return name;
 }
 

@@ -213,6 +213,13 @@ void set_module_print_hook(ModulePrintHook hook);
 namespace detail {
 
 std::string demangle_type_name(const char* mangled);
+// The type_name() of modules of class M: the class name without namespaces, and for dbrq's built-in
+// modules their PyTorch name (nn::Conv2dImpl is "Conv2d"; a user's FireImpl is "FireImpl").
+std::string module_type_name(const char* impl_mangled);
+template <typename M>
+std::string module_type_name() {
+  return module_type_name(typeid(M).name());
+}
 
 // Probe argument for detecting a dbrq_for_each_tensor overload.
 struct TensorVisitProbe {

@@ -64,15 +64,15 @@ void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& wh
 
 struct ConvBnRelu : nn::CallableModule<ConvBnRelu> {
   ConvBnRelu() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 8, 3).padding(1).stride(2)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(8));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 8, 3).padding(1).stride(2)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(8));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 10);
   }
   Tensor forward(const Tensor& x) { return (*relu)((*bn)((*conv)(x))); }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 // The calibrating call computes relu(conv(x; folded w, folded b)) in PyTorch's order: exactly what
@@ -113,15 +113,15 @@ TEST(CalibrationFold, ChangedStatisticsAreFoldedAgain) {
 struct DeconvBnRelu : nn::CallableModule<DeconvBnRelu> {
   DeconvBnRelu() {
     deconv = register_module(
-        "deconv", std::make_shared<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).groups(2)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(6));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+        "deconv", std::make_shared<nn::ConvTranspose2dImpl>(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).groups(2)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(6));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 20);
   }
   Tensor forward(const Tensor& x) { return (*relu)((*bn)((*deconv)(x))); }
-  std::shared_ptr<nn::ConvTranspose2d> deconv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::ConvTranspose2dImpl> deconv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 // conv_transpose2d's weight is [in, out/groups, kh, kw]: the fold scales dim 1 per output channel
@@ -161,8 +161,8 @@ TEST(CalibrationFold, GroupedConvTransposeFoldsAlongItsOutputChannels) {
 // value folded with the wrong statistics.
 struct FreshStats : nn::CallableModule<FreshStats> {
   FreshStats() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(2, 4, 3).padding(1)));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
   }
   Tensor forward(const Tensor& x) {
     const Tensor mean = dbrq::from_vector(std::vector<float>{0.1f, -0.2f, 0.3f, 0.f}, {4});
@@ -171,8 +171,8 @@ struct FreshStats : nn::CallableModule<FreshStats> {
     const Tensor beta = dbrq::from_vector(std::vector<float>{0.2f, 0.1f, -0.3f, 0.4f}, {4});
     return (*relu)(dbrq::batch_norm((*conv)(x), mean, var, gamma, beta, 1e-5));
   }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
@@ -192,9 +192,9 @@ TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
 // already applied) reached relu and ignored the write, silently.
 struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
   BranchAfterConv() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 6, 3).padding(1)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(6));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 6, 3).padding(1)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(6));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 30);
   }
   Tensor forward(const Tensor& x) {
@@ -206,9 +206,9 @@ struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
     return bn_branch ? (*relu)((*bn)(y)) : (*relu)(y);
   }
   bool bn_branch = true, poke = false;
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 TEST(CalibrationFold, OtherReadersOfTheConvOutputSeeItsOwnValue) {

@@ -16,7 +16,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Linear;
+using Linear = nn::LinearImpl;
 using testing::sqnr_of;
 
 // r, z, n as PyTorch's GRUCell; h' = n + z * (h - n).
@@ -183,21 +183,21 @@ TEST(RnnStaticCell, InlineGruAnyLength) { calibrate_at_some_lengths_run_at_other
 // Two-layer nn::GRU / nn::LSTM and a head on the last layer's final state.
 struct GruModel : nn::CallableModule<GruModel> {
   GruModel(int64_t input, int64_t hidden, int64_t classes) {
-    gru = register_module("gru", std::make_shared<nn::GRU>(nn::GRUOptions(input, hidden).num_layers(2)));
+    gru = register_module("gru", std::make_shared<nn::GRUImpl>(nn::GRUOptions(input, hidden).num_layers(2)));
     head = register_module("head", std::make_shared<Linear>(hidden, classes));
   }
   Tensor forward(const Tensor& x) { return (*head)(std::get<1>((*gru)(x)).select(0, 1)); }
-  std::shared_ptr<nn::GRU> gru;
+  std::shared_ptr<nn::GRUImpl> gru;
   std::shared_ptr<Linear> head;
 };
 
 struct LstmModel : nn::CallableModule<LstmModel> {
   LstmModel(int64_t input, int64_t hidden, int64_t classes) {
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(nn::LSTMOptions(input, hidden).num_layers(2)));
+    lstm = register_module("lstm", std::make_shared<nn::LSTMImpl>(nn::LSTMOptions(input, hidden).num_layers(2)));
     head = register_module("head", std::make_shared<Linear>(hidden, classes));
   }
   Tensor forward(const Tensor& x) { return (*head)(std::get<0>(std::get<1>((*lstm)(x))).select(0, 1)); }
-  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<nn::LSTMImpl> lstm;
   std::shared_ptr<Linear> head;
 };
 
@@ -224,7 +224,7 @@ struct PackedModel : nn::CallableModule<PackedModel<Rnn>> {
   // [B, T, input] -> (output [B, T, hidden], h_n of the last layer) concatenated along time.
   Tensor forward(const Tensor& x) {
     Tensor out, h_n;
-    if constexpr (std::is_same_v<Rnn, nn::LSTM>) {
+    if constexpr (std::is_same_v<Rnn, nn::LSTMImpl>) {
       const auto result = (*rnn)(x, std::optional<std::tuple<Tensor, Tensor>>(), lengths);
       out = std::get<0>(result);
       h_n = std::get<0>(std::get<1>(result));
@@ -294,9 +294,9 @@ void packed_batches_of_any_pattern(const char* name) {
   }
 }
 
-TEST(RnnStaticCell, NnGruPackedAnyBatch) { packed_batches_of_any_pattern<nn::GRU>("nn::GRU packed"); }
+TEST(RnnStaticCell, NnGruPackedAnyBatch) { packed_batches_of_any_pattern<nn::GRUImpl>("nn::GRU packed"); }
 
-TEST(RnnStaticCell, NnLstmPackedAnyBatch) { packed_batches_of_any_pattern<nn::LSTM>("nn::LSTM packed"); }
+TEST(RnnStaticCell, NnLstmPackedAnyBatch) { packed_batches_of_any_pattern<nn::LSTMImpl>("nn::LSTM packed"); }
 
 }  // namespace
 }  // namespace dbrq

@@ -101,12 +101,12 @@ TEST(Autotune, DigitsWithZeroLossStopsAtTheFirstConfigMeetingIt) {
 // to 0. No observer or weight scheme can save fc2; moving fc2 alone out of int8 does.
 struct Fragile : nn::CallableModule<Fragile> {
   Fragile() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(16, 32));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 32));
-    fc3 = register_module("fc3", std::make_shared<nn::Linear>(32, 8));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(16, 32));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(32, 32));
+    fc3 = register_module("fc3", std::make_shared<nn::LinearImpl>(32, 8));
   }
   Tensor forward(const Tensor& x) { return (*fc3)(relu((*fc2)(relu((*fc1)(x))))); }
-  std::shared_ptr<nn::Linear> fc1, fc2, fc3;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2, fc3;
 };
 
 std::shared_ptr<nn::Module> make_fragile() {
@@ -293,11 +293,11 @@ TEST(Autotune, CriterionTargets) {
 // A branch on the data: calibration only ever takes one side.
 struct Branchy : nn::CallableModule<Branchy> {
   Branchy() {
-    a = register_module("a", std::make_shared<nn::Linear>(8, 4));
-    b = register_module("b", std::make_shared<nn::Linear>(8, 4));
+    a = register_module("a", std::make_shared<nn::LinearImpl>(8, 4));
+    b = register_module("b", std::make_shared<nn::LinearImpl>(8, 4));
   }
   Tensor forward(const Tensor& x) { return mean(x).item<float>() > 0 ? (*a)(x) : (*b)(x); }
-  std::shared_ptr<nn::Linear> a, b;
+  std::shared_ptr<nn::LinearImpl> a, b;
 };
 
 TEST(Autotune, CalibrationMissingAPathIsAControlFlowError) {
