@@ -400,10 +400,14 @@ dbrq_bazel_target(
   SRCS
     tests/compile_fail/run.sh
   DATA
+    tests/compile_fail/holder_adopts_impl.cc
+    tests/compile_fail/holder_in_shared_ptr.cc
     tests/compile_fail/layer_subclass.cc
+    tests/compile_fail/ok_builtin_holders.cc
     tests/compile_fail/ok_declared_structs.cc
     tests/compile_fail/opaque_input.cc
     tests/compile_fail/opaque_output.cc
+    tests/compile_fail/plain_module_shared_ptr.cc
     tests/compile_fail/sequential_subclass.cc
     tests/compile_fail/user_subclass_registered.cc
     core/dim_vector.h
@@ -1049,6 +1053,20 @@ dbrq_bazel_target(
   DEPS
     dbrq
     dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/porting:builtin_holders_test
+  NAME dbrq_tests_porting_builtin_holders_test
+  RUNFILE tests/porting/builtin_holders_test
+  SRCS
+    tests/porting/builtin_holders_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
 )

@@ -85,6 +85,8 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
     DBRQ_ENSURE(n != name, ValueError, "register_module: a child named \"", name, "\" already exists in ",
                 type_name_);
   }
+  // A libtorch-style class deriving from Module itself, not made by its holder: named after its class.
+  module->set_type_if_unset(detail::demangle_type_name(typeid(*module).name()), typeid(*module));
   children_.emplace_back(name, std::move(module));
 }
 
@@ -147,6 +149,19 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::st
   if (include_self) out.emplace_back(prefix, this);
   for (auto& [name, m] : children_) {
     auto sub = m->named_modules(join_name(prefix, name), true);
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::modules(bool include_self) {
+  std::vector<std::shared_ptr<Module>> out;
+  // Aliasing constructor with an empty owner: a non-owning pointer to this module.
+  if (include_self) out.emplace_back(std::shared_ptr<Module>(), this);
+  // Depth-first in registration order, as named_modules.
+  for (auto& [name, child] : children_) {
+    out.push_back(child);
+    auto sub = child->modules(false);
     out.insert(out.end(), sub.begin(), sub.end());
   }
   return out;

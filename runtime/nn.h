@@ -1,12 +1,11 @@
 // Built-in layers and containers, with PyTorch's parameter names (so torchvision state dicts
-// load unchanged) and PyTorch's default initialization.
+// load unchanged) and PyTorch's default initialization. As in libtorch, each module class XImpl has
+// a holder X (end of this file):
 //
-//   auto conv = std::make_shared<dbrq::nn::Conv2d>(
-//       dbrq::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false));
-//   auto head = std::make_shared<dbrq::nn::Sequential>(std::vector<std::shared_ptr<dbrq::nn::Module>>{
-//       std::make_shared<dbrq::nn::AdaptiveAvgPool2d>(1), std::make_shared<dbrq::nn::Flatten>(1),
-//       std::make_shared<dbrq::nn::Linear>(512, 1000)});
-//   dbrq::Tensor y = (*head)((*conv)(x));
+//   dbrq::nn::Conv2d conv(dbrq::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false));
+//   dbrq::nn::Sequential head(dbrq::nn::AdaptiveAvgPool2d(1), dbrq::nn::Flatten(1), dbrq::nn::Linear(512, 1000));
+//   dbrq::Tensor y = head(conv(x));               // or head->forward(conv->forward(x)): the same hooked calls
+//   auto raw = std::make_shared<dbrq::nn::Conv2dImpl>(3, 64, 7);   // without a holder: call as (*raw)(x)
 //
 // Layers are leaves for quantization (their ops belong to the enclosing user module);
 // Sequential, ModuleList, ModuleDict and the recurrent LSTM and GRU are not (docs/recurrent.md).
@@ -178,7 +177,7 @@ struct GELUOptions {
   DBRQ_OPTION(std::string, approximate) = "none";
 };
 
-class Conv2dImpl final : public Layer<Conv2dImpl> {
+class Conv2dImpl : public Layer<Conv2dImpl> {
  public:
   explicit Conv2dImpl(const Conv2dOptions& options);
   Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, int64_t padding = 0,
@@ -196,7 +195,7 @@ class Conv2dImpl final : public Layer<Conv2dImpl> {
   Conv2dParams params_;
 };
 
-class LinearImpl final : public Layer<LinearImpl> {
+class LinearImpl : public Layer<LinearImpl> {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
   explicit LinearImpl(const LinearOptions& o) : LinearImpl(o.in_features(), o.out_features(), o.bias()) {}
@@ -241,21 +240,21 @@ class BatchNormBase : public Layer<Derived> {
   double eps_;
 };
 
-class BatchNorm2dImpl final : public BatchNormBase<BatchNorm2dImpl> {
+class BatchNorm2dImpl : public BatchNormBase<BatchNorm2dImpl> {
  public:
   explicit BatchNorm2dImpl(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
   explicit BatchNorm2dImpl(const BatchNormOptions& o) : BatchNormBase("BatchNorm2d", o) {}
 };
 
-class BatchNorm1dImpl final : public BatchNormBase<BatchNorm1dImpl> {
+class BatchNorm1dImpl : public BatchNormBase<BatchNorm1dImpl> {
  public:
   explicit BatchNorm1dImpl(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
   explicit BatchNorm1dImpl(const BatchNormOptions& o) : BatchNormBase("BatchNorm1d", o) {}
 };
 
-class LayerNormImpl final : public Layer<LayerNormImpl> {
+class LayerNormImpl : public Layer<LayerNormImpl> {
  public:
   explicit LayerNormImpl(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   explicit LayerNormImpl(const LayerNormOptions& o) : LayerNormImpl(o.normalized_shape(), o.eps(), o.elementwise_affine()) {}
@@ -271,7 +270,7 @@ class LayerNormImpl final : public Layer<LayerNormImpl> {
   double eps_;
 };
 
-class EmbeddingImpl final : public Layer<EmbeddingImpl> {
+class EmbeddingImpl : public Layer<EmbeddingImpl> {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim);
   explicit EmbeddingImpl(const EmbeddingOptions& o) : EmbeddingImpl(o.num_embeddings(), o.embedding_dim()) {}
@@ -284,19 +283,19 @@ class EmbeddingImpl final : public Layer<EmbeddingImpl> {
   int64_t num_, dim_;
 };
 
-class ReLUImpl final : public Layer<ReLUImpl> {
+class ReLUImpl : public Layer<ReLUImpl> {
  public:
   ReLUImpl() : Layer("ReLU") {}
   Tensor forward(const Tensor& x) { return relu(x); }
 };
 
-class ReLU6Impl final : public Layer<ReLU6Impl> {
+class ReLU6Impl : public Layer<ReLU6Impl> {
  public:
   ReLU6Impl() : Layer("ReLU6") {}
   Tensor forward(const Tensor& x) { return relu6(x); }
 };
 
-class HardtanhImpl final : public Layer<HardtanhImpl> {
+class HardtanhImpl : public Layer<HardtanhImpl> {
  public:
   explicit HardtanhImpl(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
   explicit HardtanhImpl(const HardtanhOptions& o) : HardtanhImpl(o.min_val(), o.max_val()) {}
@@ -306,7 +305,7 @@ class HardtanhImpl final : public Layer<HardtanhImpl> {
   double min_, max_;
 };
 
-class LeakyReLUImpl final : public Layer<LeakyReLUImpl> {
+class LeakyReLUImpl : public Layer<LeakyReLUImpl> {
  public:
   explicit LeakyReLUImpl(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
   explicit LeakyReLUImpl(const LeakyReLUOptions& o) : LeakyReLUImpl(o.negative_slope()) {}
@@ -316,7 +315,7 @@ class LeakyReLUImpl final : public Layer<LeakyReLUImpl> {
   double slope_;
 };
 
-class ELUImpl final : public Layer<ELUImpl> {
+class ELUImpl : public Layer<ELUImpl> {
  public:
   explicit ELUImpl(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
   explicit ELUImpl(const ELUOptions& o) : ELUImpl(o.alpha()) {}
@@ -328,7 +327,7 @@ class ELUImpl final : public Layer<ELUImpl> {
 };
 
 // weight: num_parameters values (1, or the input's channels), initialized to `init`.
-class PReLUImpl final : public Layer<PReLUImpl> {
+class PReLUImpl : public Layer<PReLUImpl> {
  public:
   explicit PReLUImpl(int64_t num_parameters = 1, double init = 0.25);
   Tensor forward(const Tensor& x) { return prelu(x, weight); }
@@ -341,7 +340,7 @@ class PReLUImpl final : public Layer<PReLUImpl> {
   int64_t num_parameters_;
 };
 
-class SoftplusImpl final : public Layer<SoftplusImpl> {
+class SoftplusImpl : public Layer<SoftplusImpl> {
  public:
   explicit SoftplusImpl(double beta = 1.0, double threshold = 20.0)
       : Layer("Softplus"), beta_(beta), threshold_(threshold) {}
@@ -352,37 +351,37 @@ class SoftplusImpl final : public Layer<SoftplusImpl> {
   double beta_, threshold_;
 };
 
-class MishImpl final : public Layer<MishImpl> {
+class MishImpl : public Layer<MishImpl> {
  public:
   MishImpl() : Layer("Mish") {}
   Tensor forward(const Tensor& x) { return mish(x); }
 };
 
-class HardswishImpl final : public Layer<HardswishImpl> {
+class HardswishImpl : public Layer<HardswishImpl> {
  public:
   HardswishImpl() : Layer("Hardswish") {}
   Tensor forward(const Tensor& x) { return hardswish(x); }
 };
 
-class HardsigmoidImpl final : public Layer<HardsigmoidImpl> {
+class HardsigmoidImpl : public Layer<HardsigmoidImpl> {
  public:
   HardsigmoidImpl() : Layer("Hardsigmoid") {}
   Tensor forward(const Tensor& x) { return hardsigmoid(x); }
 };
 
-class SigmoidImpl final : public Layer<SigmoidImpl> {
+class SigmoidImpl : public Layer<SigmoidImpl> {
  public:
   SigmoidImpl() : Layer("Sigmoid") {}
   Tensor forward(const Tensor& x) { return sigmoid(x); }
 };
 
-class TanhImpl final : public Layer<TanhImpl> {
+class TanhImpl : public Layer<TanhImpl> {
  public:
   TanhImpl() : Layer("Tanh") {}
   Tensor forward(const Tensor& x) { return tanh(x); }
 };
 
-class GELUImpl final : public Layer<GELUImpl> {
+class GELUImpl : public Layer<GELUImpl> {
  public:
   explicit GELUImpl(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
   explicit GELUImpl(const GELUOptions& o) : GELUImpl(o.approximate()) {}
@@ -392,13 +391,13 @@ class GELUImpl final : public Layer<GELUImpl> {
   std::string approximate_;
 };
 
-class SiLUImpl final : public Layer<SiLUImpl> {
+class SiLUImpl : public Layer<SiLUImpl> {
  public:
   SiLUImpl() : Layer("SiLU") {}
   Tensor forward(const Tensor& x) { return silu(x); }
 };
 
-class SoftmaxImpl final : public Layer<SoftmaxImpl> {
+class SoftmaxImpl : public Layer<SoftmaxImpl> {
  public:
   explicit SoftmaxImpl(int64_t dim) : Layer("Softmax"), dim_(dim) {}
   explicit SoftmaxImpl(const SoftmaxOptions& o) : SoftmaxImpl(o.dim()) {}
@@ -408,7 +407,7 @@ class SoftmaxImpl final : public Layer<SoftmaxImpl> {
   int64_t dim_;
 };
 
-class MaxPool2dImpl final : public Layer<MaxPool2dImpl> {
+class MaxPool2dImpl : public Layer<MaxPool2dImpl> {
  public:
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool2dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
@@ -423,7 +422,7 @@ class MaxPool2dImpl final : public Layer<MaxPool2dImpl> {
   Pool2dParams params_;
 };
 
-class AvgPool2dImpl final : public Layer<AvgPool2dImpl> {
+class AvgPool2dImpl : public Layer<AvgPool2dImpl> {
  public:
   explicit AvgPool2dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
@@ -437,7 +436,7 @@ class AvgPool2dImpl final : public Layer<AvgPool2dImpl> {
   Pool2dParams params_;
 };
 
-class AdaptiveAvgPool2dImpl final : public Layer<AdaptiveAvgPool2dImpl> {
+class AdaptiveAvgPool2dImpl : public Layer<AdaptiveAvgPool2dImpl> {
  public:
   explicit AdaptiveAvgPool2dImpl(int64_t output_size) : AdaptiveAvgPool2dImpl({output_size, output_size}) {}
   explicit AdaptiveAvgPool2dImpl(std::array<int64_t, 2> output_size)
@@ -474,7 +473,7 @@ struct ConvTranspose2dOptions {
 };
 
 // nn.ConvTranspose2d: weight [in, out/groups, kH, kW] (PyTorch's layout and names).
-class ConvTranspose2dImpl final : public Layer<ConvTranspose2dImpl> {
+class ConvTranspose2dImpl : public Layer<ConvTranspose2dImpl> {
  public:
   explicit ConvTranspose2dImpl(const ConvTranspose2dOptions& options);
   Tensor forward(const Tensor& x) { return conv_transpose2d(x, weight, bias, params_); }
@@ -505,7 +504,7 @@ struct Conv1dOptions {
 };
 
 // nn.Conv1d: weight [out, in/groups, kL].
-class Conv1dImpl final : public Layer<Conv1dImpl> {
+class Conv1dImpl : public Layer<Conv1dImpl> {
  public:
   explicit Conv1dImpl(const Conv1dOptions& options);
   Tensor forward(const Tensor& x) { return conv1d(x, weight, bias, params_); }
@@ -521,7 +520,7 @@ class Conv1dImpl final : public Layer<Conv1dImpl> {
   Conv1dParams params_;
 };
 
-class MaxPool1dImpl final : public Layer<MaxPool1dImpl> {
+class MaxPool1dImpl : public Layer<MaxPool1dImpl> {
  public:
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
@@ -534,7 +533,7 @@ class MaxPool1dImpl final : public Layer<MaxPool1dImpl> {
   bool ceil_mode_;
 };
 
-class AvgPool1dImpl final : public Layer<AvgPool1dImpl> {
+class AvgPool1dImpl : public Layer<AvgPool1dImpl> {
  public:
   explicit AvgPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
@@ -548,7 +547,7 @@ class AvgPool1dImpl final : public Layer<AvgPool1dImpl> {
   bool ceil_mode_, count_include_pad_;
 };
 
-class AdaptiveAvgPool1dImpl final : public Layer<AdaptiveAvgPool1dImpl> {
+class AdaptiveAvgPool1dImpl : public Layer<AdaptiveAvgPool1dImpl> {
  public:
   explicit AdaptiveAvgPool1dImpl(int64_t output_size);
   Tensor forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size_); }
@@ -595,7 +594,7 @@ struct UpsampleOptions {
   bool scalar_ = false;
 };
 
-class UpsampleImpl final : public Layer<UpsampleImpl> {
+class UpsampleImpl : public Layer<UpsampleImpl> {
  public:
   explicit UpsampleImpl(const UpsampleOptions& options);
   Tensor forward(const Tensor& x) {
@@ -609,7 +608,7 @@ class UpsampleImpl final : public Layer<UpsampleImpl> {
 };
 
 // nn.GroupNorm: weight (ones) and bias (zeros) [C] when affine.
-class GroupNormImpl final : public Layer<GroupNormImpl> {
+class GroupNormImpl : public Layer<GroupNormImpl> {
  public:
   GroupNormImpl(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
   Tensor forward(const Tensor& x) { return group_norm(x, num_groups_, weight, bias, eps_); }
@@ -625,7 +624,7 @@ class GroupNormImpl final : public Layer<GroupNormImpl> {
 // nn.InstanceNorm2d (PyTorch's defaults: affine=false, track_running_stats=false, so the input's
 // own statistics always). With track_running_stats the running statistics are used (dbrq runs
 // inference: they are never updated).
-class InstanceNorm2dImpl final : public Layer<InstanceNorm2dImpl> {
+class InstanceNorm2dImpl : public Layer<InstanceNorm2dImpl> {
  public:
   explicit InstanceNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
                           bool track_running_stats = false);
@@ -640,7 +639,7 @@ class InstanceNorm2dImpl final : public Layer<InstanceNorm2dImpl> {
   bool affine_, track_running_stats_;
 };
 
-class FlattenImpl final : public Layer<FlattenImpl> {
+class FlattenImpl : public Layer<FlattenImpl> {
  public:
   explicit FlattenImpl(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
   explicit FlattenImpl(const FlattenOptions& o) : FlattenImpl(o.start_dim(), o.end_dim()) {}
@@ -650,7 +649,7 @@ class FlattenImpl final : public Layer<FlattenImpl> {
   int64_t start_, end_;
 };
 
-class DropoutImpl final : public Layer<DropoutImpl> {
+class DropoutImpl : public Layer<DropoutImpl> {
  public:
   explicit DropoutImpl(double p = 0.5);
   explicit DropoutImpl(const DropoutOptions& o) : DropoutImpl(o.p()) {}
@@ -661,7 +660,7 @@ class DropoutImpl final : public Layer<DropoutImpl> {
   double p_;
 };
 
-class IdentityImpl final : public Layer<IdentityImpl> {
+class IdentityImpl : public Layer<IdentityImpl> {
  public:
   IdentityImpl() : Layer("Identity") {}
   Tensor forward(const Tensor& x) { return identity(x); }
@@ -734,11 +733,11 @@ class RNNImpl {
 // A multi-layer LSTM with PyTorch's semantics and parameter names (weight_ih_l0, weight_hh_l0,
 // bias_ih_l0, bias_hh_l0, ..._reverse), gate order i, f, g, o:
 //
-//   auto lstm = std::make_shared<dbrq::nn::LSTM>(dbrq::nn::LSTMOptions(32, 64).num_layers(2).batch_first(true));
-//   auto [out, state] = (*lstm)(x);                        // x [B, T, 32] -> out [B, T, 64]
+//   dbrq::nn::LSTM lstm(dbrq::nn::LSTMOptions(32, 64).num_layers(2).batch_first(true));
+//   auto [out, state] = lstm(x);                        // x [B, T, 32] -> out [B, T, 64]
 //   auto [h_n, c_n] = state;                               // [2, B, 64] each
-//   auto [out2, state2] = (*lstm)(x, std::make_tuple(h0, c0));
-//   auto [out3, state3] = (*lstm)(x, std::nullopt, lengths);   // per-sequence lengths (packed)
+//   auto [out2, state2] = lstm(x, std::make_tuple(h0, c0));
+//   auto [out3, state3] = lstm(x, std::nullopt, lengths);   // per-sequence lengths (packed)
 //
 // input: [T, B, input_size] ([B, T, input_size] with batch_first), or [T, input_size] unbatched.
 // hx: (h0, c0), each [num_layers * D, B, hidden_size] ([num_layers * D, hidden_size] unbatched;
@@ -747,7 +746,7 @@ class RNNImpl {
 // is zero beyond them and h_n / c_n hold its state at its own end, as PyTorch's GRU / LSTM on a
 // pack_padded_sequence(..., enforce_sorted=False) followed by pad_packed_sequence.
 // Returns (output [T, B, D * hidden_size] in the input's layout, (h_n, c_n)).
-class LSTMImpl final : public CallableModule<LSTMImpl> {
+class LSTMImpl : public CallableModule<LSTMImpl> {
  public:
   explicit LSTMImpl(const LSTMOptions& options);
   LSTMImpl(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
@@ -767,12 +766,12 @@ class LSTMImpl final : public CallableModule<LSTMImpl> {
 //   r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz),
 //   n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),  h' = (1 - z) * n + z * h.
 //
-//   auto gru = std::make_shared<dbrq::nn::GRU>(dbrq::nn::GRUOptions(32, 64).bidirectional(true));
-//   auto [out, h_n] = (*gru)(x);                  // x [T, B, 32] -> out [T, B, 128], h_n [2, B, 64]
-//   auto [out2, h2] = (*gru)(x, h0, lengths);
+//   dbrq::nn::GRU gru(dbrq::nn::GRUOptions(32, 64).bidirectional(true));
+//   auto [out, h_n] = gru(x);                  // x [T, B, 32] -> out [T, B, 128], h_n [2, B, 64]
+//   auto [out2, h2] = gru(x, h0, lengths);
 //
 // Arguments and results as LSTM's, with one state tensor.
-class GRUImpl final : public CallableModule<GRUImpl> {
+class GRUImpl : public CallableModule<GRUImpl> {
  public:
   explicit GRUImpl(const GRUOptions& options);
   GRUImpl(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
@@ -813,13 +812,22 @@ class SequentialBase : public CallableModule<Derived> {
     return x;
   }
   size_t size() const { return this->named_children().size(); }
+  bool is_empty() const { return size() == 0; }
   const std::shared_ptr<Module>& operator[](size_t i) const { return detail::child_at(*this, i); }
+  // The i-th child as class M (a module class or its holder: at<nn::Conv2d> gives a Conv2dImpl);
+  // ValueError when it is another class.
   template <typename M>
-  std::shared_ptr<M> at(size_t i) const {
-    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+  std::shared_ptr<detail::ImplOfT<M>> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<detail::ImplOfT<M>>((*this)[i]);
     DBRQ_ENSURE(m != nullptr, ValueError, this->type_name(), "::at(", i, "): child is a ", (*this)[i]->type_name(),
-                ", not the requested type");
+                ", not a ", detail::module_type_name<M>());
     return m;
+  }
+  // libtorch's names for the same: ptr(i) is operator[], ptr<M>(i) is at<M>(i).
+  const std::shared_ptr<Module>& ptr(size_t i) const { return (*this)[i]; }
+  template <typename M>
+  std::shared_ptr<detail::ImplOfT<M>> ptr(size_t i) const {
+    return at<M>(i);
   }
 
  protected:
@@ -841,7 +849,7 @@ constexpr bool is_sequential_item() {
 }
 }  // namespace detail
 
-class SequentialImpl final : public SequentialBase<SequentialImpl> {
+class SequentialImpl : public SequentialBase<SequentialImpl> {
  public:
   SequentialImpl() : SequentialBase("Sequential") {}
   explicit SequentialImpl(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
@@ -876,7 +884,7 @@ class SequentialImpl final : public SequentialBase<SequentialImpl> {
 //
 // Not a layer: the ops it runs are recorded in its own quantization state like any user module's,
 // so a function of several ops works as well as one op.
-class FunctionalImpl final : public CallableModule<FunctionalImpl> {
+class FunctionalImpl : public CallableModule<FunctionalImpl> {
  public:
   using Function = std::function<Tensor(const Tensor&)>;
   explicit FunctionalImpl(Function function);
@@ -896,13 +904,20 @@ class ModuleListImpl : public Module {
   explicit ModuleListImpl(std::vector<std::shared_ptr<Module>> modules);
   void push_back(std::shared_ptr<Module> module);
   size_t size() const { return named_children().size(); }
+  bool is_empty() const { return size() == 0; }
   const std::shared_ptr<Module>& operator[](size_t i) const;
+  // As SequentialBase::at / ptr.
   template <typename M>
-  std::shared_ptr<M> at(size_t i) const {
-    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
-    DBRQ_ENSURE(m != nullptr, ValueError, "ModuleList::at(", i, "): child is a ", (*this)[i]->type_name(),
-                ", not the requested type");
+  std::shared_ptr<detail::ImplOfT<M>> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<detail::ImplOfT<M>>((*this)[i]);
+    DBRQ_ENSURE(m != nullptr, ValueError, "ModuleList::at(", i, "): child is a ", (*this)[i]->type_name(), ", not a ",
+                detail::module_type_name<M>());
     return m;
+  }
+  const std::shared_ptr<Module>& ptr(size_t i) const { return (*this)[i]; }
+  template <typename M>
+  std::shared_ptr<detail::ImplOfT<M>> ptr(size_t i) const {
+    return at<M>(i);
   }
   // Iterates over the modules (not the names).
   class Iterator {
@@ -933,6 +948,52 @@ class ModuleDictImpl : public Module {
   std::vector<std::string> keys() const;
   size_t size() const { return named_children().size(); }
 };
+
+// Holders of the built-in modules, libtorch's names: `nn::Conv2d conv{nullptr};`,
+// `conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(3, 64, 3).stride(2)));`, `conv(x)`,
+// `conv->forward(x)` (both the hooked call), `conv->weight`. The module classes are the XImpl
+// above; std::make_shared<nn::Conv2dImpl>(...) makes one without a holder (docs/porting_from_libtorch.md).
+DBRQ_MODULE(Conv2d);
+DBRQ_MODULE(Linear);
+DBRQ_MODULE(BatchNorm2d);
+DBRQ_MODULE(BatchNorm1d);
+DBRQ_MODULE(LayerNorm);
+DBRQ_MODULE(Embedding);
+DBRQ_MODULE(ReLU);
+DBRQ_MODULE(ReLU6);
+DBRQ_MODULE(Hardtanh);
+DBRQ_MODULE(LeakyReLU);
+DBRQ_MODULE(ELU);
+DBRQ_MODULE(PReLU);
+DBRQ_MODULE(Softplus);
+DBRQ_MODULE(Mish);
+DBRQ_MODULE(Hardswish);
+DBRQ_MODULE(Hardsigmoid);
+DBRQ_MODULE(Sigmoid);
+DBRQ_MODULE(Tanh);
+DBRQ_MODULE(GELU);
+DBRQ_MODULE(SiLU);
+DBRQ_MODULE(Softmax);
+DBRQ_MODULE(MaxPool2d);
+DBRQ_MODULE(AvgPool2d);
+DBRQ_MODULE(AdaptiveAvgPool2d);
+DBRQ_MODULE(ConvTranspose2d);
+DBRQ_MODULE(Conv1d);
+DBRQ_MODULE(MaxPool1d);
+DBRQ_MODULE(AvgPool1d);
+DBRQ_MODULE(AdaptiveAvgPool1d);
+DBRQ_MODULE(Upsample);
+DBRQ_MODULE(GroupNorm);
+DBRQ_MODULE(InstanceNorm2d);
+DBRQ_MODULE(Flatten);
+DBRQ_MODULE(Dropout);
+DBRQ_MODULE(Identity);
+DBRQ_MODULE(LSTM);
+DBRQ_MODULE(GRU);
+DBRQ_MODULE(Sequential);
+DBRQ_MODULE(Functional);
+DBRQ_MODULE(ModuleList);
+DBRQ_MODULE(ModuleDict);
 
 #undef DBRQ_OPTION
 

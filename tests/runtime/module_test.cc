@@ -178,7 +178,7 @@ TEST(ModuleRegistration, ContainerAccessErrors) {
   auto net = std::make_shared<Net>();
   EXPECT_EQ(net->features->size(), 3u);
   EXPECT_NE(net->features->at<Conv2d>(0), nullptr);
-  EXPECT_THROW_MSG(net->features->at<Linear>(0), ValueError, "child is a Conv2d, not the requested type");
+  EXPECT_THROW_MSG(net->features->at<Linear>(0), ValueError, "Sequential::at(0): child is a Conv2d, not a Linear");
   EXPECT_THROW_MSG((*net->features)[3], IndexError, "index 3 is out of range for 3 modules");
   EXPECT_EQ(net->blocks->size(), 2u);
   EXPECT_NE(net->blocks->at<Block>(1), nullptr);
