@@ -1127,6 +1127,17 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/porting:port_diff_test
+  NAME dbrq_tests_porting_port_diff_test
+  RUNFILE tests/porting/port_diff_test
+  SRCS
+    tests/porting/port_diff.sh
+  DATA
+    tests/porting/libtorch_models.h
+    tests/porting/libtorch_models.torch.h
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/porting:tensor_methods_test
   NAME dbrq_tests_porting_tensor_methods_test
@@ -1139,6 +1150,23 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/porting:verbatim_port_test
+  NAME dbrq_tests_porting_verbatim_port_test
+  RUNFILE tests/porting/verbatim_port_test
+  SRCS
+    tests/porting/libtorch_models.h
+    tests/porting/verbatim_port_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+  DATA
+    tests/porting/golden/libtorch_ports.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test
