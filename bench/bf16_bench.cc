@@ -91,9 +91,9 @@ void run_case(const char* name, MakeLayer make, const dbrq::Tensor& x, int iters
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
   const std::string dir = argc > 2 ? argv[2] : "";
-  run_case("linear_768x3072_m128", [] { return std::make_shared<dbrq::nn::Linear>(768, 3072); },
+  run_case("linear_768x3072_m128", [] { return std::make_shared<dbrq::nn::LinearImpl>(768, 3072); },
            dbrq::randn({128, 768}, 1), iters, dir);
-  run_case("conv3x3_64_56x56", [] { return std::make_shared<dbrq::nn::Conv2d>(64, 64, 3, 1, 1); },
+  run_case("conv3x3_64_56x56", [] { return std::make_shared<dbrq::nn::Conv2dImpl>(64, 64, 3, 1, 1); },
            dbrq::randn({1, 64, 56, 56}, 2), iters, dir);
   return 0;
 }

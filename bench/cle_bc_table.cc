@@ -35,7 +35,7 @@ void fill(Tensor& t, const Tensor& src) {
 // trained depthwise layers (Nagel et al. 2019, fig. 2) that random weights lack.
 void randomize_norms(dbrq::nn::Module& model, uint64_t seed, double gamma_decades) {
   for (auto& [fqn, m] : model.named_modules()) {
-    auto* bn = dynamic_cast<dbrq::nn::BatchNorm2d*>(m);
+    auto* bn = dynamic_cast<dbrq::nn::BatchNorm2dImpl*>(m);
     if (bn == nullptr) continue;
     const int64_t n = bn->num_features();
     fill(bn->running_mean, dbrq::mul(dbrq::randn({n}, seed++), 0.2));

@@ -437,10 +437,14 @@ dbrq_bazel_target(
   SRCS
     tests/compile_fail/run.sh
   DATA
+    tests/compile_fail/holder_adopts_impl.cc
+    tests/compile_fail/holder_in_shared_ptr.cc
     tests/compile_fail/layer_subclass.cc
+    tests/compile_fail/ok_builtin_holders.cc
     tests/compile_fail/ok_declared_structs.cc
     tests/compile_fail/opaque_input.cc
     tests/compile_fail/opaque_output.cc
+    tests/compile_fail/plain_module_shared_ptr.cc
     tests/compile_fail/sequential_subclass.cc
     tests/compile_fail/user_subclass_registered.cc
     core/dim_vector.h
@@ -1138,6 +1142,20 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/porting:builtin_holders_test
+  NAME dbrq_tests_porting_builtin_holders_test
+  RUNFILE tests/porting/builtin_holders_test
+  SRCS
+    tests/porting/builtin_holders_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/porting:fire_port_test
   NAME dbrq_tests_porting_fire_port_test
   RUNFILE tests/porting/fire_port_test
@@ -1149,6 +1167,17 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+)
+dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/porting:holder_casts_lint_test
+  NAME dbrq_tests_porting_holder_casts_lint_test
+  RUNFILE tests/porting/holder_casts_lint_test
+  SRCS
+    tests/porting/holder_casts_lint_test.sh
+  DATA
+    runtime/nn.h
+    tools/lint/holder_casts.sh
 )
 dbrq_bazel_target(
   KIND cc_test
@@ -1193,6 +1222,17 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND sh_test
+  LABEL //tests/porting:port_diff_test
+  NAME dbrq_tests_porting_port_diff_test
+  RUNFILE tests/porting/port_diff_test
+  SRCS
+    tests/porting/port_diff.sh
+  DATA
+    tests/porting/libtorch_models.h
+    tests/porting/libtorch_models.torch.h
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/porting:tensor_methods_test
   NAME dbrq_tests_porting_tensor_methods_test
@@ -1205,6 +1245,23 @@ dbrq_bazel_target(
     dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/porting:verbatim_port_test
+  NAME dbrq_tests_porting_verbatim_port_test
+  RUNFILE tests/porting/verbatim_port_test
+  SRCS
+    tests/porting/libtorch_models.h
+    tests/porting/verbatim_port_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+  DATA
+    tests/porting/golden/libtorch_ports.safetensors
 )
 dbrq_bazel_target(
   KIND cc_test

@@ -62,9 +62,11 @@ class QConfigMapping {
   QConfigMapping& set_global(QConfigPtr qconfig);
   // A layer or user module class by its type name ("Conv2d", "BasicBlock").
   QConfigMapping& set_object_type(const std::string& module_type, QConfigPtr qconfig);
+  // The same by class: a module class or its holder (set_object_type<nn::Conv2d>, <nn::Conv2dImpl>
+  // and <Fire> for DBRQ_MODULE(Fire) name the modules' type_name(): "Conv2d", "Conv2d", "FireImpl").
   template <typename M>
   QConfigMapping& set_object_type(QConfigPtr qconfig) {
-    return set_object_type(nn::detail::demangle_type_name(typeid(M).name()), std::move(qconfig));
+    return set_object_type(nn::detail::module_type_name<M>(), std::move(qconfig));
   }
   // A functional op, wherever it is called.
   QConfigMapping& set_object_type(OpKind op, QConfigPtr qconfig);

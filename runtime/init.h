@@ -73,4 +73,17 @@ Tensor& kaiming_normal_(Tensor& tensor, double a = 0.0, const std::string& mode 
                         const std::string& nonlinearity = kLeakyReLU, Generator* generator = nullptr);
 
 }  // namespace nn::init
+
+// libtorch's spellings of the same names (torch::kFanOut, torch::kReLU), so that a port only
+// changes the namespace.
+using nn::init::kConv2d;
+using nn::init::kFanIn;
+using nn::init::kFanOut;
+using nn::init::kLeakyReLU;
+using nn::init::kLinear;
+using nn::init::kReLU;
+using nn::init::kSELU;
+using nn::init::kSigmoid;
+using nn::init::kTanh;
+
 }  // namespace dbrq

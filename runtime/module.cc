@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <set>
+#include <string_view>
 #include <sstream>
 
 #include "absl/strings/str_join.h"
@@ -41,6 +42,21 @@ std::string demangle_type_name(const char* mangled) {
   return name;
 }
 
+std::string module_type_name(const char* impl_mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(impl_mangled, nullptr, nullptr, &status);
+  const std::string full = (status == 0 && demangled != nullptr) ? demangled : impl_mangled;
+  std::free(demangled);
+  std::string name = demangle_type_name(impl_mangled);
+  // Built-in modules are dbrq::nn::XImpl and name themselves X (PyTorch's name).
+  constexpr std::string_view kBuiltin = "dbrq::nn::", kImpl = "Impl";
+  if (full.compare(0, kBuiltin.size(), kBuiltin) == 0 && full.find("::", kBuiltin.size()) == std::string::npos &&
+      name.size() > kImpl.size() && name.compare(name.size() - kImpl.size(), kImpl.size(), kImpl) == 0) {
+    name.resize(name.size() - kImpl.size());
+  }
+  return name;
+}
+
 void throw_foreign_forward(const Module& module, const char* callable_mangled) {
   const std::string actual = demangle_type_name(typeid(module).name());
   const std::string callable = demangle_type_name(callable_mangled);
@@ -69,6 +85,8 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
     DBRQ_ENSURE(n != name, ValueError, "register_module: a child named \"", name, "\" already exists in ",
                 type_name_);
   }
+  // A libtorch-style class deriving from Module itself, not made by its holder: named after its class.
+  module->set_type_if_unset(detail::demangle_type_name(typeid(*module).name()), typeid(*module));
   children_.emplace_back(name, std::move(module));
 }
 
@@ -131,6 +149,19 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::st
   if (include_self) out.emplace_back(prefix, this);
   for (auto& [name, m] : children_) {
     auto sub = m->named_modules(join_name(prefix, name), true);
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::modules(bool include_self) {
+  std::vector<std::shared_ptr<Module>> out;
+  // Aliasing constructor with an empty owner: a non-owning pointer to this module.
+  if (include_self) out.emplace_back(std::shared_ptr<Module>(), this);
+  // Depth-first in registration order, as named_modules.
+  for (auto& [name, child] : children_) {
+    out.push_back(child);
+    auto sub = child->modules(false);
     out.insert(out.end(), sub.begin(), sub.end());
   }
   return out;

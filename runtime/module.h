@@ -1,17 +1,18 @@
 // Modules: the building blocks of eager models, shaped like PyTorch's C++ frontend.
 //
-//   struct Block : dbrq::nn::CallableModule<Block> {
-//     Block() {
-//       conv = register_module("conv", std::make_shared<dbrq::nn::Conv2d>(16, 16, 3, 1, 1));
-//       relu = register_module("relu", std::make_shared<dbrq::nn::ReLU>());
+//   struct BlockImpl : dbrq::nn::Module {        // or dbrq::nn::CallableModule<BlockImpl>
+//     BlockImpl() {
+//       conv = register_module("conv", dbrq::nn::Conv2d(16, 16, 3, 1, 1));
+//       relu = register_module("relu", dbrq::nn::ReLU());
 //     }
-//     dbrq::Tensor forward(const dbrq::Tensor& x) { return (*relu)((*conv)(x)) + x; }
-//     std::shared_ptr<dbrq::nn::Conv2d> conv;
-//     std::shared_ptr<dbrq::nn::ReLU> relu;
+//     dbrq::Tensor forward(const dbrq::Tensor& x) { return relu(conv(x)) + x; }
+//     dbrq::nn::Conv2d conv{nullptr};
+//     dbrq::nn::ReLU relu{nullptr};
 //   };
+//   DBRQ_MODULE(Block);                           // the holder Block, as libtorch's TORCH_MODULE
 //
-//   auto block = std::make_shared<Block>();
-//   dbrq::Tensor y = (*block)(x);                 // call through operator(), never forward()
+//   Block block;
+//   dbrq::Tensor y = block(x);                    // block->forward(x) is the same hooked call
 //   for (auto& [name, p] : block->named_parameters()) ...   // "conv.weight", "conv.bias"
 //
 // A module's call operator is the one place the quantization tracer hooks module calls: it sees
@@ -84,11 +85,35 @@ template <typename Impl>
 class ModuleHolder;
 
 namespace detail {
+template <typename M, typename = void>
+struct HasCallableType : std::false_type {};
+template <typename M>
+struct HasCallableType<M, std::void_t<typename M::DbrqCallableType>> : std::true_type {};
+template <typename M, typename = void>
+struct HasForwardMember : std::false_type {};
+template <typename M>
+struct HasForwardMember<M, std::void_t<decltype(&M::forward)>> : std::true_type {};
+// A libtorch-style class deriving from Module itself, with a (non-overloaded) forward.
+template <typename M>
+constexpr bool is_plain_module_with_forward() {
+  return !HasCallableType<M>::value && HasForwardMember<M>::value;
+}
 template <typename T, typename = void>
 struct IsModuleHolder : std::false_type {};
 template <typename T>
 struct IsModuleHolder<T, std::void_t<typename T::ContainedType>>
     : std::is_base_of<ModuleHolder<typename T::ContainedType>, T> {};
+// The module class a type names: a holder's Impl (nn::Conv2d -> nn::Conv2dImpl), else the type.
+template <typename M, typename = void>
+struct ImplOf {
+  using type = M;
+};
+template <typename M>
+struct ImplOf<M, std::enable_if_t<IsModuleHolder<M>::value>> {
+  using type = typename M::ContainedType;
+};
+template <typename M>
+using ImplOfT = typename ImplOf<std::remove_cv_t<M>>::type;
 }  // namespace detail
 
 class Module {
@@ -104,6 +129,14 @@ class Module {
 
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(!detail::IsModuleHolder<M>::value,
+                  "std::shared_ptr to a module holder: nn::Conv2d (and every built-in layer, Sequential, ...) is "
+                  "a holder, as in libtorch; make the module with nn::Conv2d(args...) (a holder) or "
+                  "std::make_shared<nn::Conv2dImpl>(args...) (the module class)");
+    static_assert(!detail::is_plain_module_with_forward<M>(),
+                  "a module class deriving from dbrq::nn::Module itself (libtorch style) is callable through its "
+                  "holder only: declare DBRQ_MODULE(X) for XImpl and register X(args...), not "
+                  "std::make_shared<XImpl>(...) (whose forward would bypass the quantization hooks)");
     static_assert(detail::runs_own_forward<M>(),
                   "this module class derives from another module class that is callable (e.g. struct X : "
                   "Sequential, or struct X : Y with Y a CallableModule<Y>): its call operator would run the base's "
@@ -116,7 +149,10 @@ class Module {
   // module it holds and returns the holder, of the holder's own type.
   template <typename H, typename = std::enable_if_t<detail::IsModuleHolder<std::decay_t<H>>::value>>
   std::decay_t<H> register_module(const std::string& name, H&& holder) {
-    register_module(name, holder.ptr());
+    static_assert(detail::runs_own_forward<typename std::decay_t<H>::ContainedType>(),
+                  "this module class derives from another module class that is callable: its call operator would "
+                  "run the base's forward, never X's. Derive X from dbrq::nn::CallableModule<X> or dbrq::nn::Module");
+    add_child(name, holder.ptr());
     return std::forward<H>(holder);
   }
   // Registers (or, for an existing name, replaces) a parameter / buffer and returns it.
@@ -124,6 +160,17 @@ class Module {
   Tensor register_buffer(const std::string& name, Tensor tensor);
   // Replaces a registered child (same name) by another module, e.g. for module swaps.
   void replace_module(const std::string& name, std::shared_ptr<Module> module);
+
+  // The module as class T (a module class or a holder: `m->as<nn::Conv2d>()` is a Conv2dImpl*), or
+  // null when it is not one. libtorch's Module::as.
+  template <typename T>
+  detail::ImplOfT<T>* as() {
+    return dynamic_cast<detail::ImplOfT<T>*>(this);
+  }
+  template <typename T>
+  const detail::ImplOfT<T>* as() const {
+    return dynamic_cast<const detail::ImplOfT<T>*>(this);
+  }
 
   // Children in registration order.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
@@ -133,6 +180,9 @@ class Module {
   // dot-joined fully qualified names. Pointers stay valid while the tree lives.
   std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "",
                                                              bool include_self = true);
+  // The same modules without names, as libtorch's modules(): this one (a non-owning pointer) when
+  // include_self, then every descendant.
+  std::vector<std::shared_ptr<Module>> modules(bool include_self = true);
   // The module at a dot-joined path ("layer1.0.conv1"); null when absent. "" is this module.
   Module* find_module(const std::string& fqn);
 
@@ -187,6 +237,16 @@ class Module {
 
  protected:
   Module(std::string type_name, std::type_index type);
+  // For libtorch-style classes deriving from Module itself (`struct NetImpl : dbrq::nn::Module`, made
+  // by their DBRQ_MODULE holder, which makes them callable: see HookedModule). The class name is set
+  // once the object is constructed: by the holder, or from the dynamic class when registered.
+  Module() : type_(typeid(Module)) {}
+  // Sets type_name() and type() when still unset (a class built with the default constructor).
+  void set_type_if_unset(std::string type_name, std::type_index type) {
+    if (!type_name_.empty()) return;
+    type_name_ = std::move(type_name);
+    type_ = type;
+  }
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
@@ -213,6 +273,14 @@ void set_module_print_hook(ModulePrintHook hook);
 namespace detail {
 
 std::string demangle_type_name(const char* mangled);
+// The type_name() of modules of class M (a module class or a holder): the class name without
+// namespaces, and for dbrq's built-in modules their PyTorch name (nn::Conv2dImpl and the holder
+// nn::Conv2d are "Conv2d"; a user's FireImpl and its holder Fire are "FireImpl").
+std::string module_type_name(const char* impl_mangled);
+template <typename M>
+std::string module_type_name() {
+  return module_type_name(typeid(ImplOfT<M>).name());
+}
 
 // Probe argument for detecting a dbrq_for_each_tensor overload.
 struct TensorVisitProbe {
@@ -358,6 +426,99 @@ struct HasUnaryForward<D, std::void_t<decltype(std::declval<D&>().forward(std::d
 
 }  // namespace detail
 
+namespace detail {
+
+template <typename Out>
+std::vector<Tensor> collect_outputs(Out out) {
+  TensorPtrs ptrs;
+  collect_tensors(out, ptrs);
+  std::vector<Tensor> result;
+  for (Tensor* t : ptrs) result.push_back(*t);
+  return result;
+}
+
+// The hooked call of module `self` whose body is Body::forward, called on `body` (the same object)
+// by qualified name, so that a wrapper's own forward (HookedForward, HookedModule) is never taken
+// for the body. Shared by CallableModule<Body> and HookedModule<Body>.
+template <typename Body>
+class HookedCall {
+ public:
+  template <typename... Args>
+  static auto call(Module& self, Body& body, Args&&... args) {
+    Interceptor* active = ::dbrq::detail::tls_interceptor;
+    if (__builtin_expect(active == nullptr, 1)) {
+      if (self.interceptor() == nullptr) return body.Body::forward(std::forward<Args>(args)...);
+      InterceptorScope scope(self.interceptor());
+      return call_hooked(self, body, self.interceptor(), std::forward<Args>(args)...);
+    }
+    return call_hooked(self, body, active, std::forward<Args>(args)...);
+  }
+
+  // Module::forward_tensors for a module whose call operator is `self(...)`.
+  template <typename Self>
+  static std::vector<Tensor> forward_tensors(Self& self, const std::vector<Tensor>& in) {
+    using T = const Tensor&;
+    switch (in.size()) {
+      case 1:
+        if constexpr (ForwardTakes<Body, std::tuple<T>>::value) return collect_outputs(self(in[0]));
+        break;
+      case 2:
+        if constexpr (ForwardTakes<Body, std::tuple<T, T>>::value) return collect_outputs(self(in[0], in[1]));
+        break;
+      case 3:
+        if constexpr (ForwardTakes<Body, std::tuple<T, T, T>>::value) {
+          return collect_outputs(self(in[0], in[1], in[2]));
+        }
+        break;
+      case 4:
+        if constexpr (ForwardTakes<Body, std::tuple<T, T, T, T>>::value) {
+          return collect_outputs(self(in[0], in[1], in[2], in[3]));
+        }
+        break;
+      default:
+        break;
+    }
+    return self.Module::forward_tensors(in);
+  }
+
+ private:
+  // forward, letting the interceptor say where an error that does not say so yet happened. The
+  // handler costs nothing unless forward throws.
+  template <typename Tuple>
+  static auto run_forward(Module& self, Body& body, Interceptor* interceptor, Tuple& in) {
+    try {
+      return std::apply([&](auto&... a) { return body.Body::forward(a...); }, in);
+    } catch (const Error& e) {
+      if (!e.has_location()) interceptor->on_module_error(self, e);
+      throw;
+    }
+  }
+
+  template <typename... Args>
+  static auto call_hooked(Module& self, Body& body, Interceptor* interceptor, Args&&... args) {
+    std::tuple<std::decay_t<Args>...> in(std::forward<Args>(args)...);
+    TensorPtrs ptrs;
+    std::apply([&](auto&... a) { (collect_tensors(a, ptrs), ...); }, in);
+    ModuleCallGuard guard(interceptor, self);
+    interceptor->on_module_enter(self, ptrs);
+    using Out = std::decay_t<decltype(std::declval<Body&>().Body::forward(std::declval<std::decay_t<Args>&>()...))>;
+    if constexpr (std::is_void_v<Out>) {
+      run_forward(self, body, interceptor, in);
+      interceptor->on_module_exit(self, {});
+      guard.release();
+    } else {
+      Out out = run_forward(self, body, interceptor, in);
+      ptrs.clear();
+      collect_tensors(out, ptrs);
+      interceptor->on_module_exit(self, ptrs);
+      guard.release();
+      return out;
+    }
+  }
+};
+
+}  // namespace detail
+
 // Base for every module class: gives `Derived` a call operator that runs Derived::forward through
 // the interception point.
 //
@@ -373,13 +534,7 @@ class CallableModule : public Module {
   auto operator()(Args&&... args) {
     // A vtable load and a pointer compare (the type_info objects are unique when they match).
     if (__builtin_expect(typeid(*this) != typeid(Derived), 0)) check_foreign_forward();
-    Interceptor* active = ::dbrq::detail::tls_interceptor;
-    if (__builtin_expect(active == nullptr, 1)) {
-      if (interceptor() == nullptr) return derived().forward(std::forward<Args>(args)...);
-      InterceptorScope scope(interceptor());
-      return call_hooked(interceptor(), std::forward<Args>(args)...);
-    }
-    return call_hooked(active, std::forward<Args>(args)...);
+    return detail::HookedCall<Derived>::call(*this, derived(), std::forward<Args>(args)...);
   }
 
   Tensor forward_unary(const Tensor& x) override {
@@ -391,28 +546,7 @@ class CallableModule : public Module {
   }
 
   std::vector<Tensor> forward_tensors(const std::vector<Tensor>& in) override {
-    using T = const Tensor&;
-    switch (in.size()) {
-      case 1:
-        if constexpr (detail::ForwardTakes<Derived, std::tuple<T>>::value) return collect((*this)(in[0]));
-        break;
-      case 2:
-        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T>>::value) return collect((*this)(in[0], in[1]));
-        break;
-      case 3:
-        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T, T>>::value) {
-          return collect((*this)(in[0], in[1], in[2]));
-        }
-        break;
-      case 4:
-        if constexpr (detail::ForwardTakes<Derived, std::tuple<T, T, T, T>>::value) {
-          return collect((*this)(in[0], in[1], in[2], in[3]));
-        }
-        break;
-      default:
-        break;
-    }
-    return Module::forward_tensors(in);
+    return detail::HookedCall<Derived>::forward_tensors(*this, in);
   }
 
  protected:
@@ -424,49 +558,6 @@ class CallableModule : public Module {
   // The object is of a class derived from Derived: fine for a holder's HookedForward<Derived>
   // (whose forward is this call operator), refused for anything else.
   void check_foreign_forward();
-
-  template <typename Out>
-  static std::vector<Tensor> collect(Out out) {
-    TensorPtrs ptrs;
-    detail::collect_tensors(out, ptrs);
-    std::vector<Tensor> result;
-    for (Tensor* t : ptrs) result.push_back(*t);
-    return result;
-  }
-
-  // forward, letting the interceptor say where an error that does not say so yet happened. The
-  // handler costs nothing unless forward throws.
-  template <typename Tuple>
-  auto run_forward(Interceptor* interceptor, Tuple& in) {
-    try {
-      return std::apply([&](auto&... a) { return derived().forward(a...); }, in);
-    } catch (const Error& e) {
-      if (!e.has_location()) interceptor->on_module_error(*this, e);
-      throw;
-    }
-  }
-
-  template <typename... Args>
-  auto call_hooked(Interceptor* interceptor, Args&&... args) {
-    std::tuple<std::decay_t<Args>...> in(std::forward<Args>(args)...);
-    TensorPtrs ptrs;
-    std::apply([&](auto&... a) { (detail::collect_tensors(a, ptrs), ...); }, in);
-    detail::ModuleCallGuard guard(interceptor, *this);
-    interceptor->on_module_enter(*this, ptrs);
-    using Out = std::decay_t<decltype(std::declval<Derived&>().forward(std::declval<std::decay_t<Args>&>()...))>;
-    if constexpr (std::is_void_v<Out>) {
-      run_forward(interceptor, in);
-      interceptor->on_module_exit(*this, {});
-      guard.release();
-    } else {
-      Out out = run_forward(interceptor, in);
-      ptrs.clear();
-      detail::collect_tensors(out, ptrs);
-      interceptor->on_module_exit(*this, ptrs);
-      guard.release();
-      return out;
-    }
-  }
 };
 
 namespace detail {
@@ -483,17 +574,76 @@ class HookedForward final : public Impl {
     return Impl::operator()(std::forward<Args>(args)...);
   }
 };
-// Wrap user callable classes (final built-in layers cannot be derived from; their forward is
-// direct, see docs/porting_from_libtorch.md).
+// Wrap every callable module class that can be derived from: user modules and the built-in
+// layers and containers (nn::Conv2d is a holder of HookedForward<Conv2dImpl>). A final user class
+// is held as is (its forward is then the direct call).
 template <typename Impl>
 constexpr bool wraps_forward() {
   return !std::is_final_v<Impl> && std::is_base_of_v<CallableModule<Impl>, Impl>;
 }
+
+// The object a DBRQ_MODULE holder makes for a libtorch-style Impl that derives from Module itself
+// (`struct NetImpl : dbrq::nn::Module`): the Impl plus what CallableModule would give it, a hooked
+// call operator running NetImpl::forward, `forward` as that call (so `net(x)` and `net->forward(x)`
+// are both the hooked call), and the single-tensor / tensor-list calls Sequential and prepare use.
 template <typename Impl>
-using HeldType = std::conditional_t<wraps_forward<Impl>(), HookedForward<Impl>, Impl>;
+class HookedModule final : public Impl {
+ public:
+  template <typename... A, typename = std::enable_if_t<std::is_constructible_v<Impl, A&&...>>>
+  explicit HookedModule(A&&... a) : Impl(std::forward<A>(a)...) {
+    this->set_type_if_unset(demangle_type_name(typeid(Impl).name()), typeid(Impl));
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return HookedCall<Impl>::call(*this, static_cast<Impl&>(*this), std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    return (*this)(std::forward<Args>(args)...);
+  }
+  Tensor forward_unary(const Tensor& x) override {
+    if constexpr (HasUnaryForward<Impl>::value) {
+      return (*this)(x);
+    } else {
+      return Module::forward_unary(x);
+    }
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& in) override {
+    return HookedCall<Impl>::forward_tensors(*this, in);
+  }
+};
+template <typename Impl>
+constexpr bool wraps_plain_module() {
+  return !std::is_final_v<Impl> && std::is_base_of_v<Module, Impl> && !HasCallableType<Impl>::value;
+}
+template <typename Impl>
+using HeldType = std::conditional_t<wraps_forward<Impl>(), HookedForward<Impl>,
+                                    std::conditional_t<wraps_plain_module<Impl>(), HookedModule<Impl>, Impl>>;
 
 // Throws UsageError: an empty holder (made from nullptr) was used.
 [[noreturn]] void throw_empty_holder(const char* impl_mangled);
+
+template <typename T>
+struct IsSharedPtr : std::false_type {};
+template <typename T>
+struct IsSharedPtr<std::shared_ptr<T>> : std::true_type {};
+// Arguments that the holder's constructing constructor must not take: a single holder of the same
+// Impl (that is a copy or a move: `nn::Sequential b(a)` shares a's module, it does not wrap it in
+// a new Sequential) or a single std::shared_ptr (adopting a module is the shared_ptr<Held>
+// constructor's job; anything else is refused below).
+template <typename Impl, typename... Args>
+constexpr bool is_holder_copy_or_adoption() {
+  if constexpr (sizeof...(Args) != 1) {
+    return false;
+  } else {
+    using A = std::decay_t<std::tuple_element_t<0, std::tuple<Args...>>>;
+    if constexpr (IsModuleHolder<A>::value) {
+      return std::is_same_v<typename A::ContainedType, Impl>;
+    } else {
+      return IsSharedPtr<A>::value;
+    }
+  }
+}
 }  // namespace detail
 
 // A shared handle to a module, as libtorch's ModuleHolder: copies share the module. Made by
@@ -520,12 +670,22 @@ class ModuleHolder {
   using Held = detail::HeldType<Impl>;
 
   // Constructs the module from the arguments (none: its default constructor).
-  template <typename... Args, typename = std::enable_if_t<std::is_constructible_v<Held, Args&&...>>>
+  template <typename... Args, typename = std::enable_if_t<!detail::is_holder_copy_or_adoption<Impl, Args...>() &&
+                                                          std::is_constructible_v<Held, Args&&...>>>
   explicit ModuleHolder(Args&&... args) : impl_(std::make_shared<Held>(std::forward<Args>(args)...)) {}
   // Empty; using it throws UsageError until a module is assigned.
   ModuleHolder(std::nullptr_t) {}  // NOLINT: `Fire fire = nullptr` as in libtorch
   // Holds an existing module (of the held class: a holder's ptr(), or std::make_shared<Held>).
   ModuleHolder(std::shared_ptr<Held> module) : impl_(std::move(module)) {}  // NOLINT
+  // A module made by std::make_shared<Impl> is not one a holder can hold when the holder wraps
+  // forward (Held is HookedForward<Impl>): `holder->forward(x)` would name a function the object
+  // does not have. Refused at compile time.
+  template <typename M, typename = std::enable_if_t<std::is_base_of_v<Impl, M> && !std::is_convertible_v<M*, Held*>>>
+  ModuleHolder(std::shared_ptr<M>) {  // NOLINT
+    static_assert(detail::dependent_false<M>(),
+                  "a holder cannot adopt a module made by std::make_shared<XImpl>(...): make it with the holder, "
+                  "X(args...), or keep it in a std::shared_ptr<XImpl>");
+  }
 
   // Held, not Impl: `holder->forward(x)` must find HookedForward's forward.
   Held* operator->() const { return get(); }
@@ -550,6 +710,11 @@ class ModuleHolder {
   template <typename... Args>
   auto operator()(Args&&... args) const {
     return (*get())(std::forward<Args>(args)...);
+  }
+  // The module's operator[] (Sequential, ModuleList, ModuleDict): `seq[0]`, as libtorch's holders.
+  template <typename Arg>
+  decltype(auto) operator[](Arg&& arg) const {
+    return (*get())[std::forward<Arg>(arg)];
   }
 
  private:

@@ -37,7 +37,7 @@ uint64_t next_init_seed() { return next_seed(); }
 
 namespace nn {
 
-Conv2d::Conv2d(const Conv2dOptions& o) : Layer("Conv2d"), options_(o) {
+Conv2dImpl::Conv2dImpl(const Conv2dOptions& o) : Layer("Conv2d"), options_(o) {
   DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
               "Conv2d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ", o.out_channels());
   DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
@@ -56,16 +56,16 @@ Conv2d::Conv2d(const Conv2dOptions& o) : Layer("Conv2d"), options_(o) {
   if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
 }
 
-Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, int64_t padding,
+Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, int64_t padding,
                int64_t dilation, int64_t groups, bool bias)
-    : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size)
+    : Conv2dImpl(Conv2dOptions(in_channels, out_channels, kernel_size)
                  .stride(stride)
                  .padding(padding)
                  .dilation(dilation)
                  .groups(groups)
                  .bias(bias)) {}
 
-std::string Conv2d::extra_repr() const {
+std::string Conv2dImpl::extra_repr() const {
   std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
                                ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));
   if (params_.padding != std::array<int64_t, 2>{0, 0}) absl::StrAppend(&s, ", padding=", pair(params_.padding));
@@ -75,7 +75,7 @@ std::string Conv2d::extra_repr() const {
   return s;
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias)
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias)
     : Layer("Linear"), in_features_(in_features), out_features_(out_features) {
   DBRQ_ENSURE(in_features >= 0 && out_features >= 0, ValueError, "Linear: feature counts must be >= 0, got ",
               in_features, " and ", out_features);
@@ -83,12 +83,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias)
   if (with_bias) bias = register_parameter("bias", init_uniform({out_features}, in_features));
 }
 
-PReLU::PReLU(int64_t num_parameters, double init) : Layer("PReLU"), num_parameters_(num_parameters) {
+PReLUImpl::PReLUImpl(int64_t num_parameters, double init) : Layer("PReLU"), num_parameters_(num_parameters) {
   DBRQ_ENSURE(num_parameters >= 1, ValueError, "PReLU: num_parameters must be >= 1, got ", num_parameters);
   weight = register_parameter("weight", full({num_parameters}, init));
 }
 
-std::string Linear::extra_repr() const {
+std::string LinearImpl::extra_repr() const {
   return absl::StrCat("in_features=", in_features_, ", out_features=", out_features_,
                       ", bias=", bias.defined() ? "True" : "False");
 }
@@ -111,10 +111,10 @@ std::string BatchNormBase<Derived>::extra_repr() const {
   return absl::StrCat(num_features_, ", eps=", eps_);
 }
 
-template class BatchNormBase<BatchNorm2d>;
-template class BatchNormBase<BatchNorm1d>;
+template class BatchNormBase<BatchNorm2dImpl>;
+template class BatchNormBase<BatchNorm1dImpl>;
 
-LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine)
+LayerNormImpl::LayerNormImpl(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine)
     : Layer("LayerNorm"), normalized_shape_(std::move(normalized_shape)), eps_(eps) {
   DBRQ_ENSURE(!normalized_shape_.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
   if (elementwise_affine) {
@@ -123,25 +123,25 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool ele
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNormImpl::forward(const Tensor& x) {
   NormParams p;
   p.eps = eps_;
   p.normalized_shape.assign(normalized_shape_.begin(), normalized_shape_.end());
   return ops::layer_norm(x, p, weight, bias);
 }
 
-std::string LayerNorm::extra_repr() const {
+std::string LayerNormImpl::extra_repr() const {
   return absl::StrCat("(", absl::StrJoin(normalized_shape_, ", "), ",), eps=", eps_);
 }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim)
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
     : Layer("Embedding"), num_(num_embeddings), dim_(embedding_dim) {
   DBRQ_ENSURE(num_embeddings >= 1 && embedding_dim >= 1, ValueError,
               "Embedding: num_embeddings and embedding_dim must be >= 1, got ", num_embeddings, " and ", embedding_dim);
   weight = register_parameter("weight", randn({num_embeddings, embedding_dim}, next_seed()));
 }
 
-std::string Embedding::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
+std::string EmbeddingImpl::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
 
 namespace {
 
@@ -158,38 +158,38 @@ Pool2dParams pool_params(const char* name, int64_t kernel_size, int64_t stride, 
 
 }  // namespace
 
-MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
+MaxPool2dImpl::MaxPool2dImpl(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
     : Layer("MaxPool2d"), params_(pool_params("MaxPool2d", kernel_size, stride, padding)) {
   params_.dilation = {dilation, dilation};
   params_.ceil_mode = ceil_mode;
 }
 
-Tensor MaxPool2d::forward(const Tensor& x) { return ops::max_pool2d(x, params_); }
+Tensor MaxPool2dImpl::forward(const Tensor& x) { return ops::max_pool2d(x, params_); }
 
-std::string MaxPool2d::extra_repr() const {
+std::string MaxPool2dImpl::extra_repr() const {
   return absl::StrCat("kernel_size=", params_.kernel_size[0], ", stride=", params_.stride[0],
                       ", padding=", params_.padding[0], ", dilation=", params_.dilation[0],
                       ", ceil_mode=", params_.ceil_mode ? "True" : "False");
 }
 
-AvgPool2d::AvgPool2d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
+AvgPool2dImpl::AvgPool2dImpl(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
     : Layer("AvgPool2d"), params_(pool_params("AvgPool2d", kernel_size, stride, padding)) {
   params_.ceil_mode = ceil_mode;
   params_.count_include_pad = count_include_pad;
 }
 
-Tensor AvgPool2d::forward(const Tensor& x) { return ops::avg_pool2d(x, params_); }
+Tensor AvgPool2dImpl::forward(const Tensor& x) { return ops::avg_pool2d(x, params_); }
 
-std::string AvgPool2d::extra_repr() const {
+std::string AvgPool2dImpl::extra_repr() const {
   return absl::StrCat("kernel_size=", params_.kernel_size[0], ", stride=", params_.stride[0],
                       ", padding=", params_.padding[0]);
 }
 
-std::string AdaptiveAvgPool2d::extra_repr() const { return absl::StrCat("output_size=", pair(output_size_)); }
+std::string AdaptiveAvgPool2dImpl::extra_repr() const { return absl::StrCat("output_size=", pair(output_size_)); }
 
 // ---- spatial layers of issue 12 ----
 
-ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dOptions& o) : Layer("ConvTranspose2d"), options_(o) {
+ConvTranspose2dImpl::ConvTranspose2dImpl(const ConvTranspose2dOptions& o) : Layer("ConvTranspose2d"), options_(o) {
   DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
               "ConvTranspose2d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ",
               o.out_channels());
@@ -221,7 +221,7 @@ ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dOptions& o) : Layer("ConvT
   if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
 }
 
-Conv1d::Conv1d(const Conv1dOptions& o) : Layer("Conv1d"), options_(o) {
+Conv1dImpl::Conv1dImpl(const Conv1dOptions& o) : Layer("Conv1d"), options_(o) {
   DBRQ_ENSURE(o.in_channels() >= 1 && o.out_channels() >= 1, ValueError,
               "Conv1d: in_channels and out_channels must be >= 1, got ", o.in_channels(), " and ", o.out_channels());
   DBRQ_ENSURE(o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
@@ -241,7 +241,7 @@ Conv1d::Conv1d(const Conv1dOptions& o) : Layer("Conv1d"), options_(o) {
   if (o.bias()) bias = register_parameter("bias", init_uniform({o.out_channels()}, fan_in));
 }
 
-std::string Conv1d::extra_repr() const {
+std::string Conv1dImpl::extra_repr() const {
   std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(), ", kernel_size=(",
                                options_.kernel_size(), ",), stride=(", params_.stride, ",)");
   if (params_.padding != 0) absl::StrAppend(&s, ", padding=(", params_.padding, ",)");
@@ -264,7 +264,7 @@ void check_pool1d_layer(const char* layer, int64_t kernel_size, int64_t stride, 
 
 }  // namespace
 
-MaxPool1d::MaxPool1d(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
+MaxPool1dImpl::MaxPool1dImpl(int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode)
     : Layer("MaxPool1d"),
       kernel_size_(kernel_size),
       stride_(stride == 0 ? kernel_size : stride),
@@ -274,12 +274,12 @@ MaxPool1d::MaxPool1d(int64_t kernel_size, int64_t stride, int64_t padding, int64
   check_pool1d_layer("MaxPool1d", kernel_size, stride, padding, dilation);
 }
 
-std::string MaxPool1d::extra_repr() const {
+std::string MaxPool1dImpl::extra_repr() const {
   return absl::StrCat("kernel_size=", kernel_size_, ", stride=", stride_, ", padding=", padding_,
                       ", dilation=", dilation_, ", ceil_mode=", ceil_mode_ ? "True" : "False");
 }
 
-AvgPool1d::AvgPool1d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
+AvgPool1dImpl::AvgPool1dImpl(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
     : Layer("AvgPool1d"),
       kernel_size_(kernel_size),
       stride_(stride == 0 ? kernel_size : stride),
@@ -289,11 +289,11 @@ AvgPool1d::AvgPool1d(int64_t kernel_size, int64_t stride, int64_t padding, bool 
   check_pool1d_layer("AvgPool1d", kernel_size, stride, padding, 1);
 }
 
-std::string AvgPool1d::extra_repr() const {
+std::string AvgPool1dImpl::extra_repr() const {
   return absl::StrCat("kernel_size=(", kernel_size_, ",), stride=(", stride_, ",), padding=(", padding_, ",)");
 }
 
-AdaptiveAvgPool1d::AdaptiveAvgPool1d(int64_t output_size) : Layer("AdaptiveAvgPool1d"), output_size_(output_size) {
+AdaptiveAvgPool1dImpl::AdaptiveAvgPool1dImpl(int64_t output_size) : Layer("AdaptiveAvgPool1d"), output_size_(output_size) {
   DBRQ_ENSURE(output_size >= 1, ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got ", output_size);
 }
 
@@ -309,7 +309,7 @@ std::string py_float(double v) {
 
 }  // namespace
 
-Upsample::Upsample(const UpsampleOptions& o) : Layer("Upsample"), o_(o) {
+UpsampleImpl::UpsampleImpl(const UpsampleOptions& o) : Layer("Upsample"), o_(o) {
   DBRQ_ENSURE(o.size().has_value() != o.scale_factor().has_value(), ValueError,
               o.size().has_value() ? "Upsample: only one of size or scale_factor should be defined"
                                    : "Upsample: either size or scale_factor should be defined");
@@ -327,7 +327,7 @@ Upsample::Upsample(const UpsampleOptions& o) : Layer("Upsample"), o_(o) {
   }
 }
 
-std::string Upsample::extra_repr() const {
+std::string UpsampleImpl::extra_repr() const {
   std::string s;
   if (o_.scale_factor()) {
     const auto& f = *o_.scale_factor();
@@ -339,7 +339,7 @@ std::string Upsample::extra_repr() const {
   return absl::StrCat(s, ", mode='", o_.mode(), "'");
 }
 
-GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine)
+GroupNormImpl::GroupNormImpl(int64_t num_groups, int64_t num_channels, double eps, bool affine)
     : Layer("GroupNorm"), num_groups_(num_groups), num_channels_(num_channels), eps_(eps) {
   DBRQ_ENSURE(num_groups >= 1 && num_channels >= 1 && num_channels % num_groups == 0, ValueError,
               "GroupNorm: num_channels (", num_channels, ") must be divisible by num_groups (", num_groups,
@@ -350,11 +350,11 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   }
 }
 
-std::string GroupNorm::extra_repr() const {
+std::string GroupNormImpl::extra_repr() const {
   return absl::StrCat(num_groups_, ", ", num_channels_, ", eps=", eps_, ", affine=", weight.defined() ? "True" : "False");
 }
 
-InstanceNorm2d::InstanceNorm2d(int64_t num_features, double eps, double momentum, bool affine,
+InstanceNorm2dImpl::InstanceNorm2dImpl(int64_t num_features, double eps, double momentum, bool affine,
                                bool track_running_stats)
     : Layer("InstanceNorm2d"),
       num_features_(num_features),
@@ -374,7 +374,7 @@ InstanceNorm2d::InstanceNorm2d(int64_t num_features, double eps, double momentum
   }
 }
 
-Tensor InstanceNorm2d::forward(const Tensor& x) {
+Tensor InstanceNorm2dImpl::forward(const Tensor& x) {
   DBRQ_ENSURE(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError,
               "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes ",
               x.defined() ? x.shape_string() : std::string("undefined"));
@@ -386,12 +386,12 @@ Tensor InstanceNorm2d::forward(const Tensor& x) {
   return x.dim() == 3 ? y.squeeze(0) : y;
 }
 
-std::string InstanceNorm2d::extra_repr() const {
+std::string InstanceNorm2dImpl::extra_repr() const {
   return absl::StrCat(num_features_, ", eps=", eps_, ", momentum=", momentum_, ", affine=", affine_ ? "True" : "False",
                       ", track_running_stats=", track_running_stats_ ? "True" : "False");
 }
 
-std::string ConvTranspose2d::extra_repr() const {
+std::string ConvTranspose2dImpl::extra_repr() const {
   std::string s = absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
                                ", kernel_size=", pair(options_.kernel_size()), ", stride=", pair(params_.stride));
   if (params_.padding != std::array<int64_t, 2>{0, 0}) absl::StrAppend(&s, ", padding=", pair(params_.padding));
@@ -404,11 +404,11 @@ std::string ConvTranspose2d::extra_repr() const {
   return s;
 }
 
-Dropout::Dropout(double p) : Layer("Dropout"), p_(p) {
+DropoutImpl::DropoutImpl(double p) : Layer("Dropout"), p_(p) {
   DBRQ_ENSURE(p >= 0.0 && p <= 1.0, ValueError, "Dropout: probability must be in [0, 1], got ", p);
 }
 
-std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
+std::string DropoutImpl::extra_repr() const { return absl::StrCat("p=", p_); }
 
 // ---- recurrent layers -------------------------------------------------------------------------
 
@@ -692,9 +692,9 @@ std::tuple<Tensor, Tensor, Tensor> RNNImpl::forward(const Tensor& input, const T
 
 }  // namespace detail
 
-LSTM::LSTM(const LSTMOptions& options) : CallableModule("LSTM"), impl_(*this, detail::RNNMode::kLSTM, options) {}
+LSTMImpl::LSTMImpl(const LSTMOptions& options) : CallableModule("LSTM"), impl_(*this, detail::RNNMode::kLSTM, options) {}
 
-std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTM::forward(const Tensor& input,
+std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTMImpl::forward(const Tensor& input,
                                                              const std::optional<std::tuple<Tensor, Tensor>>& hx,
                                                              const std::vector<int64_t>& lengths) {
   auto [out, h, c] =
@@ -702,22 +702,22 @@ std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTM::forward(const Tensor& input
   return {out, {h, c}};
 }
 
-GRU::GRU(const GRUOptions& options) : CallableModule("GRU"), impl_(*this, detail::RNNMode::kGRU, options) {}
+GRUImpl::GRUImpl(const GRUOptions& options) : CallableModule("GRU"), impl_(*this, detail::RNNMode::kGRU, options) {}
 
-std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx, const std::vector<int64_t>& lengths) {
+std::tuple<Tensor, Tensor> GRUImpl::forward(const Tensor& input, const Tensor& hx, const std::vector<int64_t>& lengths) {
   auto [out, h, c] = impl_.forward(input, hx, Tensor(), lengths, is_training());
   return {out, h};
 }
 
-Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
+SequentialImpl::SequentialImpl(std::vector<std::shared_ptr<Module>> modules) : SequentialImpl() {
   for (auto& m : modules) push_back(std::move(m));
 }
 
-Sequential::Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules) : Sequential() {
+SequentialImpl::SequentialImpl(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules) : SequentialImpl() {
   for (auto& [name, m] : named_modules) push_back(name, std::move(m));
 }
 
-Functional::Functional(Function function) : CallableModule("Functional"), function_(std::move(function)) {
+FunctionalImpl::FunctionalImpl(Function function) : CallableModule("Functional"), function_(std::move(function)) {
   DBRQ_ENSURE(function_ != nullptr, ValueError, "Functional: the function is empty");
 }
 
@@ -732,23 +732,23 @@ const std::shared_ptr<Module>& child_at(const Module& m, size_t i) {
 
 }  // namespace detail
 
-ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleList() {
+ModuleListImpl::ModuleListImpl(std::vector<std::shared_ptr<Module>> modules) : ModuleListImpl() {
   for (auto& m : modules) push_back(std::move(m));
 }
 
-void ModuleList::push_back(std::shared_ptr<Module> module) { register_module(std::to_string(size()), std::move(module)); }
+void ModuleListImpl::push_back(std::shared_ptr<Module> module) { register_module(std::to_string(size()), std::move(module)); }
 
-const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const { return detail::child_at(*this, i); }
+const std::shared_ptr<Module>& ModuleListImpl::operator[](size_t i) const { return detail::child_at(*this, i); }
 
-void ModuleDict::insert(const std::string& key, std::shared_ptr<Module> module) { register_module(key, std::move(module)); }
+void ModuleDictImpl::insert(const std::string& key, std::shared_ptr<Module> module) { register_module(key, std::move(module)); }
 
-std::shared_ptr<Module> ModuleDict::operator[](const std::string& key) const {
+std::shared_ptr<Module> ModuleDictImpl::operator[](const std::string& key) const {
   auto m = child(key);
   DBRQ_ENSURE(m != nullptr, IndexError, "ModuleDict: no module under key \"", key, "\"");
   return m;
 }
 
-std::vector<std::string> ModuleDict::keys() const {
+std::vector<std::string> ModuleDictImpl::keys() const {
   std::vector<std::string> out;
   for (auto& [n, m] : named_children()) out.push_back(n);
   return out;

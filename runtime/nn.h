@@ -1,12 +1,11 @@
 // Built-in layers and containers, with PyTorch's parameter names (so torchvision state dicts
-// load unchanged) and PyTorch's default initialization.
+// load unchanged) and PyTorch's default initialization. As in libtorch, each module class XImpl has
+// a holder X (end of this file):
 //
-//   auto conv = std::make_shared<dbrq::nn::Conv2d>(
-//       dbrq::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false));
-//   auto head = std::make_shared<dbrq::nn::Sequential>(std::vector<std::shared_ptr<dbrq::nn::Module>>{
-//       std::make_shared<dbrq::nn::AdaptiveAvgPool2d>(1), std::make_shared<dbrq::nn::Flatten>(1),
-//       std::make_shared<dbrq::nn::Linear>(512, 1000)});
-//   dbrq::Tensor y = (*head)((*conv)(x));
+//   dbrq::nn::Conv2d conv(dbrq::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false));
+//   dbrq::nn::Sequential head(dbrq::nn::AdaptiveAvgPool2d(1), dbrq::nn::Flatten(1), dbrq::nn::Linear(512, 1000));
+//   dbrq::Tensor y = head(conv(x));               // or head->forward(conv->forward(x)): the same hooked calls
+//   auto raw = std::make_shared<dbrq::nn::Conv2dImpl>(3, 64, 7);   // without a holder: call as (*raw)(x)
 //
 // Layers are leaves for quantization (their ops belong to the enclosing user module);
 // Sequential, ModuleList, ModuleDict and the recurrent LSTM and GRU are not (docs/recurrent.md).
@@ -178,10 +177,10 @@ struct GELUOptions {
   DBRQ_OPTION(std::string, approximate) = "none";
 };
 
-class Conv2d final : public Layer<Conv2d> {
+class Conv2dImpl : public Layer<Conv2dImpl> {
  public:
-  explicit Conv2d(const Conv2dOptions& options);
-  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, int64_t padding = 0,
+  explicit Conv2dImpl(const Conv2dOptions& options);
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, int64_t padding = 0,
          int64_t dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& x) { return conv2d(x, weight, bias, params_); }
   const Conv2dParams& params() const { return params_; }
@@ -196,10 +195,10 @@ class Conv2d final : public Layer<Conv2d> {
   Conv2dParams params_;
 };
 
-class Linear final : public Layer<Linear> {
+class LinearImpl : public Layer<LinearImpl> {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias = true);
-  explicit Linear(const LinearOptions& o) : Linear(o.in_features(), o.out_features(), o.bias()) {}
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
+  explicit LinearImpl(const LinearOptions& o) : LinearImpl(o.in_features(), o.out_features(), o.bias()) {}
   Tensor forward(const Tensor& x) { return linear(x, weight, bias); }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -241,26 +240,26 @@ class BatchNormBase : public Layer<Derived> {
   double eps_;
 };
 
-class BatchNorm2d final : public BatchNormBase<BatchNorm2d> {
+class BatchNorm2dImpl : public BatchNormBase<BatchNorm2dImpl> {
  public:
-  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, bool affine = true)
+  explicit BatchNorm2dImpl(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm2d", num_features, eps, affine) {}
-  explicit BatchNorm2d(const BatchNormOptions& o) : BatchNormBase("BatchNorm2d", o) {}
+  explicit BatchNorm2dImpl(const BatchNormOptions& o) : BatchNormBase("BatchNorm2d", o) {}
 };
 
-class BatchNorm1d final : public BatchNormBase<BatchNorm1d> {
+class BatchNorm1dImpl : public BatchNormBase<BatchNorm1dImpl> {
  public:
-  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, bool affine = true)
+  explicit BatchNorm1dImpl(int64_t num_features, double eps = 1e-5, bool affine = true)
       : BatchNormBase("BatchNorm1d", num_features, eps, affine) {}
-  explicit BatchNorm1d(const BatchNormOptions& o) : BatchNormBase("BatchNorm1d", o) {}
+  explicit BatchNorm1dImpl(const BatchNormOptions& o) : BatchNormBase("BatchNorm1d", o) {}
 };
 
-class LayerNorm final : public Layer<LayerNorm> {
+class LayerNormImpl : public Layer<LayerNormImpl> {
  public:
-  explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
-  explicit LayerNorm(const LayerNormOptions& o) : LayerNorm(o.normalized_shape(), o.eps(), o.elementwise_affine()) {}
-  explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
-      : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
+  explicit LayerNormImpl(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  explicit LayerNormImpl(const LayerNormOptions& o) : LayerNormImpl(o.normalized_shape(), o.eps(), o.elementwise_affine()) {}
+  explicit LayerNormImpl(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true)
+      : LayerNormImpl(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
   Tensor forward(const Tensor& x);
   std::string extra_repr() const override;
 
@@ -271,10 +270,10 @@ class LayerNorm final : public Layer<LayerNorm> {
   double eps_;
 };
 
-class Embedding final : public Layer<Embedding> {
+class EmbeddingImpl : public Layer<EmbeddingImpl> {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
-  explicit Embedding(const EmbeddingOptions& o) : Embedding(o.num_embeddings(), o.embedding_dim()) {}
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim);
+  explicit EmbeddingImpl(const EmbeddingOptions& o) : EmbeddingImpl(o.num_embeddings(), o.embedding_dim()) {}
   Tensor forward(const Tensor& indices) { return embedding(indices, weight); }
   std::string extra_repr() const override;
 
@@ -284,42 +283,42 @@ class Embedding final : public Layer<Embedding> {
   int64_t num_, dim_;
 };
 
-class ReLU final : public Layer<ReLU> {
+class ReLUImpl : public Layer<ReLUImpl> {
  public:
-  ReLU() : Layer("ReLU") {}
+  ReLUImpl() : Layer("ReLU") {}
   Tensor forward(const Tensor& x) { return relu(x); }
 };
 
-class ReLU6 final : public Layer<ReLU6> {
+class ReLU6Impl : public Layer<ReLU6Impl> {
  public:
-  ReLU6() : Layer("ReLU6") {}
+  ReLU6Impl() : Layer("ReLU6") {}
   Tensor forward(const Tensor& x) { return relu6(x); }
 };
 
-class Hardtanh final : public Layer<Hardtanh> {
+class HardtanhImpl : public Layer<HardtanhImpl> {
  public:
-  explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
-  explicit Hardtanh(const HardtanhOptions& o) : Hardtanh(o.min_val(), o.max_val()) {}
+  explicit HardtanhImpl(double min_val = -1.0, double max_val = 1.0) : Layer("Hardtanh"), min_(min_val), max_(max_val) {}
+  explicit HardtanhImpl(const HardtanhOptions& o) : HardtanhImpl(o.min_val(), o.max_val()) {}
   Tensor forward(const Tensor& x) { return hardtanh(x, min_, max_); }
 
  private:
   double min_, max_;
 };
 
-class LeakyReLU final : public Layer<LeakyReLU> {
+class LeakyReLUImpl : public Layer<LeakyReLUImpl> {
  public:
-  explicit LeakyReLU(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
-  explicit LeakyReLU(const LeakyReLUOptions& o) : LeakyReLU(o.negative_slope()) {}
+  explicit LeakyReLUImpl(double negative_slope = 0.01) : Layer("LeakyReLU"), slope_(negative_slope) {}
+  explicit LeakyReLUImpl(const LeakyReLUOptions& o) : LeakyReLUImpl(o.negative_slope()) {}
   Tensor forward(const Tensor& x) { return leaky_relu(x, slope_); }
 
  private:
   double slope_;
 };
 
-class ELU final : public Layer<ELU> {
+class ELUImpl : public Layer<ELUImpl> {
  public:
-  explicit ELU(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
-  explicit ELU(const ELUOptions& o) : ELU(o.alpha()) {}
+  explicit ELUImpl(double alpha = 1.0) : Layer("ELU"), alpha_(alpha) {}
+  explicit ELUImpl(const ELUOptions& o) : ELUImpl(o.alpha()) {}
   Tensor forward(const Tensor& x) { return elu(x, alpha_); }
   std::string extra_repr() const override { return absl::StrCat("alpha=", alpha_); }
 
@@ -328,9 +327,9 @@ class ELU final : public Layer<ELU> {
 };
 
 // weight: num_parameters values (1, or the input's channels), initialized to `init`.
-class PReLU final : public Layer<PReLU> {
+class PReLUImpl : public Layer<PReLUImpl> {
  public:
-  explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+  explicit PReLUImpl(int64_t num_parameters = 1, double init = 0.25);
   Tensor forward(const Tensor& x) { return prelu(x, weight); }
   int64_t num_parameters() const { return num_parameters_; }
   std::string extra_repr() const override { return absl::StrCat("num_parameters=", num_parameters_); }
@@ -341,9 +340,9 @@ class PReLU final : public Layer<PReLU> {
   int64_t num_parameters_;
 };
 
-class Softplus final : public Layer<Softplus> {
+class SoftplusImpl : public Layer<SoftplusImpl> {
  public:
-  explicit Softplus(double beta = 1.0, double threshold = 20.0)
+  explicit SoftplusImpl(double beta = 1.0, double threshold = 20.0)
       : Layer("Softplus"), beta_(beta), threshold_(threshold) {}
   Tensor forward(const Tensor& x) { return softplus(x, beta_, threshold_); }
   std::string extra_repr() const override { return absl::StrCat("beta=", beta_, ", threshold=", threshold_); }
@@ -352,69 +351,69 @@ class Softplus final : public Layer<Softplus> {
   double beta_, threshold_;
 };
 
-class Mish final : public Layer<Mish> {
+class MishImpl : public Layer<MishImpl> {
  public:
-  Mish() : Layer("Mish") {}
+  MishImpl() : Layer("Mish") {}
   Tensor forward(const Tensor& x) { return mish(x); }
 };
 
-class Hardswish final : public Layer<Hardswish> {
+class HardswishImpl : public Layer<HardswishImpl> {
  public:
-  Hardswish() : Layer("Hardswish") {}
+  HardswishImpl() : Layer("Hardswish") {}
   Tensor forward(const Tensor& x) { return hardswish(x); }
 };
 
-class Hardsigmoid final : public Layer<Hardsigmoid> {
+class HardsigmoidImpl : public Layer<HardsigmoidImpl> {
  public:
-  Hardsigmoid() : Layer("Hardsigmoid") {}
+  HardsigmoidImpl() : Layer("Hardsigmoid") {}
   Tensor forward(const Tensor& x) { return hardsigmoid(x); }
 };
 
-class Sigmoid final : public Layer<Sigmoid> {
+class SigmoidImpl : public Layer<SigmoidImpl> {
  public:
-  Sigmoid() : Layer("Sigmoid") {}
+  SigmoidImpl() : Layer("Sigmoid") {}
   Tensor forward(const Tensor& x) { return sigmoid(x); }
 };
 
-class Tanh final : public Layer<Tanh> {
+class TanhImpl : public Layer<TanhImpl> {
  public:
-  Tanh() : Layer("Tanh") {}
+  TanhImpl() : Layer("Tanh") {}
   Tensor forward(const Tensor& x) { return tanh(x); }
 };
 
-class GELU final : public Layer<GELU> {
+class GELUImpl : public Layer<GELUImpl> {
  public:
-  explicit GELU(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
-  explicit GELU(const GELUOptions& o) : GELU(o.approximate()) {}
+  explicit GELUImpl(std::string approximate = "none") : Layer("GELU"), approximate_(std::move(approximate)) {}
+  explicit GELUImpl(const GELUOptions& o) : GELUImpl(o.approximate()) {}
   Tensor forward(const Tensor& x) { return gelu(x, approximate_); }
 
  private:
   std::string approximate_;
 };
 
-class SiLU final : public Layer<SiLU> {
+class SiLUImpl : public Layer<SiLUImpl> {
  public:
-  SiLU() : Layer("SiLU") {}
+  SiLUImpl() : Layer("SiLU") {}
   Tensor forward(const Tensor& x) { return silu(x); }
 };
 
-class Softmax final : public Layer<Softmax> {
+class SoftmaxImpl : public Layer<SoftmaxImpl> {
  public:
-  explicit Softmax(int64_t dim) : Layer("Softmax"), dim_(dim) {}
-  explicit Softmax(const SoftmaxOptions& o) : Softmax(o.dim()) {}
+  explicit SoftmaxImpl(int64_t dim) : Layer("Softmax"), dim_(dim) {}
+  explicit SoftmaxImpl(const SoftmaxOptions& o) : SoftmaxImpl(o.dim()) {}
   Tensor forward(const Tensor& x) { return softmax(x, dim_); }
 
  private:
   int64_t dim_;
 };
 
-class MaxPool2d final : public Layer<MaxPool2d> {
+class MaxPool2dImpl : public Layer<MaxPool2dImpl> {
  public:
   // stride 0: the kernel size (PyTorch's default).
-  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+  explicit MaxPool2dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
                      bool ceil_mode = false);
-  explicit MaxPool2d(const MaxPool2dOptions& o)
-      : MaxPool2d(o.kernel_size(), o.stride(), o.padding(), o.dilation(), o.ceil_mode()) {}
+  explicit MaxPool2dImpl(const MaxPool2dOptions& o)
+      : MaxPool2dImpl(o.kernel_size(), o.stride(), o.padding(), o.dilation(), o.ceil_mode()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -423,12 +422,12 @@ class MaxPool2d final : public Layer<MaxPool2d> {
   Pool2dParams params_;
 };
 
-class AvgPool2d final : public Layer<AvgPool2d> {
+class AvgPool2dImpl : public Layer<AvgPool2dImpl> {
  public:
-  explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
+  explicit AvgPool2dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
-  explicit AvgPool2d(const AvgPool2dOptions& o)
-      : AvgPool2d(o.kernel_size(), o.stride(), o.padding(), o.ceil_mode(), o.count_include_pad()) {}
+  explicit AvgPool2dImpl(const AvgPool2dOptions& o)
+      : AvgPool2dImpl(o.kernel_size(), o.stride(), o.padding(), o.ceil_mode(), o.count_include_pad()) {}
   Tensor forward(const Tensor& x);
   const Pool2dParams& params() const { return params_; }
   std::string extra_repr() const override;
@@ -437,12 +436,12 @@ class AvgPool2d final : public Layer<AvgPool2d> {
   Pool2dParams params_;
 };
 
-class AdaptiveAvgPool2d final : public Layer<AdaptiveAvgPool2d> {
+class AdaptiveAvgPool2dImpl : public Layer<AdaptiveAvgPool2dImpl> {
  public:
-  explicit AdaptiveAvgPool2d(int64_t output_size) : AdaptiveAvgPool2d({output_size, output_size}) {}
-  explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
+  explicit AdaptiveAvgPool2dImpl(int64_t output_size) : AdaptiveAvgPool2dImpl({output_size, output_size}) {}
+  explicit AdaptiveAvgPool2dImpl(std::array<int64_t, 2> output_size)
       : Layer("AdaptiveAvgPool2d"), output_size_(output_size) {}
-  explicit AdaptiveAvgPool2d(const AdaptiveAvgPool2dOptions& o) : AdaptiveAvgPool2d(o.output_size()) {}
+  explicit AdaptiveAvgPool2dImpl(const AdaptiveAvgPool2dOptions& o) : AdaptiveAvgPool2dImpl(o.output_size()) {}
   Tensor forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
   std::string extra_repr() const override;
 
@@ -474,9 +473,9 @@ struct ConvTranspose2dOptions {
 };
 
 // nn.ConvTranspose2d: weight [in, out/groups, kH, kW] (PyTorch's layout and names).
-class ConvTranspose2d final : public Layer<ConvTranspose2d> {
+class ConvTranspose2dImpl : public Layer<ConvTranspose2dImpl> {
  public:
-  explicit ConvTranspose2d(const ConvTranspose2dOptions& options);
+  explicit ConvTranspose2dImpl(const ConvTranspose2dOptions& options);
   Tensor forward(const Tensor& x) { return conv_transpose2d(x, weight, bias, params_); }
   const ConvTranspose2dParams& params() const { return params_; }
   const ConvTranspose2dOptions& options() const { return options_; }
@@ -505,9 +504,9 @@ struct Conv1dOptions {
 };
 
 // nn.Conv1d: weight [out, in/groups, kL].
-class Conv1d final : public Layer<Conv1d> {
+class Conv1dImpl : public Layer<Conv1dImpl> {
  public:
-  explicit Conv1d(const Conv1dOptions& options);
+  explicit Conv1dImpl(const Conv1dOptions& options);
   Tensor forward(const Tensor& x) { return conv1d(x, weight, bias, params_); }
   const Conv1dParams& params() const { return params_; }
   const Conv1dOptions& options() const { return options_; }
@@ -521,10 +520,10 @@ class Conv1d final : public Layer<Conv1d> {
   Conv1dParams params_;
 };
 
-class MaxPool1d final : public Layer<MaxPool1d> {
+class MaxPool1dImpl : public Layer<MaxPool1dImpl> {
  public:
   // stride 0: the kernel size (PyTorch's default).
-  explicit MaxPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+  explicit MaxPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
                      bool ceil_mode = false);
   Tensor forward(const Tensor& x) { return max_pool1d(x, kernel_size_, stride_, padding_, dilation_, ceil_mode_); }
   std::string extra_repr() const override;
@@ -534,9 +533,9 @@ class MaxPool1d final : public Layer<MaxPool1d> {
   bool ceil_mode_;
 };
 
-class AvgPool1d final : public Layer<AvgPool1d> {
+class AvgPool1dImpl : public Layer<AvgPool1dImpl> {
  public:
-  explicit AvgPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
+  explicit AvgPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
   Tensor forward(const Tensor& x) {
     return avg_pool1d(x, kernel_size_, stride_, padding_, ceil_mode_, count_include_pad_);
@@ -548,9 +547,9 @@ class AvgPool1d final : public Layer<AvgPool1d> {
   bool ceil_mode_, count_include_pad_;
 };
 
-class AdaptiveAvgPool1d final : public Layer<AdaptiveAvgPool1d> {
+class AdaptiveAvgPool1dImpl : public Layer<AdaptiveAvgPool1dImpl> {
  public:
-  explicit AdaptiveAvgPool1d(int64_t output_size);
+  explicit AdaptiveAvgPool1dImpl(int64_t output_size);
   Tensor forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size_); }
   std::string extra_repr() const override { return absl::StrCat("output_size=", output_size_); }
 
@@ -595,9 +594,9 @@ struct UpsampleOptions {
   bool scalar_ = false;
 };
 
-class Upsample final : public Layer<Upsample> {
+class UpsampleImpl : public Layer<UpsampleImpl> {
  public:
-  explicit Upsample(const UpsampleOptions& options);
+  explicit UpsampleImpl(const UpsampleOptions& options);
   Tensor forward(const Tensor& x) {
     return interpolate(x, o_.size(), o_.scale_factor(), o_.mode(), o_.align_corners());
   }
@@ -609,9 +608,9 @@ class Upsample final : public Layer<Upsample> {
 };
 
 // nn.GroupNorm: weight (ones) and bias (zeros) [C] when affine.
-class GroupNorm final : public Layer<GroupNorm> {
+class GroupNormImpl : public Layer<GroupNormImpl> {
  public:
-  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  GroupNormImpl(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
   Tensor forward(const Tensor& x) { return group_norm(x, num_groups_, weight, bias, eps_); }
   std::string extra_repr() const override;
 
@@ -625,9 +624,9 @@ class GroupNorm final : public Layer<GroupNorm> {
 // nn.InstanceNorm2d (PyTorch's defaults: affine=false, track_running_stats=false, so the input's
 // own statistics always). With track_running_stats the running statistics are used (dbrq runs
 // inference: they are never updated).
-class InstanceNorm2d final : public Layer<InstanceNorm2d> {
+class InstanceNorm2dImpl : public Layer<InstanceNorm2dImpl> {
  public:
-  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
+  explicit InstanceNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
                           bool track_running_stats = false);
   Tensor forward(const Tensor& x);
   std::string extra_repr() const override;
@@ -640,20 +639,20 @@ class InstanceNorm2d final : public Layer<InstanceNorm2d> {
   bool affine_, track_running_stats_;
 };
 
-class Flatten final : public Layer<Flatten> {
+class FlattenImpl : public Layer<FlattenImpl> {
  public:
-  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
-  explicit Flatten(const FlattenOptions& o) : Flatten(o.start_dim(), o.end_dim()) {}
+  explicit FlattenImpl(int64_t start_dim = 1, int64_t end_dim = -1) : Layer("Flatten"), start_(start_dim), end_(end_dim) {}
+  explicit FlattenImpl(const FlattenOptions& o) : FlattenImpl(o.start_dim(), o.end_dim()) {}
   Tensor forward(const Tensor& x) { return flatten(x, start_, end_); }
 
  private:
   int64_t start_, end_;
 };
 
-class Dropout final : public Layer<Dropout> {
+class DropoutImpl : public Layer<DropoutImpl> {
  public:
-  explicit Dropout(double p = 0.5);
-  explicit Dropout(const DropoutOptions& o) : Dropout(o.p()) {}
+  explicit DropoutImpl(double p = 0.5);
+  explicit DropoutImpl(const DropoutOptions& o) : DropoutImpl(o.p()) {}
   Tensor forward(const Tensor& x) { return dropout(x, p_, this->is_training()); }
   std::string extra_repr() const override;
 
@@ -661,9 +660,9 @@ class Dropout final : public Layer<Dropout> {
   double p_;
 };
 
-class Identity final : public Layer<Identity> {
+class IdentityImpl : public Layer<IdentityImpl> {
  public:
-  Identity() : Layer("Identity") {}
+  IdentityImpl() : Layer("Identity") {}
   Tensor forward(const Tensor& x) { return identity(x); }
 };
 
@@ -734,11 +733,11 @@ class RNNImpl {
 // A multi-layer LSTM with PyTorch's semantics and parameter names (weight_ih_l0, weight_hh_l0,
 // bias_ih_l0, bias_hh_l0, ..._reverse), gate order i, f, g, o:
 //
-//   auto lstm = std::make_shared<dbrq::nn::LSTM>(dbrq::nn::LSTMOptions(32, 64).num_layers(2).batch_first(true));
-//   auto [out, state] = (*lstm)(x);                        // x [B, T, 32] -> out [B, T, 64]
+//   dbrq::nn::LSTM lstm(dbrq::nn::LSTMOptions(32, 64).num_layers(2).batch_first(true));
+//   auto [out, state] = lstm(x);                        // x [B, T, 32] -> out [B, T, 64]
 //   auto [h_n, c_n] = state;                               // [2, B, 64] each
-//   auto [out2, state2] = (*lstm)(x, std::make_tuple(h0, c0));
-//   auto [out3, state3] = (*lstm)(x, std::nullopt, lengths);   // per-sequence lengths (packed)
+//   auto [out2, state2] = lstm(x, std::make_tuple(h0, c0));
+//   auto [out3, state3] = lstm(x, std::nullopt, lengths);   // per-sequence lengths (packed)
 //
 // input: [T, B, input_size] ([B, T, input_size] with batch_first), or [T, input_size] unbatched.
 // hx: (h0, c0), each [num_layers * D, B, hidden_size] ([num_layers * D, hidden_size] unbatched;
@@ -747,11 +746,11 @@ class RNNImpl {
 // is zero beyond them and h_n / c_n hold its state at its own end, as PyTorch's GRU / LSTM on a
 // pack_padded_sequence(..., enforce_sorted=False) followed by pad_packed_sequence.
 // Returns (output [T, B, D * hidden_size] in the input's layout, (h_n, c_n)).
-class LSTM final : public CallableModule<LSTM> {
+class LSTMImpl : public CallableModule<LSTMImpl> {
  public:
-  explicit LSTM(const LSTMOptions& options);
-  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
-      : LSTM(LSTMOptions(input_size, hidden_size).num_layers(num_layers)) {}
+  explicit LSTMImpl(const LSTMOptions& options);
+  LSTMImpl(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
+      : LSTMImpl(LSTMOptions(input_size, hidden_size).num_layers(num_layers)) {}
   std::tuple<Tensor, std::tuple<Tensor, Tensor>> forward(
       const Tensor& input, const std::optional<std::tuple<Tensor, Tensor>>& hx = std::nullopt,
       const std::vector<int64_t>& lengths = {});
@@ -767,16 +766,16 @@ class LSTM final : public CallableModule<LSTM> {
 //   r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz),
 //   n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),  h' = (1 - z) * n + z * h.
 //
-//   auto gru = std::make_shared<dbrq::nn::GRU>(dbrq::nn::GRUOptions(32, 64).bidirectional(true));
-//   auto [out, h_n] = (*gru)(x);                  // x [T, B, 32] -> out [T, B, 128], h_n [2, B, 64]
-//   auto [out2, h2] = (*gru)(x, h0, lengths);
+//   dbrq::nn::GRU gru(dbrq::nn::GRUOptions(32, 64).bidirectional(true));
+//   auto [out, h_n] = gru(x);                  // x [T, B, 32] -> out [T, B, 128], h_n [2, B, 64]
+//   auto [out2, h2] = gru(x, h0, lengths);
 //
 // Arguments and results as LSTM's, with one state tensor.
-class GRU final : public CallableModule<GRU> {
+class GRUImpl : public CallableModule<GRUImpl> {
  public:
-  explicit GRU(const GRUOptions& options);
-  GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
-      : GRU(GRUOptions(input_size, hidden_size).num_layers(num_layers)) {}
+  explicit GRUImpl(const GRUOptions& options);
+  GRUImpl(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1)
+      : GRUImpl(GRUOptions(input_size, hidden_size).num_layers(num_layers)) {}
   std::tuple<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx = Tensor(),
                                      const std::vector<int64_t>& lengths = {});
   const GRUOptions& options() const { return impl_.options(); }
@@ -813,13 +812,22 @@ class SequentialBase : public CallableModule<Derived> {
     return x;
   }
   size_t size() const { return this->named_children().size(); }
+  bool is_empty() const { return size() == 0; }
   const std::shared_ptr<Module>& operator[](size_t i) const { return detail::child_at(*this, i); }
+  // The i-th child as class M (a module class or its holder: at<nn::Conv2d> gives a Conv2dImpl);
+  // ValueError when it is another class.
   template <typename M>
-  std::shared_ptr<M> at(size_t i) const {
-    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+  std::shared_ptr<detail::ImplOfT<M>> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<detail::ImplOfT<M>>((*this)[i]);
     DBRQ_ENSURE(m != nullptr, ValueError, this->type_name(), "::at(", i, "): child is a ", (*this)[i]->type_name(),
-                ", not the requested type");
+                ", not a ", detail::module_type_name<M>());
     return m;
+  }
+  // libtorch's names for the same: ptr(i) is operator[], ptr<M>(i) is at<M>(i).
+  const std::shared_ptr<Module>& ptr(size_t i) const { return (*this)[i]; }
+  template <typename M>
+  std::shared_ptr<detail::ImplOfT<M>> ptr(size_t i) const {
+    return at<M>(i);
   }
 
  protected:
@@ -841,18 +849,18 @@ constexpr bool is_sequential_item() {
 }
 }  // namespace detail
 
-class Sequential final : public SequentialBase<Sequential> {
+class SequentialImpl : public SequentialBase<SequentialImpl> {
  public:
-  Sequential() : SequentialBase("Sequential") {}
-  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
-  explicit Sequential(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
+  SequentialImpl() : SequentialBase("Sequential") {}
+  explicit SequentialImpl(std::vector<std::shared_ptr<Module>> modules);  // named "0", "1", ...
+  explicit SequentialImpl(std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules);
   // libtorch's variadic form: Sequential(conv, std::make_shared<ReLU>(), Fire(64, 16)), each a
   // std::shared_ptr to a module, a holder (DBRQ_MODULE) or a (name, module) pair; unnamed ones are
   // named by their position ("0", "1", ...).
   template <typename First, typename... Rest,
             typename = std::enable_if_t<detail::is_sequential_item<First>() &&
                                         (detail::is_sequential_item<Rest>() && ...)>>
-  explicit Sequential(First&& first, Rest&&... rest) : Sequential() {
+  explicit SequentialImpl(First&& first, Rest&&... rest) : SequentialImpl() {
     add_item(first);
     (add_item(rest), ...);
   }
@@ -876,13 +884,13 @@ class Sequential final : public SequentialBase<Sequential> {
 //
 // Not a layer: the ops it runs are recorded in its own quantization state like any user module's,
 // so a function of several ops works as well as one op.
-class Functional final : public CallableModule<Functional> {
+class FunctionalImpl : public CallableModule<FunctionalImpl> {
  public:
   using Function = std::function<Tensor(const Tensor&)>;
-  explicit Functional(Function function);
+  explicit FunctionalImpl(Function function);
   template <typename F, typename A, typename... More>
-  Functional(F function, A arg, More... more)
-      : Functional(Function([function, arg, more...](const Tensor& x) -> Tensor { return function(x, arg, more...); })) {}
+  FunctionalImpl(F function, A arg, More... more)
+      : FunctionalImpl(Function([function, arg, more...](const Tensor& x) -> Tensor { return function(x, arg, more...); })) {}
   Tensor forward(const Tensor& x) { return function_(x); }
 
  private:
@@ -890,19 +898,26 @@ class Functional final : public CallableModule<Functional> {
 };
 
 // Holds modules for the user's forward to iterate; not callable itself.
-class ModuleList : public Module {
+class ModuleListImpl : public Module {
  public:
-  ModuleList() : Module("ModuleList", typeid(ModuleList)) {}
-  explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
+  ModuleListImpl() : Module("ModuleList", typeid(ModuleListImpl)) {}
+  explicit ModuleListImpl(std::vector<std::shared_ptr<Module>> modules);
   void push_back(std::shared_ptr<Module> module);
   size_t size() const { return named_children().size(); }
+  bool is_empty() const { return size() == 0; }
   const std::shared_ptr<Module>& operator[](size_t i) const;
+  // As SequentialBase::at / ptr.
   template <typename M>
-  std::shared_ptr<M> at(size_t i) const {
-    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
-    DBRQ_ENSURE(m != nullptr, ValueError, "ModuleList::at(", i, "): child is a ", (*this)[i]->type_name(),
-                ", not the requested type");
+  std::shared_ptr<detail::ImplOfT<M>> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<detail::ImplOfT<M>>((*this)[i]);
+    DBRQ_ENSURE(m != nullptr, ValueError, "ModuleList::at(", i, "): child is a ", (*this)[i]->type_name(), ", not a ",
+                detail::module_type_name<M>());
     return m;
+  }
+  const std::shared_ptr<Module>& ptr(size_t i) const { return (*this)[i]; }
+  template <typename M>
+  std::shared_ptr<detail::ImplOfT<M>> ptr(size_t i) const {
+    return at<M>(i);
   }
   // Iterates over the modules (not the names).
   class Iterator {
@@ -924,15 +939,61 @@ class ModuleList : public Module {
 };
 
 // Named modules in insertion order; not callable itself.
-class ModuleDict : public Module {
+class ModuleDictImpl : public Module {
  public:
-  ModuleDict() : Module("ModuleDict", typeid(ModuleDict)) {}
+  ModuleDictImpl() : Module("ModuleDict", typeid(ModuleDictImpl)) {}
   void insert(const std::string& key, std::shared_ptr<Module> module);
   bool contains(const std::string& key) const { return child(key) != nullptr; }
   std::shared_ptr<Module> operator[](const std::string& key) const;
   std::vector<std::string> keys() const;
   size_t size() const { return named_children().size(); }
 };
+
+// Holders of the built-in modules, libtorch's names: `nn::Conv2d conv{nullptr};`,
+// `conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(3, 64, 3).stride(2)));`, `conv(x)`,
+// `conv->forward(x)` (both the hooked call), `conv->weight`. The module classes are the XImpl
+// above; std::make_shared<nn::Conv2dImpl>(...) makes one without a holder (docs/porting_from_libtorch.md).
+DBRQ_MODULE(Conv2d);
+DBRQ_MODULE(Linear);
+DBRQ_MODULE(BatchNorm2d);
+DBRQ_MODULE(BatchNorm1d);
+DBRQ_MODULE(LayerNorm);
+DBRQ_MODULE(Embedding);
+DBRQ_MODULE(ReLU);
+DBRQ_MODULE(ReLU6);
+DBRQ_MODULE(Hardtanh);
+DBRQ_MODULE(LeakyReLU);
+DBRQ_MODULE(ELU);
+DBRQ_MODULE(PReLU);
+DBRQ_MODULE(Softplus);
+DBRQ_MODULE(Mish);
+DBRQ_MODULE(Hardswish);
+DBRQ_MODULE(Hardsigmoid);
+DBRQ_MODULE(Sigmoid);
+DBRQ_MODULE(Tanh);
+DBRQ_MODULE(GELU);
+DBRQ_MODULE(SiLU);
+DBRQ_MODULE(Softmax);
+DBRQ_MODULE(MaxPool2d);
+DBRQ_MODULE(AvgPool2d);
+DBRQ_MODULE(AdaptiveAvgPool2d);
+DBRQ_MODULE(ConvTranspose2d);
+DBRQ_MODULE(Conv1d);
+DBRQ_MODULE(MaxPool1d);
+DBRQ_MODULE(AvgPool1d);
+DBRQ_MODULE(AdaptiveAvgPool1d);
+DBRQ_MODULE(Upsample);
+DBRQ_MODULE(GroupNorm);
+DBRQ_MODULE(InstanceNorm2d);
+DBRQ_MODULE(Flatten);
+DBRQ_MODULE(Dropout);
+DBRQ_MODULE(Identity);
+DBRQ_MODULE(LSTM);
+DBRQ_MODULE(GRU);
+DBRQ_MODULE(Sequential);
+DBRQ_MODULE(Functional);
+DBRQ_MODULE(ModuleList);
+DBRQ_MODULE(ModuleDict);
 
 #undef DBRQ_OPTION
 

@@ -80,6 +80,14 @@ else
   tail -n 20 /tmp/dbrq_external_client.log >&2
 fi
 
+# Source lints over the whole tree (tools/lint; their own tests run in the suites above).
+if lint_out=$(tools/lint/holder_casts.sh 2>&1); then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+fi
+echo "$lint_out" >&2
+
 # ONNX export interop (issue 14): the ONNX checker on every exported zoo model, ONNX Runtime (npm
 # onnxruntime-node) against dbrq's int8 outputs; its own "N passed, M failed" line adds up here.
 onnx_out=$(tools/onnx/interop_check.sh 2>&1)

@@ -15,11 +15,11 @@ namespace {
 // conv -> BN -> ReLU -> conv -> ReLU, a residual add, global average pool, linear.
 struct TinyNet : dbrq::nn::CallableModule<TinyNet> {
   TinyNet() {
-    conv1 = register_module("conv1", std::make_shared<dbrq::nn::Conv2d>(dbrq::nn::Conv2dOptions(3, 16, 3).padding(1)));
-    bn1 = register_module("bn1", std::make_shared<dbrq::nn::BatchNorm2d>(16));
-    conv2 = register_module("conv2", std::make_shared<dbrq::nn::Conv2d>(dbrq::nn::Conv2dOptions(16, 16, 3).padding(1)));
-    relu = register_module("relu", std::make_shared<dbrq::nn::ReLU>());
-    fc = register_module("fc", std::make_shared<dbrq::nn::Linear>(16, 10));
+    conv1 = register_module("conv1", std::make_shared<dbrq::nn::Conv2dImpl>(dbrq::nn::Conv2dOptions(3, 16, 3).padding(1)));
+    bn1 = register_module("bn1", std::make_shared<dbrq::nn::BatchNorm2dImpl>(16));
+    conv2 = register_module("conv2", std::make_shared<dbrq::nn::Conv2dImpl>(dbrq::nn::Conv2dOptions(16, 16, 3).padding(1)));
+    relu = register_module("relu", std::make_shared<dbrq::nn::ReLUImpl>());
+    fc = register_module("fc", std::make_shared<dbrq::nn::LinearImpl>(16, 10));
   }
 
   dbrq::Tensor forward(const dbrq::Tensor& x) {
@@ -29,10 +29,10 @@ struct TinyNet : dbrq::nn::CallableModule<TinyNet> {
     return (*fc)(y);
   }
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv1, conv2;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn1;
-  std::shared_ptr<dbrq::nn::ReLU> relu;
-  std::shared_ptr<dbrq::nn::Linear> fc;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1, conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc;
 };
 
 int passed = 0, failed = 0;

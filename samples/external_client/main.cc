@@ -10,10 +10,10 @@
 struct TinyNet : dbrq::nn::CallableModule<TinyNet> {
   TinyNet() {
     conv = register_module("conv",
-                           std::make_shared<dbrq::nn::Conv2d>(dbrq::nn::Conv2dOptions(3, 8, 3).padding(1).bias(false)));
-    bn = register_module("bn", std::make_shared<dbrq::nn::BatchNorm2d>(8));
-    relu = register_module("relu", std::make_shared<dbrq::nn::ReLU>());
-    fc = register_module("fc", std::make_shared<dbrq::nn::Linear>(8, 4));
+                           std::make_shared<dbrq::nn::Conv2dImpl>(dbrq::nn::Conv2dOptions(3, 8, 3).padding(1).bias(false)));
+    bn = register_module("bn", std::make_shared<dbrq::nn::BatchNorm2dImpl>(8));
+    relu = register_module("relu", std::make_shared<dbrq::nn::ReLUImpl>());
+    fc = register_module("fc", std::make_shared<dbrq::nn::LinearImpl>(8, 4));
   }
 
   dbrq::Tensor forward(const dbrq::Tensor& x) {
@@ -23,10 +23,10 @@ struct TinyNet : dbrq::nn::CallableModule<TinyNet> {
     return dbrq::softmax((*fc)(y), -1);
   }
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn;
-  std::shared_ptr<dbrq::nn::ReLU> relu;
-  std::shared_ptr<dbrq::nn::Linear> fc;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc;
 };
 
 int main() {

@@ -8,13 +8,13 @@ using dbrq::Tensor;
 namespace nn = dbrq::nn;
 
 BertEmbeddings::BertEmbeddings(const BertConfig& c) : max_position_(c.max_position) {
-  word_embeddings = register_module("word_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size));
+  word_embeddings = register_module("word_embeddings", std::make_shared<nn::EmbeddingImpl>(c.vocab_size, c.hidden_size));
   position_embeddings =
-      register_module("position_embeddings", std::make_shared<nn::Embedding>(c.max_position, c.hidden_size));
+      register_module("position_embeddings", std::make_shared<nn::EmbeddingImpl>(c.max_position, c.hidden_size));
   token_type_embeddings =
-      register_module("token_type_embeddings", std::make_shared<nn::Embedding>(c.type_vocab_size, c.hidden_size));
-  LayerNorm = register_module("LayerNorm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
-  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+      register_module("token_type_embeddings", std::make_shared<nn::EmbeddingImpl>(c.type_vocab_size, c.hidden_size));
+  LayerNorm = register_module("LayerNorm", std::make_shared<nn::LayerNormImpl>(c.hidden_size, c.layer_norm_eps));
+  dropout = register_module("dropout", std::make_shared<nn::DropoutImpl>(c.dropout));
 }
 
 Tensor BertEmbeddings::forward(const Tensor& input_ids) {
@@ -35,10 +35,10 @@ BertSelfAttention::BertSelfAttention(const BertConfig& c)
     : num_heads_(c.num_heads), head_size_(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0) {
   DBRQ_ENSURE(c.num_heads >= 1 && c.hidden_size % c.num_heads == 0, dbrq::ValueError, "BertSelfAttention: num_heads (",
               c.num_heads, ") must be >= 1 and divide hidden_size (", c.hidden_size, ")");
-  query = register_module("query", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
-  key = register_module("key", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
-  value = register_module("value", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
-  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+  query = register_module("query", std::make_shared<nn::LinearImpl>(c.hidden_size, c.hidden_size));
+  key = register_module("key", std::make_shared<nn::LinearImpl>(c.hidden_size, c.hidden_size));
+  value = register_module("value", std::make_shared<nn::LinearImpl>(c.hidden_size, c.hidden_size));
+  dropout = register_module("dropout", std::make_shared<nn::DropoutImpl>(c.dropout));
 }
 
 Tensor BertSelfAttention::split_heads(const Tensor& x) const {
@@ -57,9 +57,9 @@ Tensor BertSelfAttention::forward(const Tensor& hidden) {
 }
 
 BertResidualOutput::BertResidualOutput(int64_t in_features, const BertConfig& c) {
-  dense = register_module("dense", std::make_shared<nn::Linear>(in_features, c.hidden_size));
-  LayerNorm = register_module("LayerNorm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
-  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+  dense = register_module("dense", std::make_shared<nn::LinearImpl>(in_features, c.hidden_size));
+  LayerNorm = register_module("LayerNorm", std::make_shared<nn::LayerNormImpl>(c.hidden_size, c.layer_norm_eps));
+  dropout = register_module("dropout", std::make_shared<nn::DropoutImpl>(c.dropout));
 }
 
 Tensor BertResidualOutput::forward(const Tensor& hidden, const Tensor& residual) {
@@ -74,8 +74,8 @@ BertAttention::BertAttention(const BertConfig& c) {
 Tensor BertAttention::forward(const Tensor& hidden) { return (*output)((*self)(hidden), hidden); }
 
 BertIntermediate::BertIntermediate(const BertConfig& c) {
-  dense = register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.intermediate_size));
-  intermediate_act_fn = register_module("intermediate_act_fn", std::make_shared<nn::GELU>());
+  dense = register_module("dense", std::make_shared<nn::LinearImpl>(c.hidden_size, c.intermediate_size));
+  intermediate_act_fn = register_module("intermediate_act_fn", std::make_shared<nn::GELUImpl>());
 }
 
 Tensor BertIntermediate::forward(const Tensor& hidden) { return (*intermediate_act_fn)((*dense)(hidden)); }
@@ -92,7 +92,7 @@ Tensor BertLayer::forward(const Tensor& hidden) {
 }
 
 BertLayerStack::BertLayerStack(const BertConfig& c) {
-  layer = register_module("layer", std::make_shared<nn::ModuleList>());
+  layer = register_module("layer", std::make_shared<nn::ModuleListImpl>());
   for (int64_t i = 0; i < c.num_layers; ++i) layer->push_back(std::make_shared<BertLayer>(c));
 }
 

@@ -40,9 +40,9 @@ struct BertEmbeddings : dbrq::nn::CallableModule<BertEmbeddings> {
   // [N, S] s64 token ids -> [N, S, hidden].
   dbrq::Tensor forward(const dbrq::Tensor& input_ids);
 
-  std::shared_ptr<dbrq::nn::Embedding> word_embeddings, position_embeddings, token_type_embeddings;
-  std::shared_ptr<dbrq::nn::LayerNorm> LayerNorm;  // HuggingFace's key name
-  std::shared_ptr<dbrq::nn::Dropout> dropout;
+  std::shared_ptr<dbrq::nn::EmbeddingImpl> word_embeddings, position_embeddings, token_type_embeddings;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> LayerNorm;  // HuggingFace's key name
+  std::shared_ptr<dbrq::nn::DropoutImpl> dropout;
 
  private:
   int64_t max_position_;
@@ -53,8 +53,8 @@ struct BertSelfAttention : dbrq::nn::CallableModule<BertSelfAttention> {
   explicit BertSelfAttention(const BertConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& hidden);  // [N, S, hidden] -> [N, S, hidden]
 
-  std::shared_ptr<dbrq::nn::Linear> query, key, value;
-  std::shared_ptr<dbrq::nn::Dropout> dropout;  // on the attention probabilities
+  std::shared_ptr<dbrq::nn::LinearImpl> query, key, value;
+  std::shared_ptr<dbrq::nn::DropoutImpl> dropout;  // on the attention probabilities
 
  private:
   // [N, S, hidden] -> [N, heads, S, head_size]
@@ -69,9 +69,9 @@ struct BertResidualOutput : dbrq::nn::CallableModule<BertResidualOutput> {
   BertResidualOutput(int64_t in_features, const BertConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& hidden, const dbrq::Tensor& residual);
 
-  std::shared_ptr<dbrq::nn::Linear> dense;
-  std::shared_ptr<dbrq::nn::LayerNorm> LayerNorm;
-  std::shared_ptr<dbrq::nn::Dropout> dropout;
+  std::shared_ptr<dbrq::nn::LinearImpl> dense;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> LayerNorm;
+  std::shared_ptr<dbrq::nn::DropoutImpl> dropout;
 };
 
 struct BertAttention : dbrq::nn::CallableModule<BertAttention> {
@@ -87,8 +87,8 @@ struct BertIntermediate : dbrq::nn::CallableModule<BertIntermediate> {
   explicit BertIntermediate(const BertConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& hidden);
 
-  std::shared_ptr<dbrq::nn::Linear> dense;
-  std::shared_ptr<dbrq::nn::GELU> intermediate_act_fn;
+  std::shared_ptr<dbrq::nn::LinearImpl> dense;
+  std::shared_ptr<dbrq::nn::GELUImpl> intermediate_act_fn;
 };
 
 struct BertLayer : dbrq::nn::CallableModule<BertLayer> {
@@ -105,7 +105,7 @@ struct BertLayerStack : dbrq::nn::CallableModule<BertLayerStack> {
   explicit BertLayerStack(const BertConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& hidden);
 
-  std::shared_ptr<dbrq::nn::ModuleList> layer;
+  std::shared_ptr<dbrq::nn::ModuleListImpl> layer;
 };
 
 struct BertEncoder : dbrq::nn::CallableModule<BertEncoder> {

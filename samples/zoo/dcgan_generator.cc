@@ -10,21 +10,21 @@ DcganGenerator::DcganGenerator(const DcganGeneratorConfig& config) : config_(con
               "DcganGenerator: nz, ngf and nc must be >= 1, got ", config.nz, ", ", config.ngf, " and ", config.nc);
   const int64_t ngf = config.ngf;
   auto up = [](int64_t in, int64_t out, int64_t stride, int64_t padding) {
-    return std::make_shared<nn::ConvTranspose2d>(
+    return std::make_shared<nn::ConvTranspose2dImpl>(
         nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(padding).bias(false));
   };
-  main = register_module("main", std::make_shared<nn::Sequential>());
+  main = register_module("main", std::make_shared<nn::SequentialImpl>());
   main->push_back(up(config.nz, ngf * 4, 1, 0));
-  main->push_back(std::make_shared<nn::BatchNorm2d>(ngf * 4));
-  main->push_back(std::make_shared<nn::ReLU>());
+  main->push_back(std::make_shared<nn::BatchNorm2dImpl>(ngf * 4));
+  main->push_back(std::make_shared<nn::ReLUImpl>());
   main->push_back(up(ngf * 4, ngf * 2, 2, 1));
-  main->push_back(std::make_shared<nn::BatchNorm2d>(ngf * 2));
-  main->push_back(std::make_shared<nn::ReLU>());
+  main->push_back(std::make_shared<nn::BatchNorm2dImpl>(ngf * 2));
+  main->push_back(std::make_shared<nn::ReLUImpl>());
   main->push_back(up(ngf * 2, ngf, 2, 1));
-  main->push_back(std::make_shared<nn::BatchNorm2d>(ngf));
-  main->push_back(std::make_shared<nn::ReLU>());
+  main->push_back(std::make_shared<nn::BatchNorm2dImpl>(ngf));
+  main->push_back(std::make_shared<nn::ReLUImpl>());
   main->push_back(up(ngf, config.nc, 2, 1));
-  main->push_back(std::make_shared<nn::Tanh>());
+  main->push_back(std::make_shared<nn::TanhImpl>());
 }
 
 Tensor DcganGenerator::forward(const Tensor& z) {

@@ -33,7 +33,7 @@ struct DcganGenerator : dbrq::nn::CallableModule<DcganGenerator> {
 
   const DcganGeneratorConfig& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Sequential> main;
+  std::shared_ptr<dbrq::nn::SequentialImpl> main;
 
  private:
   DcganGeneratorConfig config_;

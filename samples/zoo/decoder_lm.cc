@@ -12,10 +12,10 @@ CausalSelfAttention::CausalSelfAttention(const DecoderConfig& c)
     : num_heads_(c.num_heads), head_dim_(c.num_heads > 0 ? c.d_model / c.num_heads : 0) {
   DBRQ_ENSURE(c.num_heads >= 1 && c.d_model % c.num_heads == 0, dbrq::ValueError,
               "CausalSelfAttention: num_heads (", c.num_heads, ") must be >= 1 and divide d_model (", c.d_model, ")");
-  q_proj = register_module("q_proj", std::make_shared<nn::Linear>(c.d_model, c.d_model));
-  k_proj = register_module("k_proj", std::make_shared<nn::Linear>(c.d_model, c.d_model));
-  v_proj = register_module("v_proj", std::make_shared<nn::Linear>(c.d_model, c.d_model));
-  out_proj = register_module("out_proj", std::make_shared<nn::Linear>(c.d_model, c.d_model));
+  q_proj = register_module("q_proj", std::make_shared<nn::LinearImpl>(c.d_model, c.d_model));
+  k_proj = register_module("k_proj", std::make_shared<nn::LinearImpl>(c.d_model, c.d_model));
+  v_proj = register_module("v_proj", std::make_shared<nn::LinearImpl>(c.d_model, c.d_model));
+  out_proj = register_module("out_proj", std::make_shared<nn::LinearImpl>(c.d_model, c.d_model));
 }
 
 Tensor CausalSelfAttention::split_heads(const Tensor& x) const {
@@ -64,17 +64,17 @@ AttentionOutput CausalSelfAttention::forward(const Tensor& x, const LayerKV& pas
 }
 
 DecoderMlp::DecoderMlp(const DecoderConfig& c) {
-  fc_in = register_module("fc_in", std::make_shared<nn::Linear>(c.d_model, c.d_ff));
-  act = register_module("act", std::make_shared<nn::GELU>());
-  fc_out = register_module("fc_out", std::make_shared<nn::Linear>(c.d_ff, c.d_model));
+  fc_in = register_module("fc_in", std::make_shared<nn::LinearImpl>(c.d_model, c.d_ff));
+  act = register_module("act", std::make_shared<nn::GELUImpl>());
+  fc_out = register_module("fc_out", std::make_shared<nn::LinearImpl>(c.d_ff, c.d_model));
 }
 
 Tensor DecoderMlp::forward(const Tensor& x) { return (*fc_out)((*act)((*fc_in)(x))); }
 
 DecoderBlock::DecoderBlock(const DecoderConfig& c) {
-  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
+  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(c));
-  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
+  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
   mlp = register_module("mlp", std::make_shared<DecoderMlp>(c));
 }
 
@@ -88,15 +88,15 @@ DecoderLM::DecoderLM(const DecoderConfig& c) : config_(c) {
   DBRQ_ENSURE(c.vocab_size >= 1 && c.d_model >= 1 && c.num_layers >= 0 && c.d_ff >= 1 && c.max_positions >= 1,
               dbrq::ValueError, "DecoderLM: sizes must be positive (vocab_size ", c.vocab_size, ", d_model ", c.d_model,
               ", num_layers ", c.num_layers, ", d_ff ", c.d_ff, ", max_positions ", c.max_positions, ")");
-  wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.d_model));
-  wpe = register_module("wpe", std::make_shared<nn::Embedding>(c.max_positions, c.d_model));
-  h = register_module("h", std::make_shared<nn::ModuleList>());
+  wte = register_module("wte", std::make_shared<nn::EmbeddingImpl>(c.vocab_size, c.d_model));
+  wpe = register_module("wpe", std::make_shared<nn::EmbeddingImpl>(c.max_positions, c.d_model));
+  h = register_module("h", std::make_shared<nn::ModuleListImpl>());
   for (int64_t i = 0; i < c.num_layers; ++i) {
     blocks_.push_back(std::make_shared<DecoderBlock>(c));
     h->push_back(blocks_.back());
   }
-  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.d_model, c.vocab_size, /*bias=*/false));
+  ln_f = register_module("ln_f", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
+  lm_head = register_module("lm_head", std::make_shared<nn::LinearImpl>(c.d_model, c.vocab_size, /*bias=*/false));
 }
 
 void DecoderLM::check_input(const Tensor& ids, const KVCache& past) const {

@@ -80,7 +80,7 @@ struct CausalSelfAttention : dbrq::nn::CallableModule<CausalSelfAttention> {
   explicit CausalSelfAttention(const DecoderConfig& config);
   AttentionOutput forward(const dbrq::Tensor& x, const LayerKV& past);
 
-  std::shared_ptr<dbrq::nn::Linear> q_proj, k_proj, v_proj, out_proj;
+  std::shared_ptr<dbrq::nn::LinearImpl> q_proj, k_proj, v_proj, out_proj;
 
  private:
   // [N, S, d_model] -> [N, heads, S, head_dim]
@@ -94,9 +94,9 @@ struct DecoderMlp : dbrq::nn::CallableModule<DecoderMlp> {
   explicit DecoderMlp(const DecoderConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::Linear> fc_in;
-  std::shared_ptr<dbrq::nn::GELU> act;
-  std::shared_ptr<dbrq::nn::Linear> fc_out;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc_in;
+  std::shared_ptr<dbrq::nn::GELUImpl> act;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc_out;
 };
 
 struct BlockOutput {
@@ -110,9 +110,9 @@ struct DecoderBlock : dbrq::nn::CallableModule<DecoderBlock> {
   explicit DecoderBlock(const DecoderConfig& config);
   BlockOutput forward(const dbrq::Tensor& x, const LayerKV& past);
 
-  std::shared_ptr<dbrq::nn::LayerNorm> ln_1;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> ln_1;
   std::shared_ptr<CausalSelfAttention> attn;
-  std::shared_ptr<dbrq::nn::LayerNorm> ln_2;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> ln_2;
   std::shared_ptr<DecoderMlp> mlp;
 };
 
@@ -143,10 +143,10 @@ struct DecoderLM : dbrq::nn::CallableModule<DecoderLM> {
 
   const DecoderConfig& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Embedding> wte, wpe;
-  std::shared_ptr<dbrq::nn::ModuleList> h;
-  std::shared_ptr<dbrq::nn::LayerNorm> ln_f;
-  std::shared_ptr<dbrq::nn::Linear> lm_head;
+  std::shared_ptr<dbrq::nn::EmbeddingImpl> wte, wpe;
+  std::shared_ptr<dbrq::nn::ModuleListImpl> h;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> ln_f;
+  std::shared_ptr<dbrq::nn::LinearImpl> lm_head;
 
  private:
   void check_input(const dbrq::Tensor& input_ids, const KVCache& past) const;

@@ -37,12 +37,12 @@ struct DenseLayer : dbrq::nn::CallableModule<DenseLayer> {
   // The cat of every earlier feature map -> growth_rate new channels.
   dbrq::Tensor forward(const std::vector<dbrq::Tensor>& features);
 
-  std::shared_ptr<dbrq::nn::BatchNorm2d> norm1;
-  std::shared_ptr<dbrq::nn::ReLU> relu1;
-  std::shared_ptr<dbrq::nn::Conv2d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> norm2;
-  std::shared_ptr<dbrq::nn::ReLU> relu2;
-  std::shared_ptr<dbrq::nn::Conv2d> conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> norm1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu1;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> norm2;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu2;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv2;
 };
 
 struct DenseBlock : dbrq::nn::CallableModule<DenseBlock> {
@@ -56,10 +56,10 @@ struct Transition : dbrq::nn::CallableModule<Transition> {
   Transition(int64_t in_features, int64_t out_features);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::BatchNorm2d> norm;
-  std::shared_ptr<dbrq::nn::ReLU> relu;
-  std::shared_ptr<dbrq::nn::Conv2d> conv;
-  std::shared_ptr<dbrq::nn::AvgPool2d> pool;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> norm;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv;
+  std::shared_ptr<dbrq::nn::AvgPool2dImpl> pool;
 };
 
 // torchvision's `features` Sequential: its children in order, keyed conv0, norm0, ..., norm5.
@@ -67,13 +67,13 @@ struct DenseNetFeatures : dbrq::nn::CallableModule<DenseNetFeatures> {
   explicit DenseNetFeatures(const DenseNetConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv0;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> norm0;
-  std::shared_ptr<dbrq::nn::ReLU> relu0;
-  std::shared_ptr<dbrq::nn::MaxPool2d> pool0;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv0;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> norm0;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu0;
+  std::shared_ptr<dbrq::nn::MaxPool2dImpl> pool0;
   std::vector<std::shared_ptr<DenseBlock>> blocks;        // "denseblock1", ...
   std::vector<std::shared_ptr<Transition>> transitions;   // "transition1", ... (one fewer)
-  std::shared_ptr<dbrq::nn::BatchNorm2d> norm5;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> norm5;
   int64_t num_features = 0;  // channels of the output
 };
 
@@ -84,7 +84,7 @@ struct DenseNet : dbrq::nn::CallableModule<DenseNet> {
   const DenseNetConfig& config() const { return config_; }
 
   std::shared_ptr<DenseNetFeatures> features;
-  std::shared_ptr<dbrq::nn::Linear> classifier;
+  std::shared_ptr<dbrq::nn::LinearImpl> classifier;
 
  private:
   DenseNetConfig config_;

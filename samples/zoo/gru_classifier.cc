@@ -8,12 +8,12 @@ using dbrq::Tensor;
 namespace nn = dbrq::nn;
 
 GruClassifier::GruClassifier(const GruClassifierConfig& config) : config_(config) {
-  embedding = register_module("embedding", std::make_shared<nn::Embedding>(config.vocab_size, config.embedding_dim));
+  embedding = register_module("embedding", std::make_shared<nn::EmbeddingImpl>(config.vocab_size, config.embedding_dim));
   gru = register_module(
       "gru",
-      std::make_shared<nn::GRU>(
+      std::make_shared<nn::GRUImpl>(
           nn::GRUOptions(config.embedding_dim, config.hidden_size).num_layers(config.num_layers).batch_first(true)));
-  classifier = register_module("classifier", std::make_shared<nn::Linear>(config.hidden_size, config.num_classes));
+  classifier = register_module("classifier", std::make_shared<nn::LinearImpl>(config.hidden_size, config.num_classes));
 }
 
 std::vector<int64_t> GruClassifier::lengths_of(const Tensor& ids) {

@@ -49,9 +49,9 @@ struct GruClassifier : dbrq::nn::CallableModule<GruClassifier> {
 
   const GruClassifierConfig& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Embedding> embedding;
-  std::shared_ptr<dbrq::nn::GRU> gru;
-  std::shared_ptr<dbrq::nn::Linear> classifier;
+  std::shared_ptr<dbrq::nn::EmbeddingImpl> embedding;
+  std::shared_ptr<dbrq::nn::GRUImpl> gru;
+  std::shared_ptr<dbrq::nn::LinearImpl> classifier;
 
  private:
   GruClassifierConfig config_;

@@ -32,22 +32,22 @@ struct KwsConv1d : dbrq::nn::CallableModule<KwsConv1d> {
 
   const KwsConv1dConfig& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Conv1d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm1d> bn1;
-  std::shared_ptr<dbrq::nn::ReLU> relu1;
-  std::shared_ptr<dbrq::nn::Conv1d> conv2;
-  std::shared_ptr<dbrq::nn::BatchNorm1d> bn2;
-  std::shared_ptr<dbrq::nn::ReLU> relu2;
-  std::shared_ptr<dbrq::nn::MaxPool1d> pool1;
-  std::shared_ptr<dbrq::nn::Conv1d> conv3;
-  std::shared_ptr<dbrq::nn::BatchNorm1d> bn3;
-  std::shared_ptr<dbrq::nn::ReLU> relu3;
-  std::shared_ptr<dbrq::nn::MaxPool1d> pool2;
-  std::shared_ptr<dbrq::nn::Conv1d> conv4;
-  std::shared_ptr<dbrq::nn::BatchNorm1d> bn4;
-  std::shared_ptr<dbrq::nn::ReLU> relu4;
-  std::shared_ptr<dbrq::nn::AdaptiveAvgPool1d> avgpool;
-  std::shared_ptr<dbrq::nn::Linear> fc;
+  std::shared_ptr<dbrq::nn::Conv1dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm1dImpl> bn1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu1;
+  std::shared_ptr<dbrq::nn::Conv1dImpl> conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm1dImpl> bn2;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu2;
+  std::shared_ptr<dbrq::nn::MaxPool1dImpl> pool1;
+  std::shared_ptr<dbrq::nn::Conv1dImpl> conv3;
+  std::shared_ptr<dbrq::nn::BatchNorm1dImpl> bn3;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu3;
+  std::shared_ptr<dbrq::nn::MaxPool1dImpl> pool2;
+  std::shared_ptr<dbrq::nn::Conv1dImpl> conv4;
+  std::shared_ptr<dbrq::nn::BatchNorm1dImpl> bn4;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu4;
+  std::shared_ptr<dbrq::nn::AdaptiveAvgPool1dImpl> avgpool;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc;
 
  private:
   KwsConv1dConfig config_;

@@ -12,11 +12,11 @@ namespace nn = dbrq::nn;
 namespace {
 
 // torchvision's Conv2dNormActivation with its defaults: conv (no bias, "same" padding), BN, ReLU6.
-std::shared_ptr<nn::Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups) {
-  auto conv = std::make_shared<nn::Conv2d>(
+std::shared_ptr<nn::SequentialImpl> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups) {
+  auto conv = std::make_shared<nn::Conv2dImpl>(
       nn::Conv2dOptions(in, out, kernel).stride(stride).padding((kernel - 1) / 2).groups(groups).bias(false));
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      conv, std::make_shared<nn::BatchNorm2d>(out), std::make_shared<nn::ReLU6>()});
+  return std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+      conv, std::make_shared<nn::BatchNorm2dImpl>(out), std::make_shared<nn::ReLU6Impl>()});
 }
 
 }  // namespace
@@ -34,11 +34,11 @@ InvertedResidual::InvertedResidual(int64_t inp, int64_t oup, int64_t stride, int
   DBRQ_ENSURE(stride == 1 || stride == 2, dbrq::ValueError, "InvertedResidual: stride must be 1 or 2, got ", stride);
   // Python's round() rounds half to even, as std::nearbyint does in the default rounding mode.
   const auto hidden = static_cast<int64_t>(std::nearbyint(static_cast<double>(inp) * expand_ratio));
-  conv = std::make_shared<nn::Sequential>();
+  conv = std::make_shared<nn::SequentialImpl>();
   if (expand_ratio != 1) conv->push_back(conv_bn_relu6(inp, hidden, 1, 1, 1));
   conv->push_back(conv_bn_relu6(hidden, hidden, 3, stride, hidden));
-  conv->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(hidden, oup, 1).bias(false)));
-  conv->push_back(std::make_shared<nn::BatchNorm2d>(oup));
+  conv->push_back(std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(hidden, oup, 1).bias(false)));
+  conv->push_back(std::make_shared<nn::BatchNorm2dImpl>(oup));
   register_module("conv", conv);
 }
 
@@ -59,7 +59,7 @@ MobileNetV2::MobileNetV2(const MobileNetV2Config& config) : config_(config) {
   int64_t input_channel = make_divisible(32 * config.width_mult);
   last_channel_ = make_divisible(1280 * std::max(1.0, config.width_mult));
 
-  features = std::make_shared<nn::Sequential>();
+  features = std::make_shared<nn::SequentialImpl>();
   features->push_back(conv_bn_relu6(3, input_channel, 3, 2, 1));
   for (const Stage& s : kStages) {
     const int64_t output_channel = make_divisible(static_cast<double>(s.channels) * config.width_mult);
@@ -72,9 +72,9 @@ MobileNetV2::MobileNetV2(const MobileNetV2Config& config) : config_(config) {
   features->push_back(conv_bn_relu6(input_channel, last_channel_, 1, 1, 1));
   register_module("features", features);
 
-  classifier = register_module("classifier", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-                                                 std::make_shared<nn::Dropout>(0.2),
-                                                 std::make_shared<nn::Linear>(last_channel_, config.num_classes)}));
+  classifier = register_module("classifier", std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+                                                 std::make_shared<nn::DropoutImpl>(0.2),
+                                                 std::make_shared<nn::LinearImpl>(last_channel_, config.num_classes)}));
 }
 
 Tensor MobileNetV2::forward(const Tensor& x) {

@@ -34,7 +34,7 @@ struct InvertedResidual : dbrq::nn::CallableModule<InvertedResidual> {
 
   bool use_res_connect() const { return use_res_connect_; }
 
-  std::shared_ptr<dbrq::nn::Sequential> conv;
+  std::shared_ptr<dbrq::nn::SequentialImpl> conv;
 
  private:
   bool use_res_connect_;
@@ -48,8 +48,8 @@ struct MobileNetV2 : dbrq::nn::CallableModule<MobileNetV2> {
   const MobileNetV2Config& config() const { return config_; }
   int64_t last_channel() const { return last_channel_; }
 
-  std::shared_ptr<dbrq::nn::Sequential> features;
-  std::shared_ptr<dbrq::nn::Sequential> classifier;  // Dropout(0.2), Linear
+  std::shared_ptr<dbrq::nn::SequentialImpl> features;
+  std::shared_ptr<dbrq::nn::SequentialImpl> classifier;  // Dropout(0.2), Linear
 
  private:
   MobileNetV2Config config_;

@@ -25,16 +25,16 @@ struct ResNet18Config {
 // Two 3x3 convolutions with a residual connection; `downsample` (conv1x1 + BN, or null) adapts
 // the identity when the block changes resolution or width.
 struct BasicBlock : dbrq::nn::CallableModule<BasicBlock> {
-  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<dbrq::nn::Sequential> downsample);
+  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<dbrq::nn::SequentialImpl> downsample);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn1;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn1;
   // Called twice per forward, as in torchvision; a layer holds no per-call state.
-  std::shared_ptr<dbrq::nn::ReLU> relu;
-  std::shared_ptr<dbrq::nn::Conv2d> conv2;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn2;
-  std::shared_ptr<dbrq::nn::Sequential> downsample;  // null when the identity fits
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn2;
+  std::shared_ptr<dbrq::nn::SequentialImpl> downsample;  // null when the identity fits
 };
 
 struct ResNet18 : dbrq::nn::CallableModule<ResNet18> {
@@ -44,16 +44,16 @@ struct ResNet18 : dbrq::nn::CallableModule<ResNet18> {
 
   const ResNet18Config& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn1;
-  std::shared_ptr<dbrq::nn::ReLU> relu;
-  std::shared_ptr<dbrq::nn::MaxPool2d> maxpool;
-  std::shared_ptr<dbrq::nn::Sequential> layer1, layer2, layer3, layer4;
-  std::shared_ptr<dbrq::nn::AdaptiveAvgPool2d> avgpool;
-  std::shared_ptr<dbrq::nn::Linear> fc;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu;
+  std::shared_ptr<dbrq::nn::MaxPool2dImpl> maxpool;
+  std::shared_ptr<dbrq::nn::SequentialImpl> layer1, layer2, layer3, layer4;
+  std::shared_ptr<dbrq::nn::AdaptiveAvgPool2dImpl> avgpool;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc;
 
  private:
-  std::shared_ptr<dbrq::nn::Sequential> make_layer(int64_t planes, int64_t stride);
+  std::shared_ptr<dbrq::nn::SequentialImpl> make_layer(int64_t planes, int64_t stride);
 
   ResNet18Config config_;
   int64_t inplanes_;  // input channels of the next block make_layer creates

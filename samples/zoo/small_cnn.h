@@ -33,17 +33,17 @@ struct SmallCnn : dbrq::nn::CallableModule<SmallCnn> {
 
   const SmallCnnConfig& config() const { return config_; }
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn1;
-  std::shared_ptr<dbrq::nn::ReLU> relu1;
-  std::shared_ptr<dbrq::nn::Conv2d> conv2;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn2;
-  std::shared_ptr<dbrq::nn::ReLU> relu2;
-  std::shared_ptr<dbrq::nn::MaxPool2d> pool;
-  std::shared_ptr<dbrq::nn::Conv2d> conv3;
-  std::shared_ptr<dbrq::nn::ReLU> relu3;
-  std::shared_ptr<dbrq::nn::AdaptiveAvgPool2d> avgpool;
-  std::shared_ptr<dbrq::nn::Linear> fc;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu1;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn2;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu2;
+  std::shared_ptr<dbrq::nn::MaxPool2dImpl> pool;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv3;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu3;
+  std::shared_ptr<dbrq::nn::AdaptiveAvgPool2dImpl> avgpool;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc;
 
  private:
   SmallCnnConfig config_;

@@ -7,13 +7,13 @@ namespace nn = dbrq::nn;
 
 UNetDoubleConv::UNetDoubleConv(int64_t in_channels, int64_t out_channels) {
   conv1 = register_module(
-      "conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(in_channels, out_channels, 3).padding(1).bias(false)));
-  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(out_channels));
-  relu1 = register_module("relu1", std::make_shared<nn::ReLU>());
+      "conv1", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(in_channels, out_channels, 3).padding(1).bias(false)));
+  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2dImpl>(out_channels));
+  relu1 = register_module("relu1", std::make_shared<nn::ReLUImpl>());
   conv2 = register_module(
-      "conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(out_channels, out_channels, 3).padding(1).bias(false)));
-  bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(out_channels));
-  relu2 = register_module("relu2", std::make_shared<nn::ReLU>());
+      "conv2", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(out_channels, out_channels, 3).padding(1).bias(false)));
+  bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2dImpl>(out_channels));
+  relu2 = register_module("relu2", std::make_shared<nn::ReLUImpl>());
 }
 
 Tensor UNetDoubleConv::forward(const Tensor& x) {
@@ -21,14 +21,14 @@ Tensor UNetDoubleConv::forward(const Tensor& x) {
 }
 
 UNetDown::UNetDown(int64_t in_channels, int64_t out_channels) {
-  pool = register_module("pool", std::make_shared<nn::MaxPool2d>(2));
+  pool = register_module("pool", std::make_shared<nn::MaxPool2dImpl>(2));
   conv = register_module("conv", std::make_shared<UNetDoubleConv>(in_channels, out_channels));
 }
 
 Tensor UNetDown::forward(const Tensor& x) { return (*conv)((*pool)(x)); }
 
 UNetUp::UNetUp(int64_t in_channels, int64_t skip_channels, int64_t out_channels) {
-  up = register_module("up", std::make_shared<nn::ConvTranspose2d>(
+  up = register_module("up", std::make_shared<nn::ConvTranspose2dImpl>(
                                  nn::ConvTranspose2dOptions(in_channels, in_channels / 2, 2).stride(2)));
   conv = register_module("conv", std::make_shared<UNetDoubleConv>(in_channels / 2 + skip_channels, out_channels));
 }
@@ -45,7 +45,7 @@ UNet::UNet(const UNetConfig& config) : config_(config) {
   down2 = register_module("down2", std::make_shared<UNetDown>(2 * b, 4 * b));
   up1 = register_module("up1", std::make_shared<UNetUp>(4 * b, 2 * b, 2 * b));
   up2 = register_module("up2", std::make_shared<UNetUp>(2 * b, b, b));
-  outc = register_module("outc", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(b, config.num_classes, 1)));
+  outc = register_module("outc", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(b, config.num_classes, 1)));
 }
 
 Tensor UNet::forward(const Tensor& x) {

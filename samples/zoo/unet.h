@@ -32,12 +32,12 @@ struct UNetDoubleConv : dbrq::nn::CallableModule<UNetDoubleConv> {
   UNetDoubleConv(int64_t in_channels, int64_t out_channels);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::Conv2d> conv1;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn1;
-  std::shared_ptr<dbrq::nn::ReLU> relu1;
-  std::shared_ptr<dbrq::nn::Conv2d> conv2;
-  std::shared_ptr<dbrq::nn::BatchNorm2d> bn2;
-  std::shared_ptr<dbrq::nn::ReLU> relu2;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv1;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu1;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> conv2;
+  std::shared_ptr<dbrq::nn::BatchNorm2dImpl> bn2;
+  std::shared_ptr<dbrq::nn::ReLUImpl> relu2;
 };
 
 // Max pool 2x2, then a DoubleConv.
@@ -45,7 +45,7 @@ struct UNetDown : dbrq::nn::CallableModule<UNetDown> {
   UNetDown(int64_t in_channels, int64_t out_channels);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::MaxPool2d> pool;
+  std::shared_ptr<dbrq::nn::MaxPool2dImpl> pool;
   std::shared_ptr<UNetDoubleConv> conv;
 };
 
@@ -56,7 +56,7 @@ struct UNetUp : dbrq::nn::CallableModule<UNetUp> {
   // x [N, in, h, w], skip [N, skip_channels, 2h, 2w] -> [N, out, 2h, 2w]
   dbrq::Tensor forward(const dbrq::Tensor& x, const dbrq::Tensor& skip);
 
-  std::shared_ptr<dbrq::nn::ConvTranspose2d> up;
+  std::shared_ptr<dbrq::nn::ConvTranspose2dImpl> up;
   std::shared_ptr<UNetDoubleConv> conv;
 };
 
@@ -71,7 +71,7 @@ struct UNet : dbrq::nn::CallableModule<UNet> {
   std::shared_ptr<UNetDoubleConv> inc;
   std::shared_ptr<UNetDown> down1, down2;
   std::shared_ptr<UNetUp> up1, up2;
-  std::shared_ptr<dbrq::nn::Conv2d> outc;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> outc;
 
  private:
   UNetConfig config_;

@@ -8,7 +8,7 @@ using dbrq::Tensor;
 namespace nn = dbrq::nn;
 
 PatchEmbed::PatchEmbed(const VitConfig& c) {
-  proj = register_module("proj", std::make_shared<nn::Conv2d>(
+  proj = register_module("proj", std::make_shared<nn::Conv2dImpl>(
                                      nn::Conv2dOptions(c.in_channels, c.d_model, c.patch_size).stride(c.patch_size)));
 }
 
@@ -21,8 +21,8 @@ VitAttention::VitAttention(const VitConfig& c)
     : num_heads_(c.num_heads), head_dim_(c.num_heads > 0 ? c.d_model / c.num_heads : 0) {
   DBRQ_ENSURE(c.num_heads >= 1 && c.d_model % c.num_heads == 0, dbrq::ValueError, "VitAttention: num_heads (",
               c.num_heads, ") must be >= 1 and divide d_model (", c.d_model, ")");
-  qkv = register_module("qkv", std::make_shared<nn::Linear>(c.d_model, 3 * c.d_model));
-  proj = register_module("proj", std::make_shared<nn::Linear>(c.d_model, c.d_model));
+  qkv = register_module("qkv", std::make_shared<nn::LinearImpl>(c.d_model, 3 * c.d_model));
+  proj = register_module("proj", std::make_shared<nn::LinearImpl>(c.d_model, c.d_model));
 }
 
 Tensor VitAttention::forward(const Tensor& x) {
@@ -36,17 +36,17 @@ Tensor VitAttention::forward(const Tensor& x) {
 }
 
 VitMlp::VitMlp(const VitConfig& c) {
-  fc1 = register_module("fc1", std::make_shared<nn::Linear>(c.d_model, c.mlp_dim));
-  act = register_module("act", std::make_shared<nn::GELU>());
-  fc2 = register_module("fc2", std::make_shared<nn::Linear>(c.mlp_dim, c.d_model));
+  fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(c.d_model, c.mlp_dim));
+  act = register_module("act", std::make_shared<nn::GELUImpl>());
+  fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(c.mlp_dim, c.d_model));
 }
 
 Tensor VitMlp::forward(const Tensor& x) { return (*fc2)((*act)((*fc1)(x))); }
 
 VitBlock::VitBlock(const VitConfig& c) {
-  norm1 = register_module("norm1", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
+  norm1 = register_module("norm1", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
   attn = register_module("attn", std::make_shared<VitAttention>(c));
-  norm2 = register_module("norm2", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
   mlp = register_module("mlp", std::make_shared<VitMlp>(c));
 }
 
@@ -67,15 +67,15 @@ VisionTransformer::VisionTransformer(const VitConfig& c) : config_(c) {
               c.num_heads, ") must be >= 1 and divide d_model (", c.d_model, ")");
   // timm draws both from N(0, 0.02) (truncated); the draws come from dbrq's seeded generator
   // (dbrq::manual_seed) through an Embedding's N(0, 1) initialization.
-  cls_token = register_parameter("cls_token", nn::Embedding(1, c.d_model).weight.reshape({1, 1, c.d_model}) * 0.02);
+  cls_token = register_parameter("cls_token", nn::EmbeddingImpl(1, c.d_model).weight.reshape({1, 1, c.d_model}) * 0.02);
   pos_embed = register_parameter(
       "pos_embed",
-      nn::Embedding(1 + c.num_patches(), c.d_model).weight.reshape({1, 1 + c.num_patches(), c.d_model}) * 0.02);
+      nn::EmbeddingImpl(1 + c.num_patches(), c.d_model).weight.reshape({1, 1 + c.num_patches(), c.d_model}) * 0.02);
   patch_embed = register_module("patch_embed", std::make_shared<PatchEmbed>(c));
-  blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+  blocks = register_module("blocks", std::make_shared<nn::ModuleListImpl>());
   for (int64_t i = 0; i < c.num_layers; ++i) blocks->push_back(std::make_shared<VitBlock>(c));
-  norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model, c.layer_norm_eps));
-  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.num_classes));
+  norm = register_module("norm", std::make_shared<nn::LayerNormImpl>(c.d_model, c.layer_norm_eps));
+  head = register_module("head", std::make_shared<nn::LinearImpl>(c.d_model, c.num_classes));
 }
 
 Tensor VisionTransformer::forward(const Tensor& images) {

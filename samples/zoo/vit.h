@@ -43,7 +43,7 @@ struct PatchEmbed : dbrq::nn::CallableModule<PatchEmbed> {
   explicit PatchEmbed(const VitConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& images);
 
-  std::shared_ptr<dbrq::nn::Conv2d> proj;
+  std::shared_ptr<dbrq::nn::Conv2dImpl> proj;
 };
 
 // Multi-head self-attention over all tokens; one Linear makes q, k and v ([q | k | v] rows).
@@ -51,7 +51,7 @@ struct VitAttention : dbrq::nn::CallableModule<VitAttention> {
   explicit VitAttention(const VitConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& x);  // [N, T, d_model] -> [N, T, d_model]
 
-  std::shared_ptr<dbrq::nn::Linear> qkv, proj;
+  std::shared_ptr<dbrq::nn::LinearImpl> qkv, proj;
 
  private:
   int64_t num_heads_, head_dim_;
@@ -61,9 +61,9 @@ struct VitMlp : dbrq::nn::CallableModule<VitMlp> {
   explicit VitMlp(const VitConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::Linear> fc1;
-  std::shared_ptr<dbrq::nn::GELU> act;
-  std::shared_ptr<dbrq::nn::Linear> fc2;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc1;
+  std::shared_ptr<dbrq::nn::GELUImpl> act;
+  std::shared_ptr<dbrq::nn::LinearImpl> fc2;
 };
 
 // Pre-LayerNorm encoder block.
@@ -71,9 +71,9 @@ struct VitBlock : dbrq::nn::CallableModule<VitBlock> {
   explicit VitBlock(const VitConfig& config);
   dbrq::Tensor forward(const dbrq::Tensor& x);
 
-  std::shared_ptr<dbrq::nn::LayerNorm> norm1;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> norm1;
   std::shared_ptr<VitAttention> attn;
-  std::shared_ptr<dbrq::nn::LayerNorm> norm2;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> norm2;
   std::shared_ptr<VitMlp> mlp;
 };
 
@@ -88,9 +88,9 @@ struct VisionTransformer : dbrq::nn::CallableModule<VisionTransformer> {
   dbrq::Tensor cls_token;  // [1, 1, d_model]
   dbrq::Tensor pos_embed;  // [1, 1 + patches, d_model]
   std::shared_ptr<PatchEmbed> patch_embed;
-  std::shared_ptr<dbrq::nn::ModuleList> blocks;
-  std::shared_ptr<dbrq::nn::LayerNorm> norm;
-  std::shared_ptr<dbrq::nn::Linear> head;
+  std::shared_ptr<dbrq::nn::ModuleListImpl> blocks;
+  std::shared_ptr<dbrq::nn::LayerNormImpl> norm;
+  std::shared_ptr<dbrq::nn::LinearImpl> head;
 
  private:
   VitConfig config_;

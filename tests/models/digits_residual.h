@@ -22,20 +22,20 @@ namespace dbrq::testing {
 
 struct DigitsResidual : nn::CallableModule<DigitsResidual> {
   DigitsResidual() {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(16));
-    relu1 = register_module("relu1", std::make_shared<nn::ReLU>());
-    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)));
-    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(32));
-    relu2 = register_module("relu2", std::make_shared<nn::ReLU>());
-    pool = register_module("pool", std::make_shared<nn::MaxPool2d>(2));
-    conv3 = register_module("conv3", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, 32, 3).padding(1).bias(false)));
-    bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2d>(32));
-    relu3 = register_module("relu3", std::make_shared<nn::ReLU>());
-    conv4 = register_module("conv4", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, 64, 3).padding(1)));
-    relu4 = register_module("relu4", std::make_shared<nn::ReLU>());
-    avgpool = register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
-    fc = register_module("fc", std::make_shared<nn::Linear>(64, 10));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2dImpl>(16));
+    relu1 = register_module("relu1", std::make_shared<nn::ReLUImpl>());
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2dImpl>(32));
+    relu2 = register_module("relu2", std::make_shared<nn::ReLUImpl>());
+    pool = register_module("pool", std::make_shared<nn::MaxPool2dImpl>(2));
+    conv3 = register_module("conv3", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(32, 32, 3).padding(1).bias(false)));
+    bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2dImpl>(32));
+    relu3 = register_module("relu3", std::make_shared<nn::ReLUImpl>());
+    conv4 = register_module("conv4", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(32, 64, 3).padding(1)));
+    relu4 = register_module("relu4", std::make_shared<nn::ReLUImpl>());
+    avgpool = register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2dImpl>(1));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(64, 10));
   }
 
   Tensor forward(const Tensor& x) {
@@ -46,12 +46,12 @@ struct DigitsResidual : nn::CallableModule<DigitsResidual> {
     return (*fc)((*avgpool)(y).flatten(1));
   }
 
-  std::shared_ptr<nn::Conv2d> conv1, conv2, conv3, conv4;
-  std::shared_ptr<nn::BatchNorm2d> bn1, bn2, bn3;
-  std::shared_ptr<nn::ReLU> relu1, relu2, relu3, relu4;
-  std::shared_ptr<nn::MaxPool2d> pool;
-  std::shared_ptr<nn::AdaptiveAvgPool2d> avgpool;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::Conv2dImpl> conv1, conv2, conv3, conv4;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn1, bn2, bn3;
+  std::shared_ptr<nn::ReLUImpl> relu1, relu2, relu3, relu4;
+  std::shared_ptr<nn::MaxPool2dImpl> pool;
+  std::shared_ptr<nn::AdaptiveAvgPool2dImpl> avgpool;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 }  // namespace dbrq::testing

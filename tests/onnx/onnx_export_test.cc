@@ -185,10 +185,10 @@ ModelR read_model(const std::string& bytes) {
 
 struct ResNetLike : nn::CallableModule<ResNetLike> {
   ResNetLike() {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(8));
-    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(8, 8, 3, 1, 1));
-    fc = register_module("fc", std::make_shared<nn::Linear>(16, 4));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2dImpl>(3, 8, 3, 1, 1));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2dImpl>(8));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2dImpl>(8, 8, 3, 1, 1));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(16, 4));
   }
   Tensor forward(const Tensor& x) {
     Tensor y = relu((*bn1)((*conv1)(x)));
@@ -197,9 +197,9 @@ struct ResNetLike : nn::CallableModule<ResNetLike> {
     Tensor c = cat({p, p}, 1);
     return (*fc)(flatten(adaptive_avg_pool2d(c, {1, 1}), 1));
   }
-  std::shared_ptr<nn::Conv2d> conv1, conv2;
-  std::shared_ptr<nn::BatchNorm2d> bn1;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::Conv2dImpl> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 std::shared_ptr<ResNetLike> converted_resnet_like() {
@@ -327,13 +327,13 @@ TEST(OnnxExport, WritesTheFileAtomically) {
 
 // A branch chosen by the caller: each export writes the path its call took.
 struct Branchy : nn::CallableModule<Branchy> {
-  Branchy() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Branchy() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 1)); }
   Tensor forward(const Tensor& x) {
     Tensor y = (*conv)(x);
     return use_sigmoid ? sigmoid(y) : tanh(y);
   }
   bool use_sigmoid = true;
-  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::Conv2dImpl> conv;
 };
 
 TEST(OnnxExport, ExportsThePathTheExampleTakes) {
@@ -359,9 +359,9 @@ TEST(OnnxExport, ExportsThePathTheExampleTakes) {
 // An output dbrq computes in fp32 (exp) from an int8 tensor (the conv's): with
 // int8_inputs_of_fp32_outputs that tensor is an output too, with its scale and dbrq's values.
 struct Fp32Tail : nn::CallableModule<Fp32Tail> {
-  Fp32Tail() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  Fp32Tail() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 1)); }
   Tensor forward(const Tensor& x) { return exp((*conv)(x)); }
-  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::Conv2dImpl> conv;
 };
 
 TEST(OnnxExport, Int8InputOfAnFp32Output) {
@@ -399,11 +399,11 @@ TEST(OnnxExport, Int8InputOfAnFp32Output) {
 // [C, K, R, S] with the per-output-channel scales on axis 1.
 struct Deconv : nn::CallableModule<Deconv> {
   Deconv() {
-    up = register_module("up", std::make_shared<nn::ConvTranspose2d>(
+    up = register_module("up", std::make_shared<nn::ConvTranspose2dImpl>(
                                     nn::ConvTranspose2dOptions(3, 5, 3).stride(2).padding(1).output_padding(1)));
   }
   Tensor forward(const Tensor& x) { return relu((*up)(x)); }
-  std::shared_ptr<nn::ConvTranspose2d> up;
+  std::shared_ptr<nn::ConvTranspose2dImpl> up;
 };
 
 TEST(OnnxExport, ConvTransposeWeightsInOnnxLayout) {
@@ -459,9 +459,9 @@ TEST(OnnxExportErrors, PreparedButNotConverted) {
 }
 
 struct WithStd : nn::CallableModule<WithStd> {
-  WithStd() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 1)); }
+  WithStd() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 1)); }
   Tensor forward(const Tensor& x) { return dbrq::std((*conv)(x), {2, 3}, true, false); }
-  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::Conv2dImpl> conv;
 };
 
 TEST(OnnxExportErrors, OpWithoutOnnxFormIsNamedAndLeavesTheOldFile) {
@@ -502,7 +502,7 @@ TEST(OnnxExportErrors, OpWithoutOnnxFormIsNamedAndLeavesTheOldFile) {
 // say that the buffer changed, so the export refuses instead of writing this call's values as a
 // constant. A copy_ into a whole tensor is fine.
 struct FillsViews : nn::CallableModule<FillsViews> {
-  FillsViews() { fc = register_module("fc", std::make_shared<nn::Linear>(4, 4)); }
+  FillsViews() { fc = register_module("fc", std::make_shared<nn::LinearImpl>(4, 4)); }
   Tensor forward(const Tensor& x) {
     Tensor y = (*fc)(x);
     Tensor buf = zeros({2, 4});
@@ -515,7 +515,7 @@ struct FillsViews : nn::CallableModule<FillsViews> {
     return buf + y;
   }
   bool through_view = true;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(OnnxExportErrors, InPlaceWritesThroughViews) {
@@ -550,9 +550,9 @@ TEST(OnnxExportErrors, UnwritablePath) {
 // A channel whose weights are all zero gets the smallest weight scale, so its bias in ONNX's
 // int32 units (input scale x weight scale) overflows: a clear error, never a clamped bias.
 struct ZeroChannel : nn::CallableModule<ZeroChannel> {
-  ZeroChannel() { conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, 3, 1, 1)); }
+  ZeroChannel() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 3, 1, 1)); }
   Tensor forward(const Tensor& x) { return (*conv)(x); }
-  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::Conv2dImpl> conv;
 };
 
 TEST(OnnxExportErrors, BiasBeyondInt32IsRefused) {
@@ -571,9 +571,9 @@ TEST(OnnxExportErrors, BiasBeyondInt32IsRefused) {
 
 // narrow with a negative start (the last step of a sequence) slices from the end.
 struct LastStep : nn::CallableModule<LastStep> {
-  LastStep() { fc = register_module("fc", std::make_shared<nn::Linear>(4, 2)); }
+  LastStep() { fc = register_module("fc", std::make_shared<nn::LinearImpl>(4, 2)); }
   Tensor forward(const Tensor& x) { return (*fc)(x.narrow(1, -1, 1).flatten(1)); }
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(OnnxExport, NarrowFromTheEnd) {
@@ -604,11 +604,11 @@ TEST(OnnxExport, NarrowFromTheEnd) {
 
 struct SoftmaxNet : nn::CallableModule<SoftmaxNet> {
   SoftmaxNet() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 4));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(4, 2));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(4, 4));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(4, 2));
   }
   Tensor forward(const Tensor& x) { return (*fc2)(softmax((*fc1)(x), -1)); }
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2;
 };
 
 // An int8 softmax is Softmax -> Min(top) -> QuantizeLinear, top the largest value its u8 output

@@ -533,7 +533,7 @@ TEST(OpErrors, PreluSoftplusMish) {
   EXPECT_THROW_MSG(prelu(f32({2, 3}), f32({3, 1})), ShapeError, "prelu: weight must be 1-D, got sizes [3, 1]");
   EXPECT_THROW_MSG(prelu(u8({2, 3}), f32({3})), DTypeError, "prelu: input must have dtype f32");
   EXPECT_THROW_MSG(prelu(f32({2, 3}), Tensor()), ValueError, "prelu: weight is an undefined tensor");
-  EXPECT_THROW_MSG(nn::PReLU(0), ValueError, "PReLU: num_parameters must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::PReLUImpl(0), ValueError, "PReLU: num_parameters must be >= 1, got 0");
   EXPECT_THROW_MSG(softplus(f32({2}), 0.0), ValueError, "softplus: beta must be nonzero and finite, got 0");
   EXPECT_THROW_MSG(softplus(f32({2}), 1.0, std::nan("")), ValueError, "softplus: threshold must not be NaN");
   EXPECT_THROW_MSG(softplus(u8({2})), DTypeError, "softplus: input must have dtype f32");

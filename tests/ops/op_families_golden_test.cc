@@ -154,12 +154,12 @@ TEST(OpFamiliesGolden, Prelu) {
   close(prelu(strided(x), w3), G("prelu.per_channel"), "prelu strided");
   close(prelu(x, from_vector<float>({0.1f})), G("prelu.one"), "prelu one weight");
   close(prelu(G("prelu.x2"), w3), G("prelu.out2"), "prelu 2-D");
-  nn::PReLU layer(3);
+  nn::PReLUImpl layer(3);
   EXPECT_EQ(layer.weight.to_vector<float>(), std::vector<float>(3, 0.25f)) << "init 0.25";
   layer.weight.copy_(w3);
   close(layer(x), G("prelu.per_channel"), "PReLU layer");
   EXPECT_EQ(layer.to_string(), "PReLU(num_parameters=3)");
-  EXPECT_EQ(nn::PReLU().num_parameters(), 1);
+  EXPECT_EQ(nn::PReLUImpl().num_parameters(), 1);
 }
 
 TEST(OpFamiliesGolden, SoftplusMish) {
@@ -172,10 +172,10 @@ TEST(OpFamiliesGolden, SoftplusMish) {
   close(mish(x), G("mish.out"), "mish");
   close(mish(strided(x)), G("mish.out"), "mish strided");
   close(mish(t), G("mish.tails"), "mish tails");
-  nn::Softplus sp(2.0, 5.0);
+  nn::SoftplusImpl sp(2.0, 5.0);
   close(sp(x), G("softplus.beta2"), "Softplus layer");
   EXPECT_EQ(sp.to_string(), "Softplus(beta=2, threshold=5)");
-  nn::Mish m;
+  nn::MishImpl m;
   close(m(x), G("mish.out"), "Mish layer");
   EXPECT_EQ(m.to_string(), "Mish()");
 }

@@ -55,7 +55,7 @@ TEST(SpatialOpsGolden, ConvTranspose2d) {
 
 TEST(SpatialOpsGolden, ConvTranspose2dLayerMatchesFunctional) {
   const ConvTCase& c = kConvTCases[1];  // stride 2, padding 1, output_padding 1
-  auto layer = std::make_shared<nn::ConvTranspose2d>(
+  auto layer = std::make_shared<nn::ConvTranspose2dImpl>(
       nn::ConvTranspose2dOptions(4, 3, 3).stride(2).padding(1).output_padding(1));
   EXPECT_EQ(layer->weight.sizes(), G("convt_s2_p1_op1.w").sizes());
   EXPECT_EQ(layer->bias.sizes(), G("convt_s2_p1_op1.b").sizes());
@@ -71,7 +71,7 @@ TEST(SpatialOpsGolden, ConvTranspose2dLayerMatchesFunctional) {
 
 TEST(SpatialOpsGolden, ConvTranspose2dLayerInitAndPrinting) {
   manual_seed(7);
-  nn::ConvTranspose2d a(nn::ConvTranspose2dOptions(8, 4, 4).stride(2).padding(1).bias(false));
+  nn::ConvTranspose2dImpl a(nn::ConvTranspose2dOptions(8, 4, 4).stride(2).padding(1).bias(false));
   EXPECT_EQ(a.weight.sizes(), (DimVector{8, 4, 4, 4}));
   EXPECT_FALSE(a.bias.defined());
   // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = (out/groups) * kH * kW = 64.
@@ -83,7 +83,7 @@ TEST(SpatialOpsGolden, ConvTranspose2dLayerInitAndPrinting) {
   EXPECT_LT(lo, -0.1f);
   EXPECT_GT(hi, 0.1f);
   EXPECT_EQ(a.extra_repr(), "8, 4, kernel_size=(4, 4), stride=(2, 2), padding=(1, 1), bias=False");
-  nn::ConvTranspose2d b(
+  nn::ConvTranspose2dImpl b(
       nn::ConvTranspose2dOptions(4, 6, {3, 2}).stride({2, 1}).output_padding({1, 0}).dilation(2).groups(2));
   EXPECT_EQ(b.weight.sizes(), (DimVector{4, 3, 3, 2}));
   EXPECT_EQ(b.bias.sizes(), (DimVector{6}));
@@ -146,18 +146,18 @@ TEST(SpatialOpErrors, ConvTranspose2dParamsAndDtypes) {
 }
 
 TEST(SpatialOpErrors, ConvTranspose2dLayerOptions) {
-  EXPECT_THROW_MSG(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(0, 4, 3)), ValueError,
+  EXPECT_THROW_MSG(nn::ConvTranspose2dImpl(nn::ConvTranspose2dOptions(0, 4, 3)), ValueError,
                    "ConvTranspose2d: in_channels and out_channels must be >= 1, got 0 and 4");
-  EXPECT_THROW_MSG(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 6, 3).groups(4)), ValueError,
+  EXPECT_THROW_MSG(nn::ConvTranspose2dImpl(nn::ConvTranspose2dOptions(4, 6, 3).groups(4)), ValueError,
                    "ConvTranspose2d: in_channels (4) and out_channels (6) must be divisible by groups (4)");
-  EXPECT_THROW_MSG(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 6, 0)), ValueError,
+  EXPECT_THROW_MSG(nn::ConvTranspose2dImpl(nn::ConvTranspose2dOptions(4, 6, 0)), ValueError,
                    "ConvTranspose2d: kernel_size must be >= 1, got (0, 0)");
-  EXPECT_THROW_MSG(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 6, 3).stride(0)), ValueError,
+  EXPECT_THROW_MSG(nn::ConvTranspose2dImpl(nn::ConvTranspose2dOptions(4, 6, 3).stride(0)), ValueError,
                    "ConvTranspose2d: stride and dilation must be >= 1 and padding >= 0, got stride (0, 0)");
-  EXPECT_THROW_MSG(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).output_padding(2)), ValueError,
+  EXPECT_THROW_MSG(nn::ConvTranspose2dImpl(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).output_padding(2)), ValueError,
                    "ConvTranspose2d: output_padding must be >= 0 and smaller than either stride or dilation, got "
                    "output_padding (2, 2), stride (2, 2), dilation (1, 1)");
-  nn::ConvTranspose2d ok(nn::ConvTranspose2dOptions(4, 6, 3));
+  nn::ConvTranspose2dImpl ok(nn::ConvTranspose2dOptions(4, 6, 3));
   EXPECT_THROW_MSG(ok(f32({1, 3, 5, 5})), ShapeError, "conv_transpose2d: input has 3 channels but the weight expects 4");
 }
 
@@ -197,13 +197,13 @@ TEST(SpatialOpsGolden, Conv1d) {
 }
 
 TEST(SpatialOpsGolden, Conv1dLayer) {
-  nn::Conv1d layer(nn::Conv1dOptions(4, 5, 3).stride(2).padding(2).dilation(2));
+  nn::Conv1dImpl layer(nn::Conv1dOptions(4, 5, 3).stride(2).padding(2).dilation(2));
   EXPECT_EQ(layer.weight.sizes(), (DimVector{5, 4, 3}));
   layer.weight.copy_(G("c1d_s2_d2.w"));
   layer.bias.copy_(G("c1d_s2_d2.b"));
   testing::expect_close(layer(G("c1d_s2_d2.x")), G("c1d_s2_d2.out"), kTol, "layer");
   EXPECT_EQ(layer.extra_repr(), "4, 5, kernel_size=(3,), stride=(2,), padding=(2,), dilation=(2,)");
-  nn::Conv1d dw(nn::Conv1dOptions(4, 8, 5).groups(4).bias(false));
+  nn::Conv1dImpl dw(nn::Conv1dOptions(4, 8, 5).groups(4).bias(false));
   EXPECT_EQ(dw.weight.sizes(), (DimVector{8, 1, 5}));
   EXPECT_EQ(dw.extra_repr(), "4, 8, kernel_size=(5,), stride=(1,), groups=4, bias=False");
   // PyTorch's init bound 1/sqrt(fan_in), fan_in = in/groups * kL = 5.
@@ -220,7 +220,7 @@ TEST(SpatialOpsGolden, Pool1d) {
     const std::string n = c.name;
     const Tensor want = G(n + ".out");
     testing::expect_close(max_pool1d(G(n + ".x"), c.k, c.s, c.p, c.d, c.ceil), want, kTol, n);
-    nn::MaxPool1d layer(c.k, c.s, c.p, c.d, c.ceil);
+    nn::MaxPool1dImpl layer(c.k, c.s, c.p, c.d, c.ceil);
     testing::expect_close(layer(G(n + ".x")), want, kTol, n + " layer");
   }
   struct Avg {
@@ -232,18 +232,18 @@ TEST(SpatialOpsGolden, Pool1d) {
     const std::string n = c.name;
     const Tensor want = G(n + ".out");
     testing::expect_close(avg_pool1d(G(n + ".x"), c.k, c.s, c.p, c.ceil, c.count), want, kTol, n);
-    nn::AvgPool1d layer(c.k, c.s, c.p, c.ceil, c.count);
+    nn::AvgPool1dImpl layer(c.k, c.s, c.p, c.ceil, c.count);
     testing::expect_close(layer(G(n + ".x")), want, kTol, n + " layer");
   }
   testing::expect_close(adaptive_avg_pool1d(G("aap1d_4.x"), 4), G("aap1d_4.out"), kTol, "aap1d_4");
-  testing::expect_close(nn::AdaptiveAvgPool1d(3)(G("aap1d_3_from_11.x")), G("aap1d_3_from_11.out"), kTol,
+  testing::expect_close(nn::AdaptiveAvgPool1dImpl(3)(G("aap1d_3_from_11.x")), G("aap1d_3_from_11.out"), kTol,
                         "aap1d_3_from_11");
   // Default stride = kernel size.
   const Tensor x = G("mp1d_k3_s2_p1.x");
   EXPECT_EQ(max_pool1d(x, 3).sizes(), (DimVector{2, 3, 3}));
-  EXPECT_EQ(nn::MaxPool1d(3).extra_repr(), "kernel_size=3, stride=3, padding=0, dilation=1, ceil_mode=False");
-  EXPECT_EQ(nn::AvgPool1d(4, 2, 1).extra_repr(), "kernel_size=(4,), stride=(2,), padding=(1,)");
-  EXPECT_EQ(nn::AdaptiveAvgPool1d(7).extra_repr(), "output_size=7");
+  EXPECT_EQ(nn::MaxPool1dImpl(3).extra_repr(), "kernel_size=3, stride=3, padding=0, dilation=1, ceil_mode=False");
+  EXPECT_EQ(nn::AvgPool1dImpl(4, 2, 1).extra_repr(), "kernel_size=(4,), stride=(2,), padding=(1,)");
+  EXPECT_EQ(nn::AdaptiveAvgPool1dImpl(7).extra_repr(), "output_size=7");
 }
 
 TEST(SpatialOpErrors, Conv1d) {
@@ -272,12 +272,12 @@ TEST(SpatialOpErrors, Conv1d) {
   EXPECT_THROW_MSG(conv1d(x, f32({6, 1, 3}), Tensor(), p), ShapeError,
                    "conv1d: out_channels (6) must be divisible by groups (4)");
   EXPECT_THROW_MSG(conv1d(zeros({1, 4, 10}, DType::kU8), w), DTypeError, "conv1d: input must have dtype f32, got u8");
-  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 3).groups(4)), ValueError,
+  EXPECT_THROW_MSG(nn::Conv1dImpl(nn::Conv1dOptions(4, 6, 3).groups(4)), ValueError,
                    "Conv1d: in_channels (4) and out_channels (6) must be divisible by groups (4)");
-  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(0, 6, 3)), ValueError,
+  EXPECT_THROW_MSG(nn::Conv1dImpl(nn::Conv1dOptions(0, 6, 3)), ValueError,
                    "Conv1d: in_channels and out_channels must be >= 1, got 0 and 6");
-  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 0)), ValueError, "Conv1d: kernel_size must be >= 1, got 0");
-  EXPECT_THROW_MSG(nn::Conv1d(nn::Conv1dOptions(4, 6, 3).stride(0)), ValueError,
+  EXPECT_THROW_MSG(nn::Conv1dImpl(nn::Conv1dOptions(4, 6, 0)), ValueError, "Conv1d: kernel_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::Conv1dImpl(nn::Conv1dOptions(4, 6, 3).stride(0)), ValueError,
                    "Conv1d: stride and dilation must be >= 1 and padding >= 0, got stride 0");
   EXPECT_EQ(conv1d(x, w).sizes(), (DimVector{1, 6, 8}));  // still usable
 }
@@ -296,10 +296,10 @@ TEST(SpatialOpErrors, Pool1d) {
   EXPECT_THROW_MSG(avg_pool1d(x, 2, -1), ValueError, "avg_pool1d: stride must be >= 1, got -1");
   EXPECT_THROW_MSG(adaptive_avg_pool1d(f32({3, 8}), 2), ShapeError, "adaptive_avg_pool1d: input must be 3-D (N, C, L)");
   EXPECT_THROW_MSG(adaptive_avg_pool1d(x, 0), ValueError, "adaptive_avg_pool1d: output_size must be >= 1, got 0");
-  EXPECT_THROW_MSG(nn::MaxPool1d(0), ValueError, "MaxPool1d: kernel_size and dilation must be >= 1");
-  EXPECT_THROW_MSG(nn::AvgPool1d(2, 1, 3), ValueError,
+  EXPECT_THROW_MSG(nn::MaxPool1dImpl(0), ValueError, "MaxPool1d: kernel_size and dilation must be >= 1");
+  EXPECT_THROW_MSG(nn::AvgPool1dImpl(2, 1, 3), ValueError,
                    "AvgPool1d: padding must be >= 0 and at most half the kernel size, got padding 3 for kernel_size 2");
-  EXPECT_THROW_MSG(nn::AdaptiveAvgPool1d(0), ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::AdaptiveAvgPool1dImpl(0), ValueError, "AdaptiveAvgPool1d: output_size must be >= 1, got 0");
 }
 
 // ---- interpolate / Upsample -------------------------------------------------------------------------
@@ -341,7 +341,7 @@ TEST(SpatialOpsGolden, Interpolate) {
     if (c.scale) o.scale_factor(*c.scale);
     o.mode(c.mode);
     if (c.align_corners) o.align_corners(*c.align_corners);
-    testing::expect_close(nn::Upsample(o)(x), want, kTol, n + " layer");
+    testing::expect_close(nn::UpsampleImpl(o)(x), want, kTol, n + " layer");
   }
   // Nearest is a gather: exact.
   EXPECT_EQ(interpolate(G("interp_nearest_size.x"), std::array<int64_t, 2>{7, 9}).to_vector<float>(),
@@ -349,13 +349,13 @@ TEST(SpatialOpsGolden, Interpolate) {
 }
 
 TEST(SpatialOpsGolden, UpsamplePrinting) {
-  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor(2.0)).extra_repr(), "scale_factor=2.0, mode='nearest'");
-  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor(1.5).mode("bilinear").align_corners(true)).extra_repr(),
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(2.0)).extra_repr(), "scale_factor=2.0, mode='nearest'");
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(1.5).mode("bilinear").align_corners(true)).extra_repr(),
             "scale_factor=1.5, mode='bilinear'");
-  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().scale_factor({2.0, 3.0})).extra_repr(),
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor({2.0, 3.0})).extra_repr(),
             "scale_factor=(2.0, 3.0), mode='nearest'");
-  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().size(8)).extra_repr(), "size=8, mode='nearest'");
-  EXPECT_EQ(nn::Upsample(nn::UpsampleOptions().size({4, 6}).mode("bilinear")).to_string(),
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().size(8)).extra_repr(), "size=8, mode='nearest'");
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().size({4, 6}).mode("bilinear")).to_string(),
             "Upsample(size=(4, 6), mode='bilinear')");
 }
 
@@ -381,15 +381,15 @@ TEST(SpatialOpErrors, Interpolate) {
                    "interpolate: input must have dtype f32, u8 or s8, got s64");
   EXPECT_THROW_MSG(interpolate(zeros({1, 2, 4, 4}, DType::kU8), std::nullopt, s2, "bilinear"), DTypeError,
                    "interpolate (bilinear): input must have dtype f32 or be a quantized u8 tensor, got u8");
-  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions()), ValueError,
+  EXPECT_THROW_MSG(nn::UpsampleImpl(nn::UpsampleOptions()), ValueError,
                    "Upsample: either size or scale_factor should be defined");
-  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).scale_factor(2.0)), ValueError,
+  EXPECT_THROW_MSG(nn::UpsampleImpl(nn::UpsampleOptions().size(4).scale_factor(2.0)), ValueError,
                    "Upsample: only one of size or scale_factor should be defined");
-  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).mode("area")), ValueError,
+  EXPECT_THROW_MSG(nn::UpsampleImpl(nn::UpsampleOptions().size(4).mode("area")), ValueError,
                    "Upsample: mode must be \"nearest\" or \"bilinear\", got \"area\"");
-  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().size(4).align_corners(false)), ValueError,
+  EXPECT_THROW_MSG(nn::UpsampleImpl(nn::UpsampleOptions().size(4).align_corners(false)), ValueError,
                    "Upsample: align_corners option can only be set with the interpolating mode \"bilinear\"");
-  EXPECT_THROW_MSG(nn::Upsample(nn::UpsampleOptions().scale_factor(0.0)), ValueError,
+  EXPECT_THROW_MSG(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(0.0)), ValueError,
                    "Upsample: scale_factor must be finite and > 0, got 0");
   EXPECT_EQ(interpolate(x, std::nullopt, s2).sizes(), (DimVector{1, 2, 8, 8}));
 }
@@ -412,21 +412,21 @@ TEST(SpatialOpsGolden, GroupNorm) {
       testing::expect_close(y, want, kTol, n + " channels-last");
       EXPECT_TRUE(y.is_channels_last()) << "the output keeps the input's layout";
     }
-    nn::GroupNorm layer(c.groups, x.size(1), c.eps, w.defined());
+    nn::GroupNormImpl layer(c.groups, x.size(1), c.eps, w.defined());
     if (w.defined()) {
       layer.weight.copy_(w);
       layer.bias.copy_(b);
     }
     testing::expect_close(layer(x), want, kTol, n + " layer");
   }
-  EXPECT_EQ(nn::GroupNorm(2, 6).extra_repr(), "2, 6, eps=1e-05, affine=True");
-  EXPECT_EQ(nn::GroupNorm(3, 6, 1e-3, false).to_string(), "GroupNorm(3, 6, eps=0.001, affine=False)");
+  EXPECT_EQ(nn::GroupNormImpl(2, 6).extra_repr(), "2, 6, eps=1e-05, affine=True");
+  EXPECT_EQ(nn::GroupNormImpl(3, 6, 1e-3, false).to_string(), "GroupNorm(3, 6, eps=0.001, affine=False)");
 }
 
 TEST(SpatialOpsGolden, InstanceNorm) {
   const Tensor x = G("in_4d.x");
   testing::expect_close(instance_norm(x), G("in_4d.out"), kTol, "in_4d");
-  nn::InstanceNorm2d layer(3);
+  nn::InstanceNorm2dImpl layer(3);
   testing::expect_close(layer(x), G("in_4d.out"), kTol, "layer");
   // An unbatched [C, H, W] input, as PyTorch accepts.
   testing::expect_close(layer(x.select(0, 1)), G("in_4d.out").select(0, 1), kTol, "unbatched");
@@ -435,12 +435,12 @@ TEST(SpatialOpsGolden, InstanceNorm) {
 
   const Tensor xa = G("in_4d_affine.x"), w = G("in_4d_affine.w"), b = G("in_4d_affine.b");
   testing::expect_close(instance_norm(xa, w, b), G("in_4d_affine.out"), kTol, "in_4d_affine");
-  nn::InstanceNorm2d affine(4, 1e-5, 0.1, true);
+  nn::InstanceNorm2dImpl affine(4, 1e-5, 0.1, true);
   affine.weight.copy_(w);
   affine.bias.copy_(b);
   testing::expect_close(affine(xa.contiguous(MemoryFormat::kChannelsLast)), G("in_4d_affine.out"), kTol, "affine layer");
   // track_running_stats: inference uses the running statistics (batch_norm).
-  nn::InstanceNorm2d tracked(4, 1e-5, 0.1, true, true);
+  nn::InstanceNorm2dImpl tracked(4, 1e-5, 0.1, true, true);
   tracked.running_mean.copy_(from_vector<float>({0.5f, -0.5f, 1.f, 0.f}));
   tracked.running_var.copy_(from_vector<float>({1.f, 4.f, 0.25f, 2.f}));
   testing::expect_close(tracked(xa),
@@ -461,9 +461,9 @@ TEST(SpatialOpErrors, GroupNormAndInstanceNorm) {
   EXPECT_THROW_MSG(group_norm(Tensor(), 2), ValueError, "group_norm: input is an undefined tensor");
   EXPECT_THROW_MSG(instance_norm(x, f32({4})), ShapeError, "instance_norm: weight must have sizes [6], got [4]");
   EXPECT_THROW_MSG(instance_norm(zeros({2, 6, 4}, DType::kS64)), DTypeError, "instance_norm: input must have dtype f32, got s64");
-  EXPECT_THROW_MSG(nn::GroupNorm(4, 6), ValueError, "GroupNorm: num_channels (6) must be divisible by num_groups (4)");
-  EXPECT_THROW_MSG(nn::InstanceNorm2d(0), ValueError, "InstanceNorm2d: num_features must be >= 1, got 0");
-  nn::InstanceNorm2d in(6);
+  EXPECT_THROW_MSG(nn::GroupNormImpl(4, 6), ValueError, "GroupNorm: num_channels (6) must be divisible by num_groups (4)");
+  EXPECT_THROW_MSG(nn::InstanceNorm2dImpl(0), ValueError, "InstanceNorm2d: num_features must be >= 1, got 0");
+  nn::InstanceNorm2dImpl in(6);
   EXPECT_THROW_MSG(in(f32({2, 5, 4, 4})), ShapeError, "InstanceNorm2d: expected 6 channels, got input sizes [2, 5, 4, 4]");
   EXPECT_THROW_MSG(in(f32({2, 6})), ShapeError, "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes [2, 6]");
   EXPECT_EQ(in(x).sizes(), x.sizes());

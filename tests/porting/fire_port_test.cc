@@ -26,11 +26,11 @@ struct FireImpl : nn::CallableModule<FireImpl> {
     this->arrow = arrow;
   }
   FireImpl(int64_t inplanes, int64_t squeeze_planes, int64_t expand1x1_planes, int64_t expand3x3_planes)
-      : squeeze(register_module("squeeze", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(inplanes, squeeze_planes, 1)))),
+      : squeeze(register_module("squeeze", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(inplanes, squeeze_planes, 1)))),
         expand1x1(register_module("expand1x1",
-                                  std::make_shared<nn::Conv2d>(nn::Conv2dOptions(squeeze_planes, expand1x1_planes, 1)))),
+                                  std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(squeeze_planes, expand1x1_planes, 1)))),
         expand3x3(register_module(
-            "expand3x3", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(squeeze_planes, expand3x3_planes, 3).padding(1)))) {}
+            "expand3x3", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(squeeze_planes, expand3x3_planes, 3).padding(1)))) {}
 
   Tensor forward(Tensor x) {
     if (arrow) {  // libtorch's other spelling, on built-in layers (see BuiltinArrowForward below)
@@ -41,21 +41,21 @@ struct FireImpl : nn::CallableModule<FireImpl> {
     return dbrq::cat({dbrq::relu((*expand1x1)(x)), dbrq::relu((*expand3x3)(x))}, 1);
   }
 
-  std::shared_ptr<nn::Conv2d> squeeze, expand1x1, expand3x3;
+  std::shared_ptr<nn::Conv2dImpl> squeeze, expand1x1, expand3x3;
   bool arrow = false;
 };
 DBRQ_MODULE(Fire);
 
 struct SqueezeNetImpl : nn::CallableModule<SqueezeNetImpl> {
   explicit SqueezeNetImpl(int64_t num_classes = 10)
-      : features(std::make_shared<nn::Sequential>(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 16, 3).stride(2)),
-                                std::make_shared<nn::ReLU>(),
-                                std::make_shared<nn::Functional>(
+      : features(std::make_shared<nn::SequentialImpl>(std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 16, 3).stride(2)),
+                                std::make_shared<nn::ReLUImpl>(),
+                                std::make_shared<nn::FunctionalImpl>(
                                     [](const Tensor& x) { return dbrq::max_pool2d(x, 3, 2, 0, 1, true); }),
                                 Fire(16, 8, 16, 16), Fire(32, 8, 16, 16))),
-        classifier(std::make_shared<nn::Sequential>(std::make_shared<nn::Dropout>(0.5),
-                                  std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, num_classes, 1)),
-                                  std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(1))) {
+        classifier(std::make_shared<nn::SequentialImpl>(std::make_shared<nn::DropoutImpl>(0.5),
+                                  std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(32, num_classes, 1)),
+                                  std::make_shared<nn::ReLUImpl>(), std::make_shared<nn::AdaptiveAvgPool2dImpl>(1))) {
     register_module("features", features);
     register_module("classifier", classifier);
   }
@@ -66,7 +66,7 @@ struct SqueezeNetImpl : nn::CallableModule<SqueezeNetImpl> {
     return x.view({x.size(0), -1});
   }
 
-  std::shared_ptr<nn::Sequential> features, classifier;
+  std::shared_ptr<nn::SequentialImpl> features, classifier;
 };
 DBRQ_MODULE(SqueezeNet);
 
@@ -128,7 +128,7 @@ TEST(FirePort, BuiltinArrowForwardIsQuantizedTheSame) {
   std::vector<std::vector<std::string>> fqns;
   for (bool arrow : {false, true}) {
     manual_seed(5);
-    auto seq = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, arrow));
+    auto seq = std::make_shared<nn::SequentialImpl>(Fire(16, 4, 8, 8, arrow));
     seq->eval();
     const Tensor x = randn({2, 16, 7, 7}, 2);
     prepare(*seq, {x});
@@ -155,7 +155,7 @@ TEST(FirePort, BuiltinArrowForwardIsReported) {
   log()->sinks().push_back(sink);
   {
     manual_seed(5);
-    auto seq = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/true));
+    auto seq = std::make_shared<nn::SequentialImpl>(Fire(16, 4, 8, 8, /*arrow=*/true));
     seq->eval();
     prepare(*seq, {randn({2, 16, 7, 7}, 2)});
     (*seq)(randn({2, 16, 7, 7}, 3));
@@ -175,7 +175,7 @@ TEST(FirePort, BuiltinArrowForwardIsReported) {
 
   // A qconfig for one layer that the direct call would drop: an error, not a silent default.
   manual_seed(5);
-  auto seq = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/true));
+  auto seq = std::make_shared<nn::SequentialImpl>(Fire(16, 4, 8, 8, /*arrow=*/true));
   seq->eval();
   QConfigMapping mapping = default_qconfig_mapping("onednn");
   mapping.set_module_name("0.expand3x3", nullptr);
@@ -192,7 +192,7 @@ TEST(FirePort, BuiltinArrowForwardIsReported) {
   }
   // Called as (*layer)(x), the same mapping prepares, and the layer runs fp32 as asked.
   manual_seed(5);
-  auto good = std::make_shared<nn::Sequential>(Fire(16, 4, 8, 8, /*arrow=*/false));
+  auto good = std::make_shared<nn::SequentialImpl>(Fire(16, 4, 8, 8, /*arrow=*/false));
   good->eval();
   prepare(*good, {randn({2, 16, 7, 7}, 2)}, mapping);
 }

@@ -15,7 +15,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
+using Conv2d = nn::Conv2dImpl;
 using testing::state_of;
 
 struct BlockImpl : nn::CallableModule<BlockImpl> {
@@ -79,7 +79,7 @@ TEST(ModuleHolder, EmptyHolderThrowsUsageError) {
   }
   EXPECT_THROW(b->forward(x), UsageError);
   EXPECT_THROW(b.ptr(), UsageError);
-  nn::Sequential s;
+  nn::SequentialImpl s;
   EXPECT_THROW(s.push_back(b), UsageError);
 }
 
@@ -152,7 +152,7 @@ TEST(Sequential, VariadicWithPointersHoldersAndNames) {
   manual_seed(2);
   auto conv = std::make_shared<Conv2d>(3, 4, 1);
   Block block(4, 4);
-  nn::Sequential s(conv, std::make_shared<nn::ReLU>(), block);
+  nn::SequentialImpl s(conv, std::make_shared<nn::ReLUImpl>(), block);
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0].get(), conv.get());
   EXPECT_EQ(s[2].get(), block.get());
@@ -161,7 +161,7 @@ TEST(Sequential, VariadicWithPointersHoldersAndNames) {
   const Tensor x = randn({1, 3, 4, 4}, 3);
   testing::expect_equal(s(x), block(relu((*conv)(x))));
 
-  nn::Sequential named(std::make_pair("conv", conv), std::make_pair(std::string("block"), block));
+  nn::SequentialImpl named(std::make_pair("conv", conv), std::make_pair(std::string("block"), block));
   EXPECT_EQ(named.named_children()[0].first, "conv");
   EXPECT_EQ(named.named_children()[1].first, "block");
   testing::expect_equal(named(x), block((*conv)(x)));
@@ -175,24 +175,24 @@ TEST(Sequential, VariadicWithPointersHoldersAndNames) {
 
 TEST(Functional, WrapsFunctionsWithBoundArguments) {
   const Tensor x = randn({1, 2, 6, 6}, 4);
-  nn::Functional r(dbrq::relu);
+  nn::FunctionalImpl r(dbrq::relu);
   testing::expect_equal(r(x), relu(x));
-  nn::Functional lr(dbrq::leaky_relu, 0.2);
+  nn::FunctionalImpl lr(dbrq::leaky_relu, 0.2);
   testing::expect_equal(lr(x), leaky_relu(x, 0.2));
-  nn::Functional ht(dbrq::hardtanh, -0.5, 0.5);
+  nn::FunctionalImpl ht(dbrq::hardtanh, -0.5, 0.5);
   testing::expect_equal(ht(x), hardtanh(x, -0.5, 0.5));
-  nn::Functional pool([](const Tensor& t) { return max_pool2d(t, 3, 2, 1); });
+  nn::FunctionalImpl pool([](const Tensor& t) { return max_pool2d(t, 3, 2, 1); });
   EXPECT_EQ(pool(x).sizes(), (std::vector<int64_t>{1, 2, 3, 3}));
   EXPECT_EQ(r.type_name(), "Functional");
   EXPECT_FALSE(r.is_leaf());
-  nn::Sequential s(std::make_shared<nn::Functional>(dbrq::relu),
-                   std::make_shared<nn::Functional>([](const Tensor& t) { return avg_pool2d(t, 2); }));
+  nn::SequentialImpl s(std::make_shared<nn::FunctionalImpl>(dbrq::relu),
+                   std::make_shared<nn::FunctionalImpl>([](const Tensor& t) { return avg_pool2d(t, 2); }));
   testing::expect_equal(s(x), avg_pool2d(relu(x), {2, 2}));
 }
 
 TEST(Functional, EmptyFunctionThrowsValueError) {
   try {
-    nn::Functional f(nn::Functional::Function{});
+    nn::FunctionalImpl f(nn::FunctionalImpl::Function{});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("Functional: the function is empty"), std::string::npos) << e.what();

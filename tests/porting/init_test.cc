@@ -127,7 +127,7 @@ TEST(Init, DeterministicPerSeedAndGenerator) {
 
 TEST(Init, ChangesParametersOfLayers) {
   manual_seed(5);
-  nn::Conv2d conv(4, 8, 3);
+  nn::Conv2dImpl conv(4, 8, 3);
   init::kaiming_normal_(conv.weight, 0.0, init::kFanOut, init::kReLU);
   init::zeros_(conv.bias);
   EXPECT_EQ(stats_of(conv.bias).max, 0.0);

@@ -88,8 +88,8 @@ TEST(TensorMethods, BadArgumentsThrowTypedErrors) {
 // A channel-split block written with methods and with functions: same records, same int8 results.
 struct SplitBlock : nn::CallableModule<SplitBlock> {
   explicit SplitBlock(bool methods) : methods(methods) {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(4, 8, 3, 1, 1));
-    branch = register_module("branch", std::make_shared<nn::Conv2d>(4, 4, 1));
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(4, 8, 3, 1, 1));
+    branch = register_module("branch", std::make_shared<nn::Conv2dImpl>(4, 4, 1));
   }
   Tensor forward(const Tensor& x) {
     Tensor y = (*conv)(x);
@@ -105,7 +105,7 @@ struct SplitBlock : nn::CallableModule<SplitBlock> {
     return mean(add(c, mean(x, {1}, true)), {2, 3});
   }
   bool methods;
-  std::shared_ptr<nn::Conv2d> conv, branch;
+  std::shared_ptr<nn::Conv2dImpl> conv, branch;
 };
 
 TEST(TensorMethods, QuantizeLikeTheFunctionalForms) {

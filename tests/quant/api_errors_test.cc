@@ -16,7 +16,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
+using Conv2d = nn::Conv2dImpl;
 using testing::sqnr_of;
 using testing::state_of;
 

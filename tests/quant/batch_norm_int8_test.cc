@@ -15,8 +15,8 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
 
 // conv0's output feeds both bn1 and the cat, so bn1 is not folded: bn1 -> relu runs int8 (fused),
 // and the cat's output goes through bn2 (int8, no relu) into conv2.
@@ -24,7 +24,7 @@ struct PreActNet : nn::CallableModule<PreActNet> {
   PreActNet() {
     conv0 = register_module("conv0", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
     bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(8));
-    relu1 = register_module("relu1", std::make_shared<nn::ReLU>());
+    relu1 = register_module("relu1", std::make_shared<nn::ReLUImpl>());
     conv1 = register_module("conv1", std::make_shared<Conv2d>(8, 8, 1));
     bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(16));
     conv2 = register_module("conv2", std::make_shared<Conv2d>(16, 4, 1));
@@ -38,7 +38,7 @@ struct PreActNet : nn::CallableModule<PreActNet> {
   }
   std::shared_ptr<Conv2d> conv0, conv1, conv2;
   std::shared_ptr<BatchNorm2d> bn1, bn2;
-  std::shared_ptr<nn::ReLU> relu1;
+  std::shared_ptr<nn::ReLUImpl> relu1;
 };
 
 std::unique_ptr<PreActNet> make_net() {
@@ -170,9 +170,9 @@ TEST(BatchNormInt8, QuantStateFileRoundTrip) {
 struct Bn1dNet : nn::CallableModule<Bn1dNet> {
   Bn1dNet() {
     conv = register_module("conv", std::make_shared<Conv2d>(3, 6, 3, 1, 1));
-    bn_ncl = register_module("bn_ncl", std::make_shared<nn::BatchNorm1d>(6));
-    bn_nc = register_module("bn_nc", std::make_shared<nn::BatchNorm1d>(6 * 16));
-    fc = register_module("fc", std::make_shared<nn::Linear>(6 * 16, 5));
+    bn_ncl = register_module("bn_ncl", std::make_shared<nn::BatchNorm1dImpl>(6));
+    bn_nc = register_module("bn_nc", std::make_shared<nn::BatchNorm1dImpl>(6 * 16));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(6 * 16, 5));
     manual_seed(8);
     for (auto* bn : {bn_ncl.get(), bn_nc.get()}) {
       const int64_t c = bn->num_features();
@@ -187,8 +187,8 @@ struct Bn1dNet : nn::CallableModule<Bn1dNet> {
     return (*fc)((*bn_nc)(flatten(y, 1)));                   // [N, C]
   }
   std::shared_ptr<Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm1d> bn_ncl, bn_nc;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::BatchNorm1dImpl> bn_ncl, bn_nc;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(BatchNormInt8, BatchNorm1d) {

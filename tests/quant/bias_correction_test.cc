@@ -15,9 +15,9 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::Linear;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 using testing::randomize_bn;
 
 std::vector<float> vals(const Tensor& t) { return t.contiguous().to_vector<float>(); }
@@ -239,13 +239,13 @@ struct ChildConvBn : nn::CallableModule<ChildConvBn> {
   ChildConvBn() {
     auto conv = std::make_shared<Conv2d>(3, 4, 3, 1, 1, 1, 1, false);
     spread_rows(conv->weight, 8);
-    body = register_module("body", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{conv}));
+    body = register_module("body", std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{conv}));
     bn = register_module("bn", std::make_shared<BatchNorm2d>(4));
     randomize_bn(*bn, 7);
     this->conv = conv;
   }
   Tensor forward(const Tensor& x) { return relu((*bn)((*body)(x))); }
-  std::shared_ptr<nn::Sequential> body;
+  std::shared_ptr<nn::SequentialImpl> body;
   std::shared_ptr<Conv2d> conv;
   std::shared_ptr<BatchNorm2d> bn;
 };

@@ -65,15 +65,15 @@ void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& wh
 
 struct ConvBnRelu : nn::CallableModule<ConvBnRelu> {
   ConvBnRelu() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 8, 3).padding(1).stride(2)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(8));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 8, 3).padding(1).stride(2)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(8));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 10);
   }
   Tensor forward(const Tensor& x) { return (*relu)((*bn)((*conv)(x))); }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 // The calibrating call computes relu(conv(x; folded w, folded b)) in PyTorch's order: exactly what
@@ -114,15 +114,15 @@ TEST(CalibrationFold, ChangedStatisticsAreFoldedAgain) {
 struct DeconvBnRelu : nn::CallableModule<DeconvBnRelu> {
   DeconvBnRelu() {
     deconv = register_module(
-        "deconv", std::make_shared<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).groups(2)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(6));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+        "deconv", std::make_shared<nn::ConvTranspose2dImpl>(nn::ConvTranspose2dOptions(4, 6, 3).stride(2).groups(2)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(6));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 20);
   }
   Tensor forward(const Tensor& x) { return (*relu)((*bn)((*deconv)(x))); }
-  std::shared_ptr<nn::ConvTranspose2d> deconv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::ConvTranspose2dImpl> deconv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 // conv_transpose2d's weight is [in, out/groups, kh, kw]: the fold scales dim 1 per output channel
@@ -162,8 +162,8 @@ TEST(CalibrationFold, GroupedConvTransposeFoldsAlongItsOutputChannels) {
 // value folded with the wrong statistics.
 struct FreshStats : nn::CallableModule<FreshStats> {
   FreshStats() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(2, 4, 3).padding(1)));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
   }
   Tensor forward(const Tensor& x) {
     const Tensor mean = dbrq::from_vector(std::vector<float>{0.1f, -0.2f, 0.3f, 0.f}, {4});
@@ -172,8 +172,8 @@ struct FreshStats : nn::CallableModule<FreshStats> {
     const Tensor beta = dbrq::from_vector(std::vector<float>{0.2f, 0.1f, -0.3f, 0.4f}, {4});
     return (*relu)(dbrq::batch_norm((*conv)(x), mean, var, gamma, beta, 1e-5));
   }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
@@ -193,9 +193,9 @@ TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
 // already applied) reached relu and ignored the write, silently.
 struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
   BranchAfterConv() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 6, 3).padding(1)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(6));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 6, 3).padding(1)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(6));
+    relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
     randomize(*bn, 30);
   }
   Tensor forward(const Tensor& x) {
@@ -207,9 +207,9 @@ struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
     return bn_branch ? (*relu)((*bn)(y)) : (*relu)(y);
   }
   bool bn_branch = true, poke = false;
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
 };
 
 TEST(CalibrationFold, OtherReadersOfTheConvOutputSeeItsOwnValue) {
@@ -240,13 +240,13 @@ TEST(CalibrationFold, OtherReadersOfTheConvOutputSeeItsOwnValue) {
 // 2-D inputs only. The chain must not fuse; a 2-D input still folds.
 struct LinearBn1d : nn::CallableModule<LinearBn1d> {
   LinearBn1d() {
-    fc = register_module("fc", std::make_shared<nn::Linear>(5, 6));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm1d>(6));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(5, 6));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm1dImpl>(6));
     randomize(*bn, 40);
   }
   Tensor forward(const Tensor& x) { return (*bn)((*fc)(x)); }
-  std::shared_ptr<nn::Linear> fc;
-  std::shared_ptr<nn::BatchNorm1d> bn;
+  std::shared_ptr<nn::LinearImpl> fc;
+  std::shared_ptr<nn::BatchNorm1dImpl> bn;
 };
 
 TEST(CalibrationFold, LinearOnA3dInputDoesNotFoldTheBatchNormOverItsDim1) {

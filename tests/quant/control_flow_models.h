@@ -12,8 +12,8 @@
 
 namespace dbrq::control_flow_models {
 
-using nn::Conv2d;
-using nn::Linear;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 
 // An input whose mean is positive or negative (which branch IfElse takes).
 inline Tensor signed_input(std::vector<int64_t> sizes, uint64_t seed, double sign) {

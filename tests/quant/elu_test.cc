@@ -13,12 +13,12 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
+using Conv2d = nn::Conv2dImpl;
 
 struct EluNet : nn::CallableModule<EluNet> {
   EluNet() {
     conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
-    act = register_module("act", std::make_shared<nn::ELU>(0.5));
+    act = register_module("act", std::make_shared<nn::ELUImpl>(0.5));
     conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 1));
   }
   Tensor forward(const Tensor& x) {
@@ -27,7 +27,7 @@ struct EluNet : nn::CallableModule<EluNet> {
     return elu(y);                  // alone: a code table
   }
   std::shared_ptr<Conv2d> conv, conv2;
-  std::shared_ptr<nn::ELU> act;
+  std::shared_ptr<nn::ELUImpl> act;
 };
 
 TEST(Elu, FusedAfterConvAndAloneThroughATable) {
@@ -55,7 +55,7 @@ TEST(Elu, LayerAndFunction) {
   const std::vector<float> y = elu(x, 0.5).to_vector<float>();
   EXPECT_FLOAT_EQ(y[0], 0.5f * std::expm1(-2.f));
   EXPECT_FLOAT_EQ(y[3], 1.5f);
-  nn::ELU layer(0.5);
+  nn::ELUImpl layer(0.5);
   EXPECT_EQ(layer(x).to_vector<float>(), y);
   EXPECT_EQ(layer.to_string(), "ELU(alpha=0.5)");
   EXPECT_EQ(op_name(OpKind::kElu), std::string("elu"));

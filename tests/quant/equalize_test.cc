@@ -17,11 +17,11 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::Linear;
-using nn::ReLU;
-using nn::ReLU6;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
+using ReLU = nn::ReLUImpl;
+using ReLU6 = nn::ReLU6Impl;
 using testing::randomize_bn;
 
 std::vector<float> vals(const Tensor& t) { return t.contiguous().to_vector<float>(); }

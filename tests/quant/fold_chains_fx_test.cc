@@ -20,28 +20,28 @@ constexpr int64_t kCalibBatch = 16;  // make_fold_goldens.py CALIB_BATCH
 
 struct LinearBn : nn::CallableModule<LinearBn> {
   LinearBn() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(12, 16));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1d>(16));
-    relu1 = register_module("relu1", std::make_shared<nn::ReLU>());
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 5));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(12, 16));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1dImpl>(16));
+    relu1 = register_module("relu1", std::make_shared<nn::ReLUImpl>());
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(16, 5));
   }
   Tensor forward(const Tensor& x) { return (*fc2)((*relu1)((*bn1)((*fc1)(x)))); }
-  std::shared_ptr<nn::Linear> fc1, fc2;
-  std::shared_ptr<nn::BatchNorm1d> bn1;
-  std::shared_ptr<nn::ReLU> relu1;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2;
+  std::shared_ptr<nn::BatchNorm1dImpl> bn1;
+  std::shared_ptr<nn::ReLUImpl> relu1;
 };
 
 struct Conv1dBn : nn::CallableModule<Conv1dBn> {
   Conv1dBn() {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(4, 8, 3).padding(1)));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1d>(8));
-    relu1 = register_module("relu1", std::make_shared<nn::ReLU>());
-    conv2 = register_module("conv2", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(8, 6, 3)));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv1dImpl>(nn::Conv1dOptions(4, 8, 3).padding(1)));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1dImpl>(8));
+    relu1 = register_module("relu1", std::make_shared<nn::ReLUImpl>());
+    conv2 = register_module("conv2", std::make_shared<nn::Conv1dImpl>(nn::Conv1dOptions(8, 6, 3)));
   }
   Tensor forward(const Tensor& x) { return (*conv2)((*relu1)((*bn1)((*conv1)(x)))); }
-  std::shared_ptr<nn::Conv1d> conv1, conv2;
-  std::shared_ptr<nn::BatchNorm1d> bn1;
-  std::shared_ptr<nn::ReLU> relu1;
+  std::shared_ptr<nn::Conv1dImpl> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm1dImpl> bn1;
+  std::shared_ptr<nn::ReLUImpl> relu1;
 };
 
 const std::map<std::string, Tensor>& golden() {

@@ -14,10 +14,10 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::ReLU;
-using nn::Sequential;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using ReLU = nn::ReLUImpl;
+using Sequential = nn::SequentialImpl;
 using testing::display_kinds;
 using testing::observer_roots;
 using testing::randomize_bn;

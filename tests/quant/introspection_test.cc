@@ -13,9 +13,9 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::Linear;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 
 struct Net : nn::CallableModule<Net> {
   Net() {

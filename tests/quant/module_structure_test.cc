@@ -19,11 +19,11 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
-using nn::Linear;
-using nn::ModuleList;
-using nn::ReLU;
-using nn::Sequential;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
+using ModuleList = nn::ModuleListImpl;
+using ReLU = nn::ReLUImpl;
+using Sequential = nn::SequentialImpl;
 using testing::expect_equal;
 using testing::fed_roots;
 using testing::observer_roots;

@@ -16,7 +16,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
+using Conv2d = nn::Conv2dImpl;
 
 struct FamiliesNet : nn::CallableModule<FamiliesNet> {
   FamiliesNet() {
@@ -78,12 +78,12 @@ TEST(OpFamilies, PrepareCalibrateConvertRunsInt8) {
 struct ActivationsNet : nn::CallableModule<ActivationsNet> {
   ActivationsNet() {
     conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
-    act = register_module("act", std::make_shared<nn::PReLU>(8));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(8));
+    act = register_module("act", std::make_shared<nn::PReLUImpl>(8));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(8));
     conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 1));
-    sp = register_module("sp", std::make_shared<nn::Softplus>(2.0, 5.0));
-    mi = register_module("mi", std::make_shared<nn::Mish>());
-    act1 = register_module("act1", std::make_shared<nn::PReLU>());
+    sp = register_module("sp", std::make_shared<nn::SoftplusImpl>(2.0, 5.0));
+    mi = register_module("mi", std::make_shared<nn::MishImpl>());
+    act1 = register_module("act1", std::make_shared<nn::PReLUImpl>());
   }
   Tensor forward(const Tensor& x) {
     Tensor y = (*bn)((*act)((*conv1)(x)));  // prelu ends the chain: bn after it does not fold into it
@@ -91,10 +91,10 @@ struct ActivationsNet : nn::CallableModule<ActivationsNet> {
     return (*act1)((*mi)(y));
   }
   std::shared_ptr<Conv2d> conv1, conv2;
-  std::shared_ptr<nn::PReLU> act, act1;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::Softplus> sp;
-  std::shared_ptr<nn::Mish> mi;
+  std::shared_ptr<nn::PReLUImpl> act, act1;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::SoftplusImpl> sp;
+  std::shared_ptr<nn::MishImpl> mi;
 };
 
 TEST(OpFamilies, PreluSoftplusMishRunInt8) {

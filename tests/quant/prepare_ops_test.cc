@@ -18,8 +18,8 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
-using nn::Linear;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 using testing::fed_roots;
 using testing::observer_roots;
 using testing::seen_kinds;

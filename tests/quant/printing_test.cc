@@ -15,9 +15,9 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::ReLU;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using ReLU = nn::ReLUImpl;
 using testing::state_of;
 
 struct Block : nn::CallableModule<Block> {

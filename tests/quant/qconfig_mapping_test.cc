@@ -16,8 +16,8 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
-using nn::Linear;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 using testing::seen_kinds;
 using testing::sqnr_of;
 using testing::state_of;

@@ -28,7 +28,7 @@ void fill_from(Tensor& t, const Tensor& src) {
 
 }  // namespace
 
-void randomize_bn(nn::BatchNorm2d& bn, uint64_t seed) {
+void randomize_bn(nn::BatchNorm2dImpl& bn, uint64_t seed) {
   const int64_t c = bn.num_features();
   fill_from(bn.running_mean, rand_uniform({c}, -0.5, 0.5, seed));
   fill_from(bn.running_var, rand_uniform({c}, 0.5, 2.0, seed + 1));

@@ -22,7 +22,7 @@ namespace dbrq::testing {
 double sqnr_of(const Tensor& actual, const Tensor& reference);
 
 // Non-trivial running statistics and affine parameters (so folding batch norm matters).
-void randomize_bn(nn::BatchNorm2d& bn, uint64_t seed);
+void randomize_bn(nn::BatchNorm2dImpl& bn, uint64_t seed);
 
 // Op kinds of a module's seen ops, in order.
 std::vector<OpKind> seen_kinds(const AutoQuantizationState& s);

@@ -16,8 +16,8 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
-using nn::Linear;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 using testing::calibrate;
 using testing::sqnr_of;
 
@@ -25,7 +25,7 @@ using testing::sqnr_of;
 
 // The probe from the issue: forward must return 100, not what the chain computes.
 struct Probe : nn::SequentialBase<Probe> {
-  Probe() { push_back(std::make_shared<nn::ReLU>()); }
+  Probe() { push_back(std::make_shared<nn::ReLUImpl>()); }
   Tensor forward(const Tensor& x) { return full({1}, 100.0); }
 };
 
@@ -40,7 +40,7 @@ TEST(SequentialSubclass, OwnForwardRuns) {
 struct DenseLayer : nn::SequentialBase<DenseLayer> {
   DenseLayer() {
     push_back("conv", std::make_shared<Conv2d>(4, 4, 3, 1, 1));
-    push_back("relu", std::make_shared<nn::ReLU>());
+    push_back("relu", std::make_shared<nn::ReLUImpl>());
   }
   Tensor forward(const Tensor& x) { return cat({x, SequentialBase::forward(x)}, 1); }
 };
@@ -49,7 +49,7 @@ struct DenseLayer : nn::SequentialBase<DenseLayer> {
 struct Chain : nn::SequentialBase<Chain> {
   Chain() {
     push_back(std::make_shared<Conv2d>(8, 4, 1));
-    push_back(std::make_shared<nn::ReLU>());
+    push_back(std::make_shared<nn::ReLUImpl>());
   }
 };
 

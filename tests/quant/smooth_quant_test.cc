@@ -22,32 +22,32 @@ constexpr int64_t kC = 16;
 // output) has no producer to fold into; q and k feed an add.
 struct Net : nn::CallableModule<Net> {
   Net() {
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    q = register_module("q", std::make_shared<nn::Linear>(kC, 8));
-    k = register_module("k", std::make_shared<nn::Linear>(kC, 8));
-    fc = register_module("fc", std::make_shared<nn::Linear>(8, 12));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(12, 4));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    q = register_module("q", std::make_shared<nn::LinearImpl>(kC, 8));
+    k = register_module("k", std::make_shared<nn::LinearImpl>(kC, 8));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(8, 12));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(12, 4));
   }
   Tensor forward(const Tensor& x) {
     const Tensor h = (*ln)(x);
     return (*fc2)((*fc)((*q)(h) + (*k)(h)));
   }
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> q, k, fc, fc2;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> q, k, fc, fc2;
 };
 
 // Post-LayerNorm residual: the normalized tensor also feeds the add, so it cannot be rescaled.
 struct Residual : nn::CallableModule<Residual> {
   Residual() {
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    proj = register_module("proj", std::make_shared<nn::Linear>(kC, kC));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    proj = register_module("proj", std::make_shared<nn::LinearImpl>(kC, kC));
   }
   Tensor forward(const Tensor& x) {
     const Tensor h = (*ln)(x);
     return (*proj)(h) + h;
   }
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> proj;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> proj;
 };
 
 // Gamma with outlier channels (3 and 11), as trained transformers' layer norms have.
@@ -182,16 +182,16 @@ TEST(SmoothQuant, PostLayerNormResidualIsSkippedAndReported) {
 // ln's output is returned: rescaling it would change what the caller gets.
 struct ReturnsNorm : nn::CallableModule<ReturnsNorm> {
   ReturnsNorm() {
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    fc = register_module("fc", std::make_shared<nn::Linear>(kC, 4));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(kC, 4));
   }
   Tensor forward(const Tensor& x) {
     const Tensor h = (*ln)(x);
     side = (*fc)(h);
     return h;
   }
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> fc;
   Tensor side;
 };
 
@@ -285,15 +285,15 @@ TEST(SmoothQuant, LinearProducersAreOptIn) {
 // emb.weight): scaling the head's weight columns would rescale the embedding too. Silent before.
 struct TiedHead : nn::CallableModule<TiedHead> {
   TiedHead() {
-    emb = register_module("emb", std::make_shared<nn::Embedding>(10, kC));
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    head = register_module("head", std::make_shared<nn::Linear>(kC, 10, false));
+    emb = register_module("emb", std::make_shared<nn::EmbeddingImpl>(10, kC));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    head = register_module("head", std::make_shared<nn::LinearImpl>(kC, 10, false));
     head->weight = head->register_parameter("weight", emb->weight);
   }
   Tensor forward(const Tensor& ids) { return (*head)((*ln)((*emb)(ids))); }
-  std::shared_ptr<nn::Embedding> emb;
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> head;
+  std::shared_ptr<nn::EmbeddingImpl> emb;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> head;
 };
 
 TEST(SmoothQuant, TiedWeightsAreNotRescaled) {
@@ -319,15 +319,15 @@ TEST(SmoothQuant, TiedWeightsAreNotRescaled) {
 // found at run time, the weight keeps its values.
 struct WeightReadElsewhere : nn::CallableModule<WeightReadElsewhere> {
   WeightReadElsewhere() {
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    proj = register_module("proj", std::make_shared<nn::Linear>(kC, kC));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    proj = register_module("proj", std::make_shared<nn::LinearImpl>(kC, kC));
   }
   Tensor forward(const Tensor& x) {
     side = relu(proj->weight);
     return (*proj)((*ln)(x));
   }
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> proj;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> proj;
   Tensor side;
 };
 
@@ -349,16 +349,16 @@ TEST(SmoothQuant, AWeightReadByAnotherOpIsNotRescaled) {
 // smoothed once, and the function is kept.
 struct SharedLayer : nn::CallableModule<SharedLayer> {
   SharedLayer() {
-    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kC));
-    fc = register_module("fc", std::make_shared<nn::Linear>(kC, 6));
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(kC, 6));
     register_module("fc_again", fc);
   }
   Tensor forward(const Tensor& x) {
     const Tensor h = (*ln)(x);
     return (*fc)(h) + (*fc)(h);
   }
-  std::shared_ptr<nn::LayerNorm> ln;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(SmoothQuant, ASharedLayerIsNotATie) {

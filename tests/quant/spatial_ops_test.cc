@@ -15,9 +15,9 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::ConvTranspose2d;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using ConvTranspose2d = nn::ConvTranspose2dImpl;
 using nn::ConvTranspose2dOptions;
 
 int count_int8(const std::vector<QuantizedOpInfo>& ops, int* total) {
@@ -199,13 +199,13 @@ TEST(SpatialQuant, ConvertedConvTransposeWithOtherParametersRunsFp32) {
 
 struct KwsNet : nn::CallableModule<KwsNet> {
   KwsNet() {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(10, 16, 5).padding(2)));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1d>(16));
-    pool1 = register_module("pool1", std::make_shared<nn::MaxPool1d>(2));
-    conv2 = register_module("conv2", std::make_shared<nn::Conv1d>(nn::Conv1dOptions(16, 16, 3).padding(1).groups(4)));
-    pool2 = register_module("pool2", std::make_shared<nn::AvgPool1d>(3, 2, 1));
-    gap = register_module("gap", std::make_shared<nn::AdaptiveAvgPool1d>(1));
-    fc = register_module("fc", std::make_shared<nn::Linear>(16, 6));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv1dImpl>(nn::Conv1dOptions(10, 16, 5).padding(2)));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm1dImpl>(16));
+    pool1 = register_module("pool1", std::make_shared<nn::MaxPool1dImpl>(2));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv1dImpl>(nn::Conv1dOptions(16, 16, 3).padding(1).groups(4)));
+    pool2 = register_module("pool2", std::make_shared<nn::AvgPool1dImpl>(3, 2, 1));
+    gap = register_module("gap", std::make_shared<nn::AdaptiveAvgPool1dImpl>(1));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(16, 6));
     bn1->running_mean.copy_(rand_uniform({16}, -0.3, 0.3, 11));
     bn1->running_var.copy_(rand_uniform({16}, 0.5, 2.0, 12));
     bn1->weight.copy_(rand_uniform({16}, 0.5, 1.5, 13));
@@ -216,12 +216,12 @@ struct KwsNet : nn::CallableModule<KwsNet> {
     y = (*pool2)(relu((*conv2)(y)));
     return (*fc)((*gap)(y).flatten(1));
   }
-  std::shared_ptr<nn::Conv1d> conv1, conv2;
-  std::shared_ptr<nn::BatchNorm1d> bn1;
-  std::shared_ptr<nn::MaxPool1d> pool1;
-  std::shared_ptr<nn::AvgPool1d> pool2;
-  std::shared_ptr<nn::AdaptiveAvgPool1d> gap;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::Conv1dImpl> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm1dImpl> bn1;
+  std::shared_ptr<nn::MaxPool1dImpl> pool1;
+  std::shared_ptr<nn::AvgPool1dImpl> pool2;
+  std::shared_ptr<nn::AdaptiveAvgPool1dImpl> gap;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(SpatialQuant, KeywordSpottingConv1dNetRunsInt8) {
@@ -268,7 +268,7 @@ struct UpsampleUNet : nn::CallableModule<UpsampleUNet> {
     enc1 = register_module("enc1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
     enc2 = register_module("enc2", std::make_shared<Conv2d>(8, 16, 3, 2, 1));
     enc3 = register_module("enc3", std::make_shared<Conv2d>(16, 16, 3, 2, 1));
-    up = register_module("up", std::make_shared<nn::Upsample>(
+    up = register_module("up", std::make_shared<nn::UpsampleImpl>(
                                    nn::UpsampleOptions().scale_factor(2.0).mode("bilinear").align_corners(false)));
     dec2 = register_module("dec2", std::make_shared<Conv2d>(32, 8, 3, 1, 1));
     dec1 = register_module("dec1", std::make_shared<Conv2d>(16, 2, 1));
@@ -283,7 +283,7 @@ struct UpsampleUNet : nn::CallableModule<UpsampleUNet> {
     return (*dec1)(cat({y, s1}, 1));
   }
   std::shared_ptr<Conv2d> enc1, enc2, enc3, dec2, dec1;
-  std::shared_ptr<nn::Upsample> up;
+  std::shared_ptr<nn::UpsampleImpl> up;
 };
 
 TEST(SpatialQuant, UpsampleUNetRunsInt8AcrossImageSizes) {
@@ -327,9 +327,9 @@ TEST(SpatialQuant, GroupAndInstanceNormRunFp32InConvertedModels) {
   struct Net : nn::CallableModule<Net> {
     Net() {
       conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
-      gn = register_module("gn", std::make_shared<nn::GroupNorm>(2, 8));
+      gn = register_module("gn", std::make_shared<nn::GroupNormImpl>(2, 8));
       conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 3, 1, 1));
-      in = register_module("in", std::make_shared<nn::InstanceNorm2d>(8, 1e-5, 0.1, true));
+      in = register_module("in", std::make_shared<nn::InstanceNorm2dImpl>(8, 1e-5, 0.1, true));
       conv3 = register_module("conv3", std::make_shared<Conv2d>(8, 4, 1));
     }
     Tensor forward(const Tensor& x) {
@@ -338,8 +338,8 @@ TEST(SpatialQuant, GroupAndInstanceNormRunFp32InConvertedModels) {
       return (*conv3)(y);
     }
     std::shared_ptr<Conv2d> conv1, conv2, conv3;
-    std::shared_ptr<nn::GroupNorm> gn;
-    std::shared_ptr<nn::InstanceNorm2d> in;
+    std::shared_ptr<nn::GroupNormImpl> gn;
+    std::shared_ptr<nn::InstanceNorm2dImpl> in;
   };
   manual_seed(4);
   Net ref;

@@ -17,7 +17,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Conv2d;
+using Conv2d = nn::Conv2dImpl;
 using testing::expect_equal;
 using testing::sqnr_of;
 using testing::state_of;

@@ -112,9 +112,9 @@ void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); 
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::Linear;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 
 // Names every child `prefix + role`: the same model with short or very long module names.
 struct Block : nn::CallableModule<Block> {
@@ -135,7 +135,7 @@ struct Block : nn::CallableModule<Block> {
 struct Net : nn::CallableModule<Net> {
   explicit Net(const std::string& prefix) {
     stem = register_module(prefix + "stem", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
-    pool = register_module(prefix + "pool", std::make_shared<nn::MaxPool2d>(2));
+    pool = register_module(prefix + "pool", std::make_shared<nn::MaxPool2dImpl>(2));
     block = register_module(prefix + "block", std::make_shared<Block>(8, prefix));
     side = register_module(prefix + "side", std::make_shared<Conv2d>(8, 8, 1));
     fc = register_module(prefix + "fc", std::make_shared<Linear>(16, 5));
@@ -147,7 +147,7 @@ struct Net : nn::CallableModule<Net> {
     return (*fc)(z * 0.5);
   }
   std::shared_ptr<Conv2d> stem, side;
-  std::shared_ptr<nn::MaxPool2d> pool;
+  std::shared_ptr<nn::MaxPool2dImpl> pool;
   std::shared_ptr<Block> block;
   std::shared_ptr<Linear> fc;
 };

@@ -37,8 +37,8 @@ using testing::observer_stats;
 // batch 1 skips fc2 and batch 5 runs fc1 a second time.
 struct Branchy : nn::CallableModule<Branchy> {
   Branchy() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 4));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(4, 4));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(4, 4));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(4, 4));
   }
   Tensor forward(const Tensor& x) {
     Tensor y = (*fc1)(x);
@@ -46,19 +46,19 @@ struct Branchy : nn::CallableModule<Branchy> {
     if (x.size(0) > 4) y = (*fc1)(y);
     return y;
   }
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2;
 };
 
 // conv -> add (fused through the sum post-op after convert) with a check in user code between
 // the two, so an exception can cut a call short while the fused conv waits for its residual.
 struct Residual : nn::CallableModule<Residual> {
-  Residual() { conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(4, 4, 3).padding(1))); }
+  Residual() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(4, 4, 3).padding(1))); }
   Tensor forward(const Tensor& x) {
     Tensor y = (*conv)(x);
     DBRQ_ENSURE(x.size(0) != 3, ValueError, "Residual: batch size 3 is not supported");
     return y + x;
   }
-  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::Conv2dImpl> conv;
 };
 
 enum class Subject { kSmallCnn, kResNet, kBert, kBranchy, kResidual };
@@ -595,9 +595,9 @@ struct Broken : nn::CallableModule<Broken> {
 // the submodule's frame must be gone and this module's frame (and op cursor) intact.
 struct Forgiving : nn::CallableModule<Forgiving> {
   Forgiving() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 8));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(4, 8));
     broken = register_module("broken", std::make_shared<Broken>());
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(8, 4));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(8, 4));
   }
   Tensor forward(const Tensor& x) {
     Tensor y = relu((*fc1)(x));
@@ -609,7 +609,7 @@ struct Forgiving : nn::CallableModule<Forgiving> {
     }
     return (*fc2)(y);
   }
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2;
   std::shared_ptr<Broken> broken;
   std::string last_error;
   int failures_missed = 0;

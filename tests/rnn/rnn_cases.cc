@@ -60,9 +60,9 @@ RnnGolden load_rnn_golden(const std::string& case_name) {
 std::shared_ptr<nn::Module> make_rnn(const RnnCase& c, const RnnGolden& g) {
   std::shared_ptr<nn::Module> m;
   if (c.lstm) {
-    m = std::make_shared<nn::LSTM>(c.options);
+    m = std::make_shared<nn::LSTMImpl>(c.options);
   } else {
-    m = std::make_shared<nn::GRU>(c.options);
+    m = std::make_shared<nn::GRUImpl>(c.options);
   }
   m->load_state_dict(g.state_dict, /*strict=*/true);
   m->eval();
@@ -73,13 +73,13 @@ std::vector<Tensor> run_rnn(nn::Module& module, const RnnGolden& g) {
   std::vector<int64_t> lengths;
   if (g.has("lengths")) lengths = g.at("lengths").to_vector<int64_t>();
   const Tensor h0 = g.has("h0") ? g.at("h0") : Tensor();
-  if (auto* lstm = dynamic_cast<nn::LSTM*>(&module)) {
+  if (auto* lstm = dynamic_cast<nn::LSTMImpl*>(&module)) {
     std::optional<std::tuple<Tensor, Tensor>> hx;
     if (h0.defined()) hx = std::make_tuple(h0, g.at("c0"));
     auto [out, state] = (*lstm)(g.at("input"), hx, lengths);
     return {out, std::get<0>(state), std::get<1>(state)};
   }
-  auto& gru = dynamic_cast<nn::GRU&>(module);
+  auto& gru = dynamic_cast<nn::GRUImpl&>(module);
   auto [out, h_n] = gru(g.at("input"), h0, lengths);
   return {out, h_n};
 }

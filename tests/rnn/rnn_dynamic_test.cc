@@ -113,9 +113,9 @@ TEST(RnnDynamic, OnePreparingCallCoversEveryPath) {
         *m,
         [&] {
           if (c->lstm)
-            (*std::dynamic_pointer_cast<nn::LSTM>(m))(example);
+            (*std::dynamic_pointer_cast<nn::LSTMImpl>(m))(example);
           else
-            (*std::dynamic_pointer_cast<nn::GRU>(m))(example);
+            (*std::dynamic_pointer_cast<nn::GRUImpl>(m))(example);
         },
         default_dynamic_qconfig_mapping());
     convert(*m);
@@ -131,12 +131,12 @@ TEST(RnnDynamic, OnePreparingCallCoversEveryPath) {
 // outside it stays fp32.
 struct Tagger : nn::CallableModule<Tagger> {
   Tagger() {
-    gru = register_module("gru", std::make_shared<nn::GRU>(nn::GRUOptions(6, 8).num_layers(2)));
-    head = register_module("head", std::make_shared<nn::Linear>(8, 3));
+    gru = register_module("gru", std::make_shared<nn::GRUImpl>(nn::GRUOptions(6, 8).num_layers(2)));
+    head = register_module("head", std::make_shared<nn::LinearImpl>(8, 3));
   }
   Tensor forward(const Tensor& x) { return (*head)(std::get<0>((*gru)(x))); }
-  std::shared_ptr<nn::GRU> gru;
-  std::shared_ptr<nn::Linear> head;
+  std::shared_ptr<nn::GRUImpl> gru;
+  std::shared_ptr<nn::LinearImpl> head;
 };
 
 TEST(RnnDynamic, QConfigForTheLayerType) {
@@ -145,7 +145,7 @@ TEST(RnnDynamic, QConfigForTheLayerType) {
   m.eval();
   const Tensor x = randn({9, 2, 6}, 3);
   const Tensor ref = m(x);
-  prepare(m, {randn({4, 2, 6}, 4)}, QConfigMapping().set_object_type<nn::GRU>(default_dynamic_qconfig()));
+  prepare(m, {randn({4, 2, 6}, 4)}, QConfigMapping().set_object_type<nn::GRUImpl>(default_dynamic_qconfig()));
   convert(m);
   const Tensor y = m(x);
   EXPECT_GT(sqnr_of(y, ref), 38.0);
@@ -169,17 +169,17 @@ TEST(RnnDynamic, QConfigForTheLayerType) {
 // (as PyTorch's quantize_dynamic default: Linear, LSTM, GRU), the embedding stays fp32.
 struct Classifier : nn::CallableModule<Classifier> {
   Classifier() {
-    embedding = register_module("embedding", std::make_shared<nn::Embedding>(20, 6));
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(nn::LSTMOptions(6, 8).batch_first(true)));
-    head = register_module("head", std::make_shared<nn::Linear>(8, 3));
+    embedding = register_module("embedding", std::make_shared<nn::EmbeddingImpl>(20, 6));
+    lstm = register_module("lstm", std::make_shared<nn::LSTMImpl>(nn::LSTMOptions(6, 8).batch_first(true)));
+    head = register_module("head", std::make_shared<nn::LinearImpl>(8, 3));
   }
   Tensor forward(const Tensor& ids) {
     auto [out, state] = (*lstm)((*embedding)(ids));
     return (*head)(std::get<0>(state).select(0, 0));
   }
-  std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::LSTM> lstm;
-  std::shared_ptr<nn::Linear> head;
+  std::shared_ptr<nn::EmbeddingImpl> embedding;
+  std::shared_ptr<nn::LSTMImpl> lstm;
+  std::shared_ptr<nn::LinearImpl> head;
 };
 
 TEST(RnnDynamic, DefaultDynamicMappingAroundTheLayer) {

@@ -10,9 +10,9 @@
 namespace dbrq {
 namespace {
 
-using nn::GRU;
+using GRU = nn::GRUImpl;
 using nn::GRUOptions;
-using nn::LSTM;
+using LSTM = nn::LSTMImpl;
 using nn::LSTMOptions;
 
 TEST(RnnErrors, BadOptions) {

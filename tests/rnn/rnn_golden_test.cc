@@ -44,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, RnnGolden, ::testing::ValuesIn(testing::rnn_case
                          [](const ::testing::TestParamInfo<RnnCase>& info) { return info.param.name; });
 
 TEST(Rnn, ParameterNamesAndShapesArePyTorchs) {
-  nn::LSTM lstm(nn::LSTMOptions(3, 4).num_layers(2).bidirectional(true));
+  nn::LSTMImpl lstm(nn::LSTMOptions(3, 4).num_layers(2).bidirectional(true));
   std::vector<std::string> names;
   for (const auto& [k, t] : lstm.state_dict()) names.push_back(k + " " + t.shape_string());
   EXPECT_EQ(names, (std::vector<std::string>{
@@ -53,7 +53,7 @@ TEST(Rnn, ParameterNamesAndShapesArePyTorchs) {
                        "bias_hh_l0_reverse [16]", "weight_ih_l1 [16, 8]", "weight_hh_l1 [16, 4]", "bias_ih_l1 [16]",
                        "bias_hh_l1 [16]", "weight_ih_l1_reverse [16, 8]", "weight_hh_l1_reverse [16, 4]",
                        "bias_ih_l1_reverse [16]", "bias_hh_l1_reverse [16]"}));
-  nn::GRU gru(nn::GRUOptions(3, 4).bias(false));
+  nn::GRUImpl gru(nn::GRUOptions(3, 4).bias(false));
   names.clear();
   for (const auto& [k, t] : gru.state_dict()) names.push_back(k + " " + t.shape_string());
   EXPECT_EQ(names, (std::vector<std::string>{"weight_ih_l0 [12, 3]", "weight_hh_l0 [12, 4]"}));
@@ -66,7 +66,7 @@ TEST(Rnn, ParameterNamesAndShapesArePyTorchs) {
 TEST(Rnn, DefaultInitializationIsPyTorchs) {
   // U(-1/sqrt(hidden), 1/sqrt(hidden)) for every tensor.
   manual_seed(5);
-  nn::GRU gru(nn::GRUOptions(10, 25).num_layers(2));
+  nn::GRUImpl gru(nn::GRUOptions(10, 25).num_layers(2));
   for (const auto& [k, t] : gru.state_dict()) {
     const std::vector<float> v = t.to_vector<float>();
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
@@ -78,9 +78,9 @@ TEST(Rnn, DefaultInitializationIsPyTorchs) {
 }
 
 TEST(Rnn, PrintsLikePyTorch) {
-  nn::LSTM lstm(nn::LSTMOptions(8, 16).num_layers(2).batch_first(true).bidirectional(true));
+  nn::LSTMImpl lstm(nn::LSTMOptions(8, 16).num_layers(2).batch_first(true).bidirectional(true));
   EXPECT_EQ(lstm.to_string(), "LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True)");
-  nn::GRU gru(nn::GRUOptions(4, 6).bias(false).dropout(0.25));
+  nn::GRUImpl gru(nn::GRUOptions(4, 6).bias(false).dropout(0.25));
   EXPECT_EQ(gru.to_string(), "GRU(4, 6, bias=False, dropout=0.25)");
 }
 
@@ -88,7 +88,7 @@ TEST(Rnn, PrintsLikePyTorch) {
 // the other sequences of the batch (or on the padding after its end).
 TEST(Rnn, SequencesAreIndependentOfTheBatch) {
   manual_seed(9);
-  nn::GRU gru(nn::GRUOptions(5, 7).num_layers(2).bidirectional(true).batch_first(true));
+  nn::GRUImpl gru(nn::GRUOptions(5, 7).num_layers(2).bidirectional(true).batch_first(true));
   gru.eval();
   const Tensor x = randn({3, 6, 5}, 1);
   auto [out, h] = gru(x);
@@ -108,8 +108,8 @@ TEST(Rnn, SequencesAreIndependentOfTheBatch) {
 // Dropout between layers: only in training mode, only on the outputs of layers before the last.
 TEST(Rnn, DropoutBetweenLayersOnlyWhenTraining) {
   manual_seed(11);
-  nn::LSTM with(nn::LSTMOptions(4, 8).num_layers(2).dropout(0.5));
-  nn::LSTM without(nn::LSTMOptions(4, 8).num_layers(2));
+  nn::LSTMImpl with(nn::LSTMOptions(4, 8).num_layers(2).dropout(0.5));
+  nn::LSTMImpl without(nn::LSTMOptions(4, 8).num_layers(2));
   without.load_state_dict(with.state_dict());
   const Tensor x = randn({5, 2, 4}, 3);
   with.eval();
@@ -119,8 +119,8 @@ TEST(Rnn, DropoutBetweenLayersOnlyWhenTraining) {
   const Tensor trained = std::get<0>(with(x));
   EXPECT_GT(testing::relative_error(trained, std::get<0>(without(x))), 1e-3);
   // One layer: nothing to drop between layers.
-  nn::GRU single(nn::GRUOptions(4, 8).dropout(0.9));
-  nn::GRU plain(nn::GRUOptions(4, 8));
+  nn::GRUImpl single(nn::GRUOptions(4, 8).dropout(0.9));
+  nn::GRUImpl plain(nn::GRUOptions(4, 8));
   plain.load_state_dict(single.state_dict());
   single.train();
   testing::expect_equal(std::get<0>(single(x)), std::get<0>(plain(x)), "one layer");

@@ -16,7 +16,7 @@
 namespace dbrq {
 namespace {
 
-using nn::Linear;
+using Linear = nn::LinearImpl;
 using testing::sqnr_of;
 
 // r, z, n as PyTorch's GRUCell; h' = n + z * (h - n).
@@ -183,21 +183,21 @@ TEST(RnnStaticCell, InlineGruAnyLength) { calibrate_at_some_lengths_run_at_other
 // Two-layer nn::GRU / nn::LSTM and a head on the last layer's final state.
 struct GruModel : nn::CallableModule<GruModel> {
   GruModel(int64_t input, int64_t hidden, int64_t classes) {
-    gru = register_module("gru", std::make_shared<nn::GRU>(nn::GRUOptions(input, hidden).num_layers(2)));
+    gru = register_module("gru", std::make_shared<nn::GRUImpl>(nn::GRUOptions(input, hidden).num_layers(2)));
     head = register_module("head", std::make_shared<Linear>(hidden, classes));
   }
   Tensor forward(const Tensor& x) { return (*head)(std::get<1>((*gru)(x)).select(0, 1)); }
-  std::shared_ptr<nn::GRU> gru;
+  std::shared_ptr<nn::GRUImpl> gru;
   std::shared_ptr<Linear> head;
 };
 
 struct LstmModel : nn::CallableModule<LstmModel> {
   LstmModel(int64_t input, int64_t hidden, int64_t classes) {
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(nn::LSTMOptions(input, hidden).num_layers(2)));
+    lstm = register_module("lstm", std::make_shared<nn::LSTMImpl>(nn::LSTMOptions(input, hidden).num_layers(2)));
     head = register_module("head", std::make_shared<Linear>(hidden, classes));
   }
   Tensor forward(const Tensor& x) { return (*head)(std::get<0>(std::get<1>((*lstm)(x))).select(0, 1)); }
-  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<nn::LSTMImpl> lstm;
   std::shared_ptr<Linear> head;
 };
 
@@ -225,7 +225,7 @@ struct PackedModel : nn::CallableModule<PackedModel<Rnn>> {
   // [B, T, input] -> (output [B, T, hidden], h_n of the last layer) concatenated along time.
   Tensor forward(const Tensor& x) {
     Tensor out, h_n;
-    if constexpr (std::is_same_v<Rnn, nn::LSTM>) {
+    if constexpr (std::is_same_v<Rnn, nn::LSTMImpl>) {
       const auto result = (*rnn)(x, std::optional<std::tuple<Tensor, Tensor>>(), lengths);
       out = std::get<0>(result);
       h_n = std::get<0>(std::get<1>(result));
@@ -295,9 +295,9 @@ void packed_batches_of_any_pattern(const char* name) {
   }
 }
 
-TEST(RnnStaticCell, NnGruPackedAnyBatch) { packed_batches_of_any_pattern<nn::GRU>("nn::GRU packed"); }
+TEST(RnnStaticCell, NnGruPackedAnyBatch) { packed_batches_of_any_pattern<nn::GRUImpl>("nn::GRU packed"); }
 
-TEST(RnnStaticCell, NnLstmPackedAnyBatch) { packed_batches_of_any_pattern<nn::LSTM>("nn::LSTM packed"); }
+TEST(RnnStaticCell, NnLstmPackedAnyBatch) { packed_batches_of_any_pattern<nn::LSTMImpl>("nn::LSTM packed"); }
 
 
 // ---- per-layer records (OpIdentityScope) ---------------------------------------------------
@@ -366,22 +366,22 @@ void layers_have_their_own_gate_records(const char* name) {
   prepare(model, {randn({3, 5, 8}, 1)}, default_qconfig_mapping("onednn"));
   // PackedModel: 2 layers, one direction. GRU: one sigmoid (r and z together) and one tanh per
   // cell; LSTM: one sigmoid record (i, f, o: narrows of one tensor share it) and two tanhs (g, c').
-  const size_t cells = 2, sigmoids = 1, tanhs = std::is_same_v<Rnn, nn::LSTM> ? 2 : 1;
+  const size_t cells = 2, sigmoids = 1, tanhs = std::is_same_v<Rnn, nn::LSTMImpl> ? 2 : 1;
   EXPECT_EQ(count_records(model, OpKind::kSigmoid), cells * sigmoids);
   EXPECT_EQ(count_records(model, OpKind::kTanh), cells * tanhs);
 }
 
-TEST(RnnStaticCell, NnGruLayersHaveTheirOwnGateRecords) { layers_have_their_own_gate_records<nn::GRU>("nn::GRU"); }
+TEST(RnnStaticCell, NnGruLayersHaveTheirOwnGateRecords) { layers_have_their_own_gate_records<nn::GRUImpl>("nn::GRU"); }
 
-TEST(RnnStaticCell, NnLstmLayersHaveTheirOwnGateRecords) { layers_have_their_own_gate_records<nn::LSTM>("nn::LSTM"); }
+TEST(RnnStaticCell, NnLstmLayersHaveTheirOwnGateRecords) { layers_have_their_own_gate_records<nn::LSTMImpl>("nn::LSTM"); }
 
 TEST(RnnStaticCell, BidirectionalGruDirectionsHaveTheirOwnGateRecords) {
   manual_seed(44);
   nn::GRU gru(nn::GRUOptions(8, 16).bidirectional(true));
-  gru.eval();
-  prepare(gru, {randn({5, 2, 8}, 1)}, default_qconfig_mapping("onednn"));
-  EXPECT_EQ(count_records(gru, OpKind::kSigmoid), 2u);
-  EXPECT_EQ(count_records(gru, OpKind::kTanh), 2u);
+  gru->eval();
+  prepare(*gru, {randn({5, 2, 8}, 1)}, default_qconfig_mapping("onednn"));
+  EXPECT_EQ(count_records(*gru, OpKind::kSigmoid), 2u);
+  EXPECT_EQ(count_records(*gru, OpKind::kTanh), 2u);
 }
 
 // The scope's salt is part of a record's identity in a quant-state file: a calibrated two-layer
@@ -390,7 +390,7 @@ TEST(RnnStaticCell, BidirectionalGruDirectionsHaveTheirOwnGateRecords) {
 TEST(RnnStaticCell, NnGruStateFileKeepsPerLayerRecords) {
   auto make = [] {
     manual_seed(45);
-    auto m = std::make_shared<PackedModel<nn::GRU>>(8, 16);
+    auto m = std::make_shared<PackedModel<nn::GRUImpl>>(8, 16);
     m->eval();
     m->lengths = {6, 2, 4};
     return m;

@@ -472,21 +472,21 @@ TEST(DispatchOps, OpOutputsStartWithTraceIdZero) {
 
 struct Inner : nn::CallableModule<Inner> {
   Inner() {
-    seq = register_module("seq", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<Module>>{
-                                     std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::ReLU>()}));
+    seq = register_module("seq", std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<Module>>{
+                                     std::make_shared<nn::LinearImpl>(4, 4), std::make_shared<nn::ReLUImpl>()}));
   }
   Tensor forward(const Tensor& x) { return (*seq)(x) + 1.0; }
-  std::shared_ptr<nn::Sequential> seq;
+  std::shared_ptr<nn::SequentialImpl> seq;
 };
 
 struct Outer : nn::CallableModule<Outer> {
   Outer() {
     inner = register_module("inner", std::make_shared<Inner>());
-    head = register_module("head", std::make_shared<nn::Linear>(4, 2));
+    head = register_module("head", std::make_shared<nn::LinearImpl>(4, 2));
   }
   Tensor forward(const Tensor& x) { return (*head)((*inner)(x)); }
   std::shared_ptr<Inner> inner;
-  std::shared_ptr<nn::Linear> head;
+  std::shared_ptr<nn::LinearImpl> head;
 };
 
 TEST(DispatchModules, CallsNestInOrder) {
@@ -857,11 +857,11 @@ TEST(DispatchInstall, ConcurrentThreadsSeeOnlyTheirOwnOps) {
 // Convs, batch norm, pooling, elementwise and shape ops: the eager model of the other tests.
 struct SmallCnn : nn::CallableModule<SmallCnn> {
   SmallCnn() {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(8));
-    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(8, 8, 3, 2, 1, 1, 2));
-    pool = register_module("pool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
-    fc = register_module("fc", std::make_shared<nn::Linear>(8, 5));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2dImpl>(3, 8, 3, 1, 1));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2dImpl>(8));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2dImpl>(8, 8, 3, 2, 1, 1, 2));
+    pool = register_module("pool", std::make_shared<nn::AdaptiveAvgPool2dImpl>(1));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(8, 5));
   }
   Tensor forward(const Tensor& x) {
     Tensor y = relu((*bn1)((*conv1)(x)));
@@ -871,10 +871,10 @@ struct SmallCnn : nn::CallableModule<SmallCnn> {
     Tensor logits = (*fc)(z);
     return softmax(cat({logits, -logits}, 1), -1).narrow(1, 0, 5);
   }
-  std::shared_ptr<nn::Conv2d> conv1, conv2;
-  std::shared_ptr<nn::BatchNorm2d> bn1;
-  std::shared_ptr<nn::AdaptiveAvgPool2d> pool;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::Conv2dImpl> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn1;
+  std::shared_ptr<nn::AdaptiveAvgPool2dImpl> pool;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 TEST(DispatchResults, PassThroughMatchesNoInterceptor) {
@@ -935,7 +935,7 @@ TEST(DispatchResults, InterceptorSubstitutesInputs) {
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{10, 20}));
 
   // The same for a conv: the interceptor swaps in its own weight (e.g. a fake-quantized one).
-  auto conv = std::make_shared<nn::Conv2d>(1, 1, 1, 1, 0, 1, 1, /*bias=*/false);
+  auto conv = std::make_shared<nn::Conv2dImpl>(1, 1, 1, 1, 0, 1, 1, /*bias=*/false);
   Recorder rec;
   Tensor my_weight = full({1, 1, 1, 1}, 3.0);
   rec.op_hook = [&](const OpCall& c) -> std::optional<Tensor> {

@@ -17,15 +17,15 @@
 namespace dbrq {
 namespace {
 
-using nn::BatchNorm2d;
-using nn::Conv2d;
-using nn::Linear;
+using BatchNorm2d = nn::BatchNorm2dImpl;
+using Conv2d = nn::Conv2dImpl;
+using Linear = nn::LinearImpl;
 using nn::LoadReport;
 using nn::Module;
-using nn::ModuleDict;
-using nn::ModuleList;
-using nn::ReLU;
-using nn::Sequential;
+using ModuleDict = nn::ModuleDictImpl;
+using ModuleList = nn::ModuleListImpl;
+using ReLU = nn::ReLUImpl;
+using Sequential = nn::SequentialImpl;
 using testing::expect_equal;
 
 std::vector<std::string> names_of(const NamedTensors& named) {
@@ -178,7 +178,7 @@ TEST(ModuleRegistration, ContainerAccessErrors) {
   auto net = std::make_shared<Net>();
   EXPECT_EQ(net->features->size(), 3u);
   EXPECT_NE(net->features->at<Conv2d>(0), nullptr);
-  EXPECT_THROW_MSG(net->features->at<Linear>(0), ValueError, "child is a Conv2d, not the requested type");
+  EXPECT_THROW_MSG(net->features->at<Linear>(0), ValueError, "Sequential::at(0): child is a Conv2d, not a Linear");
   EXPECT_THROW_MSG((*net->features)[3], IndexError, "index 3 is out of range for 3 modules");
   EXPECT_EQ(net->blocks->size(), 2u);
   EXPECT_NE(net->blocks->at<Block>(1), nullptr);
@@ -280,7 +280,7 @@ TEST(ModuleTraining, TrainAndEvalRecurse) {
 }
 
 TEST(ModuleTraining, DropoutOnlyActsInTraining) {
-  auto seq = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{std::make_shared<nn::Dropout>(0.5)});
+  auto seq = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{std::make_shared<nn::DropoutImpl>(0.5)});
   Tensor x = ones({2000});
   Tensor y = (*seq)(x);  // modules start in training mode, like PyTorch
   int64_t zeros_count = 0;
@@ -294,11 +294,11 @@ TEST(ModuleTraining, DropoutOnlyActsInTraining) {
   seq->eval();
   expect_equal((*seq)(x), x, "eval dropout");
   seq->train();
-  auto zero_p = std::make_shared<nn::Dropout>(0.0);
+  auto zero_p = std::make_shared<nn::DropoutImpl>(0.0);
   expect_equal((*zero_p)(x), x, "p=0 dropout");
-  auto all = std::make_shared<nn::Dropout>(1.0);
+  auto all = std::make_shared<nn::DropoutImpl>(1.0);
   expect_equal((*all)(x), zeros({2000}), "p=1 dropout");
-  EXPECT_EQ(std::make_shared<nn::Dropout>(0.25)->to_string(), "Dropout(p=0.25)");
+  EXPECT_EQ(std::make_shared<nn::DropoutImpl>(0.25)->to_string(), "Dropout(p=0.25)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,11 +533,11 @@ TEST(ModulePrinting, LayerExtraRepr) {
             "Conv2d(4, 8, kernel_size=(1, 3), stride=(1, 1), dilation=(2, 2), groups=4)");
   EXPECT_EQ(Linear(3, 5, false).to_string(), "Linear(in_features=3, out_features=5, bias=False)");
   EXPECT_EQ(BatchNorm2d(16, 1e-3).to_string(), "BatchNorm2d(16, eps=0.001)");
-  EXPECT_EQ(nn::MaxPool2d(3, 2, 1).to_string(),
+  EXPECT_EQ(nn::MaxPool2dImpl(3, 2, 1).to_string(),
             "MaxPool2d(kernel_size=3, stride=2, padding=1, dilation=1, ceil_mode=False)");
-  EXPECT_EQ(nn::AdaptiveAvgPool2d(1).to_string(), "AdaptiveAvgPool2d(output_size=(1, 1))");
-  EXPECT_EQ(nn::LayerNorm(6).to_string(), "LayerNorm((6,), eps=1e-05)");
-  EXPECT_EQ(nn::Embedding(10, 4).to_string(), "Embedding(10, 4)");
+  EXPECT_EQ(nn::AdaptiveAvgPool2dImpl(1).to_string(), "AdaptiveAvgPool2d(output_size=(1, 1))");
+  EXPECT_EQ(nn::LayerNormImpl(6).to_string(), "LayerNorm((6,), eps=1e-05)");
+  EXPECT_EQ(nn::EmbeddingImpl(10, 4).to_string(), "Embedding(10, 4)");
   EXPECT_EQ(Sequential().to_string(), "Sequential()");
   EXPECT_EQ(ModuleList().to_string(), "ModuleList()");
 }
@@ -605,13 +605,13 @@ TEST(LayerOptions, InvalidOptionsThrowValueError) {
   EXPECT_THROW_MSG(Conv2d(nn::Conv2dOptions(2, 2, {3, 0})), ValueError, "kernel_size must be >= 1, got (3, 0)");
   EXPECT_THROW_MSG(Linear(-1, 4), ValueError, "Linear: feature counts must be >= 0, got -1 and 4");
   EXPECT_THROW_MSG(BatchNorm2d(0), ValueError, "BatchNorm2d: num_features must be >= 1, got 0");
-  EXPECT_THROW_MSG(nn::BatchNorm1d(-3), ValueError, "BatchNorm1d: num_features must be >= 1, got -3");
-  EXPECT_THROW_MSG(nn::LayerNorm(std::vector<int64_t>{}), ValueError, "normalized_shape must not be empty");
-  EXPECT_THROW_MSG(nn::Embedding(0, 4), ValueError, "Embedding: num_embeddings and embedding_dim must be >= 1");
-  EXPECT_THROW_MSG(nn::MaxPool2d(0), ValueError, "MaxPool2d: kernel_size must be >= 1, got 0");
-  EXPECT_THROW_MSG(nn::AvgPool2d(2, -1), ValueError, "AvgPool2d: stride must be >= 0");
-  EXPECT_THROW_MSG(nn::Dropout(1.5), ValueError, "Dropout: probability must be in [0, 1], got 1.5");
-  EXPECT_THROW_MSG(nn::Dropout(-0.1), ValueError, "Dropout: probability must be in [0, 1]");
+  EXPECT_THROW_MSG(nn::BatchNorm1dImpl(-3), ValueError, "BatchNorm1d: num_features must be >= 1, got -3");
+  EXPECT_THROW_MSG(nn::LayerNormImpl(std::vector<int64_t>{}), ValueError, "normalized_shape must not be empty");
+  EXPECT_THROW_MSG(nn::EmbeddingImpl(0, 4), ValueError, "Embedding: num_embeddings and embedding_dim must be >= 1");
+  EXPECT_THROW_MSG(nn::MaxPool2dImpl(0), ValueError, "MaxPool2d: kernel_size must be >= 1, got 0");
+  EXPECT_THROW_MSG(nn::AvgPool2dImpl(2, -1), ValueError, "AvgPool2d: stride must be >= 0");
+  EXPECT_THROW_MSG(nn::DropoutImpl(1.5), ValueError, "Dropout: probability must be in [0, 1], got 1.5");
+  EXPECT_THROW_MSG(nn::DropoutImpl(-0.1), ValueError, "Dropout: probability must be in [0, 1]");
 }
 
 TEST(LayerOptions, OptionsAreApplied) {
@@ -624,9 +624,9 @@ TEST(LayerOptions, OptionsAreApplied) {
   EXPECT_EQ(names_of(conv.named_parameters()), std::vector<std::string>{"weight"});
   Tensor y = conv(randn({1, 4, 8, 8}, 3));
   EXPECT_EQ(y.sizes(), (IntArrayRef{1, 8, 4, 4}));
-  nn::MaxPool2d pool(3);  // stride defaults to the kernel size
+  nn::MaxPool2dImpl pool(3);  // stride defaults to the kernel size
   EXPECT_EQ(pool.params().stride, (std::array<int64_t, 2>{3, 3}));
-  nn::BatchNorm2d bn(5, 1e-3, /*affine=*/false);
+  nn::BatchNorm2dImpl bn(5, 1e-3, /*affine=*/false);
   EXPECT_TRUE(bn.named_parameters().empty());
   EXPECT_EQ(names_of(bn.named_buffers()),
             (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
@@ -678,9 +678,9 @@ TEST(LayerInit, NormAndEmbedding) {
   expect_equal(bn.running_var, ones({4}), "bn var");
   EXPECT_EQ(bn.num_batches_tracked.dtype(), DType::kS64);
   EXPECT_EQ(bn.num_batches_tracked.dim(), 0);
-  nn::LayerNorm ln(std::vector<int64_t>{2, 3});
+  nn::LayerNormImpl ln(std::vector<int64_t>{2, 3});
   expect_equal(ln.weight, ones({2, 3}), "ln weight");
-  nn::Embedding emb(100, 50);  // N(0, 1)
+  nn::EmbeddingImpl emb(100, 50);  // N(0, 1)
   const std::vector<float> v = emb.weight.to_vector<float>();
   double mean_v = 0, sq = 0;
   for (float x : v) mean_v += x;

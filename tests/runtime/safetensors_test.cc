@@ -161,12 +161,12 @@ TEST(SafetensorsRoundTrip, QuantizedTensorsKeepRawValuesAndDropParams) {
 }
 
 TEST(SafetensorsRoundTrip, ModelStateDict) {
-  auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 4, 3), std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
+  auto model = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2dImpl>(3, 4, 3), std::make_shared<nn::BatchNorm2dImpl>(4), std::make_shared<nn::ReLUImpl>()});
   const std::string path = temp_path("model.safetensors");
   save_safetensors(path, model->state_dict());
-  auto other = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(3, 4, 3), std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
+  auto other = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2dImpl>(3, 4, 3), std::make_shared<nn::BatchNorm2dImpl>(4), std::make_shared<nn::ReLUImpl>()});
   EXPECT_TRUE(other->load_state_dict(load_safetensors(path)).ok());
   const NamedTensors a = model->state_dict(), b = other->state_dict();
   ASSERT_EQ(names_of(a), names_of(b));
@@ -231,14 +231,14 @@ TEST(SafetensorsTorch, ReadsMetadata) {
 TEST(SafetensorsTorch, LoadsAModuleStateDict) {
   struct Tiny : nn::CallableModule<Tiny> {
     Tiny() {
-      conv = register_module("conv", std::make_shared<nn::Conv2d>(2, 4, 3, 1, 1));
-      bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(4));
-      fc = register_module("fc", std::make_shared<nn::Linear>(36, 2));
+      conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(2, 4, 3, 1, 1));
+      bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
+      fc = register_module("fc", std::make_shared<nn::LinearImpl>(36, 2));
     }
     Tensor forward(const Tensor& x) { return (*fc)(flatten(relu((*bn)((*conv)(x))), 1)); }
-    std::shared_ptr<nn::Conv2d> conv;
-    std::shared_ptr<nn::BatchNorm2d> bn;
-    std::shared_ptr<nn::Linear> fc;
+    std::shared_ptr<nn::Conv2dImpl> conv;
+    std::shared_ptr<nn::BatchNorm2dImpl> bn;
+    std::shared_ptr<nn::LinearImpl> fc;
   };
   NamedTensors file = load_safetensors(kModuleFile);
   EXPECT_EQ(find(file, "fc.weight").dtype(), DType::kF32);  // F16 in the file

@@ -134,8 +134,8 @@ TEST(Autotune, FragileLayerIsTheOneMovedOutOfInt8) {
 // non-finite SQNRs, so the one layer to blame was never tried and the search ended unmet.
 struct Cancelling : nn::CallableModule<Cancelling> {
   Cancelling() {
-    lin0 = register_module("lin0", std::make_shared<nn::Linear>(1, 2, false));
-    fc = register_module("fc", std::make_shared<nn::Linear>(2, 1, false));
+    lin0 = register_module("lin0", std::make_shared<nn::LinearImpl>(1, 2, false));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(2, 1, false));
     float* w0 = lin0->weight.mutable_data<float>();
     w0[0] = 1.f;
     w0[1] = 0.5f;
@@ -144,7 +144,7 @@ struct Cancelling : nn::CallableModule<Cancelling> {
     w1[1] = -1.f;
   }
   Tensor forward(const Tensor& x) { return (*fc)((*lin0)(x)); }
-  std::shared_ptr<nn::Linear> lin0, fc;
+  std::shared_ptr<nn::LinearImpl> lin0, fc;
 };
 
 TEST(Autotune, ALayerWithMinusInfiniteSqnrIsRankedFirst) {
@@ -287,11 +287,11 @@ TEST(Autotune, CriterionTargets) {
 // A branch on the data: calibration only ever takes one side.
 struct Branchy : nn::CallableModule<Branchy> {
   Branchy() {
-    a = register_module("a", std::make_shared<nn::Linear>(8, 4));
-    b = register_module("b", std::make_shared<nn::Linear>(8, 4));
+    a = register_module("a", std::make_shared<nn::LinearImpl>(8, 4));
+    b = register_module("b", std::make_shared<nn::LinearImpl>(8, 4));
   }
   Tensor forward(const Tensor& x) { return mean(x).item<float>() > 0 ? (*a)(x) : (*b)(x); }
-  std::shared_ptr<nn::Linear> a, b;
+  std::shared_ptr<nn::LinearImpl> a, b;
 };
 
 TEST(Autotune, CalibrationMissingAPathIsAControlFlowError) {

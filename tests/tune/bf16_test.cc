@@ -138,9 +138,9 @@ TEST(Bf16Kernels, BadInputsThrowLikeTheFp32Kernels) {
 // conv -> relu -> flatten -> fc1 -> relu -> fc2 -> two functional matmuls.
 struct Bf16Net : nn::CallableModule<Bf16Net> {
   Bf16Net() {
-    conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1));
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(8 * 5 * 5, 32));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 16));
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 8, 3, 1, 1));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(8 * 5 * 5, 32));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(32, 16));
   }
   Tensor forward(const Tensor& x) {
     Tensor h = relu((*conv)(x));
@@ -149,8 +149,8 @@ struct Bf16Net : nn::CallableModule<Bf16Net> {
     Tensor g = matmul(a, transpose(a, 0, 1));
     return matmul(g, a);
   }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2;
 };
 
 std::shared_ptr<Bf16Net> make_net() {
@@ -228,9 +228,9 @@ TEST(Bf16Models, OnlyABf16LinearMatchesTheBf16Kernel) {
   if (!bf16_supported()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
   // Everything fp32 except fc2 in bf16: fc2's output is exactly linear_bf16 of fc1's fp32 output.
   struct Probe : nn::CallableModule<Probe> {
-    Probe() { fc = register_module("fc", std::make_shared<nn::Linear>(24, 9)); }
+    Probe() { fc = register_module("fc", std::make_shared<nn::LinearImpl>(24, 9)); }
     Tensor forward(const Tensor& x) { return (*fc)(relu(x)); }
-    std::shared_ptr<nn::Linear> fc;
+    std::shared_ptr<nn::LinearImpl> fc;
   };
   manual_seed(3);
   auto m = std::make_shared<Probe>();

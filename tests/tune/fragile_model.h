@@ -20,12 +20,12 @@ namespace dbrq::fragile {
 
 struct Fragile : nn::CallableModule<Fragile> {
   Fragile() {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(16, 32));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 32));
-    fc3 = register_module("fc3", std::make_shared<nn::Linear>(32, 8));
+    fc1 = register_module("fc1", std::make_shared<nn::LinearImpl>(16, 32));
+    fc2 = register_module("fc2", std::make_shared<nn::LinearImpl>(32, 32));
+    fc3 = register_module("fc3", std::make_shared<nn::LinearImpl>(32, 8));
   }
   Tensor forward(const Tensor& x) { return (*fc3)(relu((*fc2)(relu((*fc1)(x))))); }
-  std::shared_ptr<nn::Linear> fc1, fc2, fc3;
+  std::shared_ptr<nn::LinearImpl> fc1, fc2, fc3;
 };
 
 inline std::shared_ptr<nn::Module> make() {

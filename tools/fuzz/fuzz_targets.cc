@@ -28,11 +28,11 @@ void fill(Tensor& t, const Tensor& src) {
 }  // namespace
 
 TinyNet::TinyNet() {
-  conv = register_module("conv", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 4, 3).padding(1).bias(false)));
-  bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(4));
-  relu = register_module("relu", std::make_shared<nn::ReLU>());
-  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(4, 4, 3).padding(1)));
-  fc = register_module("fc", std::make_shared<nn::Linear>(64, 5));
+  conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(3, 4, 3).padding(1).bias(false)));
+  bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
+  relu = register_module("relu", std::make_shared<nn::ReLUImpl>());
+  conv2 = register_module("conv2", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(4, 4, 3).padding(1)));
+  fc = register_module("fc", std::make_shared<nn::LinearImpl>(64, 5));
 }
 
 Tensor TinyNet::forward(const Tensor& x) {

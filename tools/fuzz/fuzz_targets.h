@@ -26,11 +26,11 @@ namespace dbrq::fuzz {
 struct TinyNet : nn::CallableModule<TinyNet> {
   TinyNet();
   Tensor forward(const Tensor& x);
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::ReLU> relu;
-  std::shared_ptr<nn::Conv2d> conv2;
-  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::ReLUImpl> relu;
+  std::shared_ptr<nn::Conv2dImpl> conv2;
+  std::shared_ptr<nn::LinearImpl> fc;
 };
 
 // Fixed weights (seeded) and non-trivial batch-norm statistics, in eval mode.
