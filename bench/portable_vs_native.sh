@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default build (x86-64-v2 baseline, AVX-512 loops chosen at run time) vs --config=native
 # (-march=native), side by side.
-#   bench/portable_vs_native.sh [--rounds=N] [--iters=N] [--threads=N]
+#   bench/portable_vs_native.sh [--rounds=N] [--iters=N] [--threads=N] [--control]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${TMPDIR:-/tmp}/dbrq_portable_vs_native"
