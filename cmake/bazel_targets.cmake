@@ -1372,6 +1372,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:cross_module_fusion_test
+  NAME dbrq_tests_quant_cross_module_fusion_test
+  RUNFILE tests/quant/cross_module_fusion_test
+  SRCS
+    tests/quant/cross_module_fusion_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:elu_test
   NAME dbrq_tests_quant_elu_test
   RUNFILE tests/quant/elu_test

@@ -296,6 +296,7 @@ struct FileRecord {
   std::vector<FileInput> inputs;
   size_t num_outputs = 1;
   bool read_by_fp32 = false, escapes = false, read_twice = false;
+  bool model_output = false;  // absent in the file when false
   std::string unsupported;
   // What the analysis decided, as the file says (checked against this dbrq's analysis).
   std::string role, fusion;
@@ -396,6 +397,8 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
   j["read_by_fp32"] = op.read_by_fp32;
   j["escapes"] = op.escapes;
   j["read_twice"] = op.read_twice;
+  // Only when true, so files of models that return no record's output directly are unchanged.
+  if (op.model_output) j["model_output"] = true;
   j["role"] = quant_role_name(op.role);
   if (op.fusion.fused()) {
     std::vector<std::string> pattern;
@@ -684,6 +687,7 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       r.read_by_fp32 = get_bool(o.at("read_by_fp32"), "read_by_fp32");
       r.escapes = get_bool(o.at("escapes"), "escapes");
       r.read_twice = get_bool(o.at("read_twice"), "read_twice");
+      if (o.contains("model_output")) r.model_output = get_bool(o.at("model_output"), "model_output");
       if (o.contains("unsupported")) r.unsupported = get_string(o.at("unsupported"), "unsupported");
       r.role = get_string(o.at("role"), "role");
       if (o.contains("fusion")) {
@@ -924,6 +928,7 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
     op.read_by_fp32 = r.read_by_fp32;
     op.escapes = r.escapes;
     op.read_twice = r.read_twice;
+    op.model_output = r.model_output;
     op.unsupported = r.unsupported;
   }
   // Who reads each record's output.
@@ -1198,6 +1203,7 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
     m.read_by_fp32 = m.read_by_fp32 || r.read_by_fp32;
     m.escapes = m.escapes || r.escapes;
     m.read_twice = m.read_twice || r.read_twice;
+    m.model_output = m.model_output || r.model_output;
   }
   for (size_t mi = 0; mi < merged.modules.size(); ++mi) {
     FileModule& fm = merged.modules[mi];

@@ -24,6 +24,7 @@ class Analyzer {
     std::vector<ObserverSlot> old = m_.take_slots();
     reset();
     for (AutoQuantizationState* s : m_.states()) discover_fusions(*s);
+    discover_cross_module();
     infer_dtypes();
     if (m_.float_outputs()) demote_unread_outputs();
     for (size_t g = 0; g < m_.records().size(); ++g) place(static_cast<int>(g));
@@ -51,6 +52,8 @@ class Analyzer {
       SeenOpInfo& op = s->seen_ops()[static_cast<size_t>(i)];
       op.role = QuantRole::kNone;
       op.fusion = FusionInfo{};
+      op.absorbs = -1;
+      op.absorbed_by = -1;
       op.input_observers.assign(op.inputs.size(), -1);
       op.output_observer = -1;
       for (QTensorInfo& t : op.inputs) t.inf_dtype = DType::kF32;
@@ -132,6 +135,58 @@ class Analyzer {
     }
   }
 
+  // The base of the chain whose last op (or only op) is record `g`.
+  const SeenOpInfo& chain_base(int g) {
+    const SeenOpInfo& p = rec_op(g);
+    if (!p.fusion.fused()) return p;
+    return state_of(g).seen_ops()[static_cast<size_t>(p.fusion.base)];
+  }
+
+  // Fusion across a module boundary. A chain (or a lone op) that ends in one module and whose
+  // output is returned to another module, where an activation reads it, fuses that activation as
+  // if both were in one module (DenseNet: norm5 in the `features` Sequential, F.relu in the root's
+  // forward). Sound only when, over every path seen:
+  //  - the activation is the producer's only reader: one consumer record, no op that is not
+  //    recorded (read_by_fp32: an fp32 op, an untraced module), not read twice, not a model
+  //    output (model_output: the user reads it);
+  //  - the activation reads nothing else at that input (one origin), so it always follows;
+  //  - the backend fuses the chain extended by the activation (a pattern of BackendConfig).
+  // Only relu for now: the ONNX exporter writes the activation as its own node after the chain's
+  // quantize, which is exact for relu (a quantize with zero point 0 already clamps at 0) but
+  // would clip the input of an activation with negative outputs (hardswish, gelu, leaky_relu).
+  // After convert, a path never calibrated that reads the producer's output elsewhere is caught
+  // by the inner-tensor checks of the interceptor (ControlFlowError, never a wrong value), and an
+  // activation handed another tensor runs it itself, in fp32 (the interceptor checks the origin).
+  void discover_cross_module() {
+    const auto& patterns = m_.backend().fusion_patterns();
+    for (auto& [cs, ci] : m_.records()) {
+      SeenOpInfo& c = cs->seen_ops()[static_cast<size_t>(ci)];
+      if (c.fusion.fused() || c.qconfig == nullptr || c.has_scalar || c.inputs.empty() ||
+          c.inputs[0].num_origins() != 1 || c.kind != OpKind::kRelu) {
+        continue;
+      }
+      const Record* r = m_.tensor(c.inputs[0].id);
+      if (r == nullptr || r->record < 0) continue;
+      const int pg = r->record;
+      SeenOpInfo& p = rec_op(pg);
+      if (&state_of(pg) == cs || p.absorbs >= 0 || !quantizable(p)) continue;
+      if (p.outputs.size() != 1 || p.consumers.size() != 1 || p.read_by_fp32 || p.read_twice || p.model_output) {
+        continue;
+      }
+      if (!(p.consumers[0] == Consumer{c.global_index, 0})) continue;
+      // The producer ends its module's chain (the last member), or is not in one.
+      if (p.fusion.fused() && p.index != p.fusion.members.back()) continue;
+      std::vector<OpKind> chain = p.fusion.fused() ? p.fusion.pattern : std::vector<OpKind>{p.kind};
+      if (p.fusion.fused() && p.fusion.residual_input >= 0) continue;  // add chains: not here
+      const SeenOpInfo& base = chain_base(pg);
+      if (!quantizable(base)) continue;
+      chain.push_back(c.kind);
+      if (std::find(patterns.begin(), patterns.end(), chain) == patterns.end()) continue;
+      p.absorbs = c.global_index;
+      c.absorbed_by = pg;
+    }
+  }
+
   bool any_input_u8(const SeenOpInfo& op, size_t k) {
     if (k >= op.inputs.size()) return false;
     for (int64_t id : origins(op.inputs[k])) {
@@ -151,6 +206,13 @@ class Analyzer {
   QuantRole role_of(SeenOpInfo& op, bool* out_u8) {
     *out_u8 = false;
     AutoQuantizationState& s = state_of(op.global_index);
+    if (op.absorbed_by >= 0) {
+      // Runs inside the kernel of its producer's chain, in another module: like a follower.
+      const SeenOpInfo& base = chain_base(op.absorbed_by);
+      if (base.role == QuantRole::kNone) return QuantRole::kNone;
+      *out_u8 = !(base.qconfig && base.qconfig->is_dynamic());
+      return m_.backend().role(base.kind);
+    }
     if (op.fusion.fused() && op.fusion.position > 0) {
       const SeenOpInfo& base = s.seen_ops()[static_cast<size_t>(op.fusion.base)];
       // A base that stays fp32 (an int8 batch norm or add whose input is fp32) keeps its chain fp32.
@@ -234,7 +296,7 @@ class Analyzer {
     if (!visiting.insert(op.global_index).second) return false;
     for (const Consumer& c : op.consumers) {
       const SeenOpInfo& r = rec_op(c.record);
-      if (r.fusion.fused()) return true;
+      if (r.fusion.fused() || r.absorbed_by >= 0) return true;
       switch (r.role) {
         case QuantRole::kNone:
           break;
@@ -312,6 +374,16 @@ class Analyzer {
     AutoQuantizationState& s = state_of(g);
     if (op.role == QuantRole::kNone) return set_output(op, DType::kF32, -1);
     const std::string& owner = s.fqn();
+    if (op.absorbed_by >= 0) {
+      // Fused across a module boundary: the chain's output, observed here.
+      const SeenOpInfo& base = chain_base(op.absorbed_by);
+      op.inputs[0].inf_dtype = rec(op.inputs[0].id).inf_dtype;
+      if (base.qconfig && base.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);
+      const int slot = rec(base.outputs[0].id).slot;
+      set_output(op, DType::kU8, slot);
+      op.output_observer = slot;
+      return;
+    }
     if (op.fusion.fused() && op.fusion.position > 0) {
       // A follower runs inside its base's fused kernel: its output is the chain's output.
       const SeenOpInfo& base = s.seen_ops()[static_cast<size_t>(op.fusion.base)];
@@ -319,7 +391,7 @@ class Analyzer {
       if (base.qconfig && base.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);
       const int slot = rec(base.outputs[0].id).slot;
       set_output(op, DType::kU8, slot);
-      if (op.index == op.fusion.members.back()) op.output_observer = slot;
+      if (op.index == op.fusion.members.back() && op.absorbs < 0) op.output_observer = slot;
       return;
     }
     switch (op.role) {
@@ -416,10 +488,15 @@ class Analyzer {
     AutoQuantizationState& s = state_of(g);
     // Named after the tensor users see, and owned by the op producing it: the end of the fused
     // chain, if any (chains of a loop's iterations ending in one record share it).
-    const SeenOpInfo& last = op.fusion.fused() ? s.seen_ops()[static_cast<size_t>(op.fusion.members.back())] : op;
-    const int slot = m_.ensure_slot(last.global_index, -1, op.qconfig->activation, last.outputs[0].id, s.fqn());
+    const SeenOpInfo* last = op.fusion.fused() ? &s.seen_ops()[static_cast<size_t>(op.fusion.members.back())] : &op;
+    const std::string* owner = &s.fqn();
+    if (last->absorbs >= 0) {  // the chain ends with an activation in another module
+      owner = &state_of(last->absorbs).fqn();
+      last = &rec_op(last->absorbs);
+    }
+    const int slot = m_.ensure_slot(last->global_index, -1, op.qconfig->activation, last->outputs[0].id, *owner);
     set_output(op, DType::kU8, slot);
-    if (!op.fusion.fused()) op.output_observer = slot;  // else the chain's last op observes
+    if (!op.fusion.fused() && op.absorbs < 0) op.output_observer = slot;  // else the chain's last op observes
   }
 
   // What the previous analysis's observers saw goes to the new slots with the same keys (record,

@@ -3,6 +3,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "kernels/eager.h"
 
@@ -95,9 +96,11 @@ class Converter {
   }
 
   // The tensor a fused chain produces (its last op's output).
+  // (An activation fused across a module boundary ends it: SeenOpInfo::absorbs.)
   int64_t chain_output(const AutoQuantizationState& s, const SeenOpInfo& base) {
-    if (!base.fusion.fused()) return base.outputs[0].id;
-    return s.seen_ops()[static_cast<size_t>(base.fusion.members.back())].outputs[0].id;
+    const SeenOpInfo& last = base.fusion.fused() ? s.seen_ops()[static_cast<size_t>(base.fusion.members.back())] : base;
+    if (last.absorbs >= 0) return m_.record(last.absorbs).outputs[0].id;
+    return last.outputs[0].id;
   }
 
   // The parameters input k is brought to: its origin's, or (several origins: paths, loop
@@ -122,6 +125,8 @@ class Converter {
     for (size_t p = 1; base.fusion.fused() && p < base.fusion.members.size(); ++p) {
       out.push_back(&s.seen_ops()[static_cast<size_t>(base.fusion.members[p])]);
     }
+    const SeenOpInfo& last = out.empty() ? base : *out.back();
+    if (last.absorbs >= 0) out.push_back(&m_.record(last.absorbs));  // in another module
     return out;
   }
 
@@ -149,6 +154,14 @@ class Converter {
                   "it since loading. Run the prepared model once on an input that takes this path before convert");
     }
     const OpDef& def = op_def(op.kind);
+    if (op.absorbed_by >= 0) {
+      const SeenOpInfo& p = m_.record(op.absorbed_by);
+      const AutoQuantizationState& ps = *m_.records()[static_cast<size_t>(op.absorbed_by)].first;
+      const SeenOpInfo& base = p.fusion.fused() ? ps.seen_ops()[static_cast<size_t>(p.fusion.base)] : p;
+      return std::make_unique<FollowerExec>(absl::StrCat(base.fusion.fused() ? base.fusion.name() : op_name(base.kind),
+                                                         "+", op_name(op.kind), " (", op_name(base.kind), " in module \"",
+                                                         ps.fqn(), "\")"));
+    }
     if (op.fusion.fused() && op.fusion.position > 0) {
       SeenOpInfo& base = s.seen_ops()[op.fusion.base];
       if (op.fusion.residual_input >= 0) {
@@ -273,7 +286,7 @@ class Converter {
         if (op.executor->fp32) {
           ++fp32;
           reasons[op.unsupported.empty() ? std::string(op_name(op.kind)) + ": int8 not applicable here" : op.unsupported]++;
-        } else if (op.fusion.fused() && op.fusion.position > 0) {
+        } else if ((op.fusion.fused() && op.fusion.position > 0) || op.absorbed_by >= 0) {
           ++fused;
         } else {
           ++int8;

@@ -503,6 +503,13 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
       }
       ++a;
     }
+    // An activation fused across a module boundary (SeenOpInfo::absorbed_by) passes on what its
+    // producer's kernel computed. Handed any other tensor (a path never calibrated in which the
+    // module before returned something else), it must compute itself: fp32, as uncalibrated.
+    if (__builtin_expect(op.absorbed_by >= 0, 0) && op.role != QuantRole::kNone && n_act > 0 &&
+        (call.inputs[0]->trace_origin() & ~kInnerFusedBit) != model_->record(op.absorbed_by).outputs[0].id) {
+      return run_uncalibrated(call, owner, top, "reads another tensor than the one calibration saw it fused with");
+    }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
     out = located(call.kind, where, [&] { return exec->run(call); });
     if (const Probes* p = probe_of_this_thread()) p->op(s, &op, call.kind, op.fqn, out);
@@ -538,8 +545,9 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
     });
   }
   out.set_trace_id(op.out_tag);
-  const bool inner = phase == Phase::kConverted && op.fusion.fused() &&
-                     op.fusion.position + 1 < static_cast<int>(op.fusion.members.size());
+  const bool inner = phase == Phase::kConverted &&
+                     ((op.fusion.fused() && op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) ||
+                      (op.absorbs >= 0 && op.role != QuantRole::kNone));
   out.set_trace_origin(op.outputs[0].id | (inner ? kInnerFusedBit : 0));
   return out;
 }
@@ -565,6 +573,26 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   if (dynamic_cast<NonTraceableInfo*>(ext) != nullptr) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
+    // The subtree reads its inputs outside any record: no fusion may hide them (and after
+    // convert, a fused chain's inner tensor is not there to read).
+    for (Tensor* t : inputs) {
+      if (!t->defined()) continue;
+      const int64_t o = t->trace_origin();
+      if (phase != Phase::kConverted) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(o);
+        if (r != nullptr && r->record >= 0 && !model_->record(r->record).read_by_fp32) {
+          model_->record(r->record).read_by_fp32 = true;
+          model_->set_dirty(true);
+        }
+      } else if ((o & kInnerFusedBit) != 0) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(o & ~kInnerFusedBit);
+        if (r != nullptr && r->record >= 0) {
+          self_located([&] {
+            throw_reads_inner(absl::StrCat("the untraced module ", module.type_name()), model_->record(r->record));
+          });
+        }
+      }
+    }
     if (phase != Phase::kTracing) {
       InterceptorScope none(nullptr);
       for (Tensor* t : inputs) {
@@ -605,6 +633,29 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     const Frame& top = tls_stack.back();
     if (!top.fp32_region && top.state != nullptr && model_->strict() && !top.recording) {
       self_located([&] { top.state->check_sequence_end(top.cursor); });
+    }
+    // The model's outputs are read by the user. While tracing and calibrating that is a reader
+    // outside the records (no fusion across modules may hide such a tensor); after convert, an
+    // uncalibrated path returning a fused chain's inner tensor would hand out the chain's result
+    // (a conv's output with its relu applied) or an unfilled tensor (a conv waiting for its add).
+    const bool outermost_call = tls_stack.size() == 1 || tls_stack[tls_stack.size() - 2].owner != this;
+    if (outermost_call && !top.fp32_region) {
+      for (Tensor* t : outputs) {
+        if (!t->defined()) continue;
+        const int64_t o = t->trace_origin();
+        if (model_->phase() != Phase::kConverted) {
+          const ModelQuantState::TensorRecord* r = model_->tensor(o);
+          if (r != nullptr && r->record >= 0 && !model_->record(r->record).model_output) {
+            model_->record(r->record).model_output = true;
+            model_->set_dirty(true);
+          }
+        } else if ((o & kInnerFusedBit) != 0) {
+          const ModelQuantState::TensorRecord* r = model_->tensor(o & ~kInnerFusedBit);
+          if (r != nullptr && r->record >= 0) {
+            self_located([&] { throw_reads_inner("the model's output", model_->record(r->record)); });
+          }
+        }
+      }
     }
   }
   Frame f = tls_stack.back();
