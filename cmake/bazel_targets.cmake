@@ -1449,6 +1449,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:fusion_break_test
+  NAME dbrq_tests_quant_fusion_break_test
+  RUNFILE tests/quant/fusion_break_test
+  SRCS
+    tests/quant/fusion_break_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:fusion_test
   NAME dbrq_tests_quant_fusion_test
   RUNFILE tests/quant/fusion_test
