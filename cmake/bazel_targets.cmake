@@ -148,8 +148,10 @@ dbrq_bazel_target(
   NAME dbrq_kernels_dnnl_utils
   RUNFILE kernels/dnnl_utils
   SRCS
+    kernels/cpu_features.cc
     kernels/dnnl_utils.cc
   HDRS
+    kernels/cpu_features.h
     kernels/dnnl_utils.h
     kernels/loops.h
     kernels/simd.h
@@ -561,6 +563,19 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/kernels:cpu_features_test
+  NAME dbrq_tests_kernels_cpu_features_test
+  RUNFILE tests/kernels/cpu_features_test
+  SRCS
+    tests/kernels/cpu_features_test.cc
+  DEPS
+    dbrq_kernels_dnnl_utils
+    dbrq_kernels_eager
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
   KIND cc_library
   LABEL //tests/kernels:kernel_test_util
   NAME dbrq_tests_kernels_kernel_test_util
@@ -724,6 +739,8 @@ dbrq_bazel_target(
     kernels/bf16.h
     kernels/bn_fold.cc
     kernels/bn_fold.h
+    kernels/cpu_features.cc
+    kernels/cpu_features.h
     kernels/dnnl_utils.cc
     kernels/dnnl_utils.h
     kernels/eager.h

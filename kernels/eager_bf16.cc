@@ -6,11 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#include <cpuid.h>
-#endif
-
 #include "core/op_shapes.h"
+#include "kernels/cpu_features.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 
@@ -44,22 +41,7 @@ dnnl::memory::dims conv_weights_dims(const Tensor& w, int64_t groups) {
 
 }  // namespace
 
-bool cpu_has_bf16() {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0, nullptr) < 7) return false;
-    __cpuid_count(7, 0, a, b, c, d);
-    const bool amx_bf16 = (d >> 22) & 1u;            // CPUID.(7,0):EDX[22]
-    __cpuid_count(7, 1, a, b, c, d);
-    const bool avx512_bf16 = (a >> 5) & 1u;          // CPUID.(7,1):EAX[5]
-    return avx512_bf16 || amx_bf16;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
+bool cpu_has_bf16() { return cpu_features().bf16; }
 
 bool bf16_available() { return cpu_has_bf16() && !bf16_disabled().load(std::memory_order_relaxed); }
 
