@@ -1726,6 +1726,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:transform_paths_test
+  NAME dbrq_tests_quant_transform_paths_test
+  RUNFILE tests/quant/transform_paths_test
+  SRCS
+    tests/quant/transform_paths_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/reliability:allocation_test
   NAME dbrq_tests_reliability_allocation_test
   RUNFILE tests/reliability/allocation_test
