@@ -175,6 +175,8 @@ dbrq_bazel_target(
     kernels/eager_elementwise.cc
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
+    kernels/eager_prims.cc
+    kernels/eager_prims.h
     kernels/eager_resample.cc
     kernels/eager_torch_order.cc
     kernels/post_ops.cc
@@ -751,6 +753,8 @@ dbrq_bazel_target(
     kernels/eager_elementwise.cc
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
+    kernels/eager_prims.cc
+    kernels/eager_prims.h
     kernels/eager_resample.cc
     kernels/eager_torch_order.cc
     kernels/int8.h
