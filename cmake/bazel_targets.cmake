@@ -148,8 +148,10 @@ dbrq_bazel_target(
   NAME dbrq_kernels_dnnl_utils
   RUNFILE kernels/dnnl_utils
   SRCS
+    kernels/cpu_features.cc
     kernels/dnnl_utils.cc
   HDRS
+    kernels/cpu_features.h
     kernels/dnnl_utils.h
     kernels/loops.h
     kernels/simd.h
@@ -173,6 +175,8 @@ dbrq_bazel_target(
     kernels/eager_elementwise.cc
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
+    kernels/eager_prims.cc
+    kernels/eager_prims.h
     kernels/eager_resample.cc
     kernels/eager_torch_order.cc
     kernels/post_ops.cc
@@ -561,6 +565,19 @@ dbrq_bazel_target(
     gtest_main
 )
 dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/kernels:cpu_features_test
+  NAME dbrq_tests_kernels_cpu_features_test
+  RUNFILE tests/kernels/cpu_features_test
+  SRCS
+    tests/kernels/cpu_features_test.cc
+  DEPS
+    dbrq_kernels_dnnl_utils
+    dbrq_kernels_eager
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
   KIND cc_library
   LABEL //tests/kernels:kernel_test_util
   NAME dbrq_tests_kernels_kernel_test_util
@@ -724,6 +741,8 @@ dbrq_bazel_target(
     kernels/bf16.h
     kernels/bn_fold.cc
     kernels/bn_fold.h
+    kernels/cpu_features.cc
+    kernels/cpu_features.h
     kernels/dnnl_utils.cc
     kernels/dnnl_utils.h
     kernels/eager.h
@@ -734,6 +753,8 @@ dbrq_bazel_target(
     kernels/eager_elementwise.cc
     kernels/eager_group_norm.cc
     kernels/eager_other.cc
+    kernels/eager_prims.cc
+    kernels/eager_prims.h
     kernels/eager_resample.cc
     kernels/eager_torch_order.cc
     kernels/int8.h
@@ -1464,6 +1485,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:fusion_break_test
+  NAME dbrq_tests_quant_fusion_break_test
+  RUNFILE tests/quant/fusion_break_test
+  SRCS
+    tests/quant/fusion_break_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:fusion_test
   NAME dbrq_tests_quant_fusion_test
   RUNFILE tests/quant/fusion_test
@@ -1706,6 +1742,21 @@ dbrq_bazel_target(
     gtest_main
   TAGS
     tsan
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:transform_paths_test
+  NAME dbrq_tests_quant_transform_paths_test
+  RUNFILE tests/quant/transform_paths_test
+  SRCS
+    tests/quant/transform_paths_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
 )
 dbrq_bazel_target(
   KIND cc_test

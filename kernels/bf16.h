@@ -7,7 +7,8 @@
 //   if (dbrq::kernels::bf16_available()) y = dbrq::kernels::linear_bf16(x, w, b);
 //   else                                 y = dbrq::kernels::linear(x, w, b);
 //
-// Availability is detected at run time (cpuid: AVX512_BF16, or AMX-BF16). DBRQ_DISABLE_BF16=1 or
+// Availability is detected at run time (kernels/cpu_features.h: AVX512_BF16, or AMX-BF16, with the OS
+// saving the AVX-512 (and tile) state). DBRQ_DISABLE_BF16=1 or
 // force_bf16_unavailable(true) (tests) makes it report false, so callers take the fp32 path as on a
 // CPU without bf16. Internal to kernels/; the tracer chooses, users ask dbrq::bf16_supported().
 #pragma once

@@ -6,13 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#include <cpuid.h>
-#endif
-
 #include "core/op_shapes.h"
+#include "kernels/cpu_features.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
+#include "kernels/eager_prims.h"
 
 namespace dbrq::kernels {
 namespace {
@@ -32,34 +30,9 @@ Tensor to_bf16(const Tensor& x, MemoryFormat format) {
   return out;
 }
 
-dnnl::memory::desc conv_weights_user_desc(const Tensor& w, int64_t groups) {
-  if (groups == 1) return desc_of(w);
-  return plain_desc({groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)}, DType::kF32, tag::goihw);
-}
-
-dnnl::memory::dims conv_weights_dims(const Tensor& w, int64_t groups) {
-  if (groups == 1) return {w.size(0), w.size(1), w.size(2), w.size(3)};
-  return {groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)};
-}
-
 }  // namespace
 
-bool cpu_has_bf16() {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0, nullptr) < 7) return false;
-    __cpuid_count(7, 0, a, b, c, d);
-    const bool amx_bf16 = (d >> 22) & 1u;            // CPUID.(7,0):EDX[22]
-    __cpuid_count(7, 1, a, b, c, d);
-    const bool avx512_bf16 = (a >> 5) & 1u;          // CPUID.(7,1):EAX[5]
-    return avx512_bf16 || amx_bf16;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
+bool cpu_has_bf16() { return cpu_features().bf16; }
 
 bool bf16_available() { return cpu_has_bf16() && !bf16_disabled().load(std::memory_order_relaxed); }
 
@@ -92,29 +65,10 @@ Tensor conv2d_bf16(const Tensor& x, const Tensor& w_in, const Tensor& b, const C
   key.add(src).add(w.sizes()).add(static_cast<int64_t>(b.defined())).add(p.stride).add(p.padding).add(p.dilation);
   key.add(p.groups).add(static_cast<int64_t>(get_num_threads()));
   auto entry = primitive_cache().get_or_create(key, [&] {
-    try {
-      dnnl::memory::desc w_md(conv_weights_dims(w, p.groups), dt::bf16, tag::any);
-      dnnl::memory::desc b_md = b.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
-                                        w_md, b_md, desc_of(dst), {p.stride[0], p.stride[1]},
-                                        {p.dilation[0] - 1, p.dilation[1] - 1}, {p.padding[0], p.padding[1]},
-                                        {p.padding[0], p.padding[1]});
-      dnnl::convolution_forward::primitive_desc pd(d, base_attr(), cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::convolution_forward(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      e->weights_desc = pd.weights_desc();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating a bf16 convolution", e);
-    }
+    return make_conv_entry(src_md, w, b, dst, p, dt::bf16, base_attr(), "creating a bf16 convolution");
   });
   // f32 weights -> the primitive's bf16 layout, once per (storage, version).
-  dnnl::memory wmem = packed_weights(w, conv_weights_user_desc(w, p.groups), entry->weights_desc);
-  ExecArgs args = {{DNNL_ARG_SRC, mem_of(src_md, src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
-  const Tensor bias = b.defined() ? contiguous(b) : Tensor();
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
-  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  run_weighted(*entry, src_md, src, w, conv_weights_user_desc(w, p.groups), b, dst);
   return dst;
 }
 
@@ -134,25 +88,9 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w_in, const Tensor& b) {
   PrimitiveKey key("linear_bf16");
   key.add(x2).add(w.sizes()).add(static_cast<int64_t>(b.defined())).add(static_cast<int64_t>(get_num_threads()));
   auto entry = primitive_cache().get_or_create(key, [&] {
-    try {
-      dnnl::memory::desc w_md({n, k}, dt::bf16, tag::any);
-      dnnl::memory::desc b_md = b.defined() ? plain_desc({n}, DType::kF32, tag::x) : dnnl::memory::desc();
-      dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, desc_of(x2), w_md, b_md, desc_of(dst));
-      dnnl::inner_product_forward::primitive_desc pd(d, base_attr(), cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::inner_product_forward(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      e->weights_desc = pd.weights_desc();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating a bf16 inner product", e);
-    }
+    return make_inner_product_entry(x2, w, b, dst, dt::bf16, base_attr(), "creating a bf16 inner product");
   });
-  dnnl::memory wmem = packed_weights(w, desc_of(w), entry->weights_desc);
-  ExecArgs args = {{DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
-  const Tensor bias = b.defined() ? contiguous(b) : Tensor();
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({n}, DType::kF32, tag::x), bias));
-  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  run_weighted(*entry, desc_of(x2), x2, w, desc_of(w), b, dst);
   return dst.raw_view(out_sizes);
 }
 
@@ -176,18 +114,7 @@ Tensor matmul_bf16(const Tensor& a_in, const Tensor& b_in) {
   const Tensor b = to_bf16(b_in, MemoryFormat::kContiguous).raw_view(s.b);
   PrimitiveKey key("matmul_bf16");
   key.add(a).add(b).add(static_cast<int64_t>(get_num_threads()));
-  auto entry = primitive_cache().get_or_create(key, [&] {
-    try {
-      dnnl::matmul::desc d(desc_of(a), desc_of(b), desc_of(dst));
-      dnnl::matmul::primitive_desc pd(d, base_attr(), cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::matmul(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating a bf16 matmul", e);
-    }
-  });
+  auto entry = primitive_cache().get_or_create(key, [&] { return make_matmul_entry(a, b, dst, "creating a bf16 matmul"); });
   execute(entry->prim, entry->scratchpad_bytes,
           {{DNNL_ARG_SRC, mem_of(a)}, {DNNL_ARG_WEIGHTS, mem_of(b)}, {DNNL_ARG_DST, mem_of(dst)}});
   return dst.raw_view(final_sizes);

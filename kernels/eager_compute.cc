@@ -1,25 +1,11 @@
 // Eager conv2d, linear and matmul on oneDNN (f32).
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
+#include "kernels/eager_prims.h"
 #include "kernels/post_ops.h"
 #include "core/op_shapes.h"
 
 namespace dbrq::kernels {
-namespace {
-
-dnnl::memory::desc conv_weights_user_desc(const Tensor& w, int64_t groups) {
-  if (groups == 1) return desc_of(w);
-  // oneDNN's grouped layout: [G, K/G, C/G, R, S] over the same contiguous memory.
-  const int64_t k = w.size(0);
-  return plain_desc({groups, k / groups, w.size(1), w.size(2), w.size(3)}, DType::kF32, tag::goihw);
-}
-
-dnnl::memory::dims conv_weights_dims(const Tensor& w, int64_t groups) {
-  if (groups == 1) return {w.size(0), w.size(1), w.size(2), w.size(3)};
-  return {groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)};
-}
-
-}  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2dParams& p, const PostOps& post) {
   const ConvGeometry g = conv2d_geometry(x, w_in, b, p);
@@ -39,32 +25,11 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
   key.add(p.groups).add(static_cast<int64_t>(get_num_threads()));
   add_post_ops_to_key(key, post);
   auto entry = primitive_cache().get_or_create(key, [&] {
-    try {
-      auto dst_md = desc_of(dst);
-      dnnl::memory::desc w_md(conv_weights_dims(w, p.groups), dt::f32, tag::any);
-      dnnl::memory::desc b_md = b.defined() ? plain_desc({g.k}, DType::kF32, tag::x) : dnnl::memory::desc();
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
-                                        w_md, b_md, dst_md, {p.stride[0], p.stride[1]},
-                                        {p.dilation[0] - 1, p.dilation[1] - 1}, {p.padding[0], p.padding[1]},
-                                        {p.padding[0], p.padding[1]});
-      dnnl::primitive_attr attr = base_attr();
-      attr.set_post_ops(make_post_ops(post));
-      dnnl::convolution_forward::primitive_desc pd(d, attr, cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::convolution_forward(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      e->weights_desc = pd.weights_desc();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating an f32 convolution", e);
-    }
+    dnnl::primitive_attr attr = base_attr();
+    attr.set_post_ops(make_post_ops(post));
+    return make_conv_entry(src_md, w, b, dst, p, dt::f32, attr, "creating an f32 convolution");
   });
-  dnnl::memory wmem = packed_weights(w, conv_weights_user_desc(w, p.groups), entry->weights_desc);
-  ExecArgs args = {
-      {DNNL_ARG_SRC, mem_of(src_md, src)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
-  const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({g.k}, DType::kF32, tag::x), bias));
-  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  run_weighted(*entry, src_md, src, w, conv_weights_user_desc(w, p.groups), b, dst);
   return dst;
 }
 
@@ -97,50 +62,13 @@ Tensor linear(const Tensor& x, const Tensor& w_in, const Tensor& b, const PostOp
   key.add(static_cast<int64_t>(get_num_threads()));
   add_post_ops_to_key(key, post);
   auto entry = primitive_cache().get_or_create(key, [&] {
-    try {
-      dnnl::memory::desc w_md({n, k}, dt::f32, tag::any);
-      dnnl::memory::desc b_md = b.defined() ? plain_desc({n}, DType::kF32, tag::x) : dnnl::memory::desc();
-      dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, desc_of(x2), w_md, b_md, desc_of(dst));
-      dnnl::primitive_attr attr = base_attr();
-      attr.set_post_ops(make_post_ops(post));
-      dnnl::inner_product_forward::primitive_desc pd(d, attr, cpu_engine());
-      auto e = std::make_shared<PrimitiveEntry>();
-      e->prim = dnnl::inner_product_forward(pd);
-      e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-      e->weights_desc = pd.weights_desc();
-      return e;
-    } catch (const dnnl::error& e) {
-      rethrow_dnnl("creating an f32 inner product", e);
-    }
+    dnnl::primitive_attr attr = base_attr();
+    attr.set_post_ops(make_post_ops(post));
+    return make_inner_product_entry(x2, w, b, dst, dt::f32, attr, "creating an f32 inner product");
   });
-  dnnl::memory wmem = packed_weights(w, desc_of(w), entry->weights_desc);
-  ExecArgs args = {
-      {DNNL_ARG_SRC, mem_of(x2)}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, mem_of(dst)}};
-  const Tensor bias = b.defined() ? contiguous(b) : Tensor();  // outlives execute()
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({n}, DType::kF32, tag::x), bias));
-  execute(entry->prim, entry->scratchpad_bytes, std::move(args));
+  run_weighted(*entry, desc_of(x2), x2, w, desc_of(w), b, dst);
   return dst.raw_view(out_sizes);
 }
-
-namespace {
-
-// Operands of a oneDNN matmul: rank-promoted views, made contiguous when oneDNN would otherwise
-// fall back to its reference implementation for their strides.
-std::shared_ptr<PrimitiveEntry> make_matmul(const Tensor& a, const Tensor& b, const Tensor& dst, bool* is_ref) {
-  try {
-    dnnl::matmul::desc d(desc_of(a), desc_of(b), desc_of(dst));
-    dnnl::matmul::primitive_desc pd(d, base_attr(), cpu_engine());
-    *is_ref = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
-    auto e = std::make_shared<PrimitiveEntry>();
-    e->prim = dnnl::matmul(pd);
-    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-    return e;
-  } catch (const dnnl::error& e) {
-    rethrow_dnnl("creating an f32 matmul", e);
-  }
-}
-
-}  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   check_defined("matmul", "input", a_in);
@@ -165,7 +93,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   key.add(a).add(b).add(static_cast<int64_t>(get_num_threads()));
   auto entry = primitive_cache().get_or_create(key, [&] {
     bool is_ref = false;
-    auto e = make_matmul(a, b, dst, &is_ref);
+    auto e = make_matmul_entry(a, b, dst, "creating an f32 matmul", &is_ref);
     if (is_ref && !(a.is_contiguous() && b.is_contiguous())) e->src_desc = dnnl::memory::desc();  // mark: copy first
     else e->src_desc = desc_of(a);
     return e;
@@ -177,8 +105,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     PrimitiveKey key2("matmul_f32");
     key2.add(a).add(b).add(static_cast<int64_t>(get_num_threads()));
     entry = primitive_cache().get_or_create(key2, [&] {
-      bool is_ref = false;
-      auto e = make_matmul(a, b, dst, &is_ref);
+        auto e = make_matmul_entry(a, b, dst, "creating an f32 matmul");
       e->src_desc = desc_of(a);
       return e;
     });

@@ -57,17 +57,9 @@ void qavg_pool2d_nhwc(const uint8_t* src, uint8_t* dst, const PoolGeometry& g, c
     for (int64_t nh = lo; nh < hi; ++nh) {
       const int64_t b = nh / g.oh, oh = nh % g.oh;
       for (int64_t ow = 0; ow < g.ow; ++ow) {
-        int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
-        int64_t h1 = std::min(h0 + p.kernel_size[0], g.h + p.padding[0]);
-        int64_t w1 = std::min(w0 + p.kernel_size[1], g.w + p.padding[1]);
-        const int64_t pool_size = (h1 - h0) * (w1 - w0);
-        h0 = std::max<int64_t>(h0, 0);
-        w0 = std::max<int64_t>(w0, 0);
-        h1 = std::min(h1, g.h);
-        w1 = std::min(w1, g.w);
-        const int64_t count = (h1 - h0) * (w1 - w0);
-        const int64_t divisor = p.count_include_pad ? pool_size : count;
-        const float multiplier = 1.0f / static_cast<float>(divisor);
+        const AvgPoolWindow win = avg_pool_window(g, p, oh, ow);
+        const int64_t h0 = win.h0, h1 = win.h1, w0 = win.w0, w1 = win.w1, count = win.count;
+        const float multiplier = win.multiplier;
         const int32_t start = -zp * static_cast<int32_t>(count);
         int32_t* a = acc.data();
         std::fill(acc.begin(), acc.end(), start);

@@ -4,7 +4,8 @@
 //
 // A portable build (--config=portable: x86-64-v2, .bazelrc) must not assume AVX-512, so the
 // AVX-512 loops are compiled with a target attribute in every build and chosen at run time: once
-// per process, from the CPU (AVX512F + AVX512BW), unless DBRQ_PORTABLE_KERNELS=1 is set or a test
+// per process, from the CPU (AVX512F + AVX512BW, and the OS saving the AVX-512 state:
+// kernels/cpu_features.h), unless DBRQ_PORTABLE_KERNELS=1 is set or a test
 // forces the portable loops (force_portable). The result is bit-identical either way
 // (tests/kernels/simd_dispatch_test). oneDNN dispatches its own JIT code. Internal to kernels/.
 #pragma once
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/cpu_features.h"
+
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define DBRQ_AVX512 1
@@ -23,11 +26,11 @@
 
 namespace dbrq::kernels::simd {
 
-// Whether the CPU runs the AVX-512 loops (AVX512F and AVX512BW), detected once.
+// Whether the CPU runs the AVX-512 loops (AVX512F and AVX512BW, with the OS's AVX-512 state
+// enabled), detected once (kernels/cpu_features.h).
 inline bool cpu_has_avx512() {
 #ifdef DBRQ_AVX512
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
+  return cpu_features().avx512;
 #else
   return false;
 #endif

@@ -88,6 +88,7 @@ void ModelQuantState::clear_program() {
   records_.clear();
   slots_.clear();
   slot_index_.clear();
+  inner_outputs_.clear();
   calls_ = 0;
   dirty_ = false;
 }
@@ -109,6 +110,20 @@ std::vector<ObserverSlot> ModelQuantState::take_slots() {
   slots_.clear();
   slot_index_.clear();
   return old;
+}
+
+Observer& ModelQuantState::inner_output_observer(int record, const ObserverSpec& spec) {
+  std::unique_ptr<Observer>& o = inner_outputs_[record];
+  if (o == nullptr || !(o->spec() == spec)) o = make_observer(spec);
+  return *o;
+}
+
+std::unique_ptr<Observer> ModelQuantState::take_inner_output_observer(int record) {
+  auto it = inner_outputs_.find(record);
+  if (it == inner_outputs_.end()) return nullptr;
+  std::unique_ptr<Observer> o = std::move(it->second);
+  inner_outputs_.erase(it);
+  return o;
 }
 
 int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const std::string& owner) {

@@ -275,6 +275,15 @@ class ModelQuantState {
   // observers over by key (see analyze_program).
   std::vector<ObserverSlot> take_slots();
 
+  // The output of a record that runs inside a fused chain but not at its end (the conv of a fused
+  // conv + relu) has no slot: at convert nothing reads it. It is still observed while calibrating,
+  // here, so that a later path which breaks the chain (the conv's output also read elsewhere)
+  // gives the record's new output slot what every earlier call produced, not only the calls after
+  // the break (analyze_program's carry-over). Not saved in quant-state files.
+  Observer& inner_output_observer(int record, const ObserverSpec& spec);
+  // Hands out (and forgets) the record's inner-output observer; null if there is none.
+  std::unique_ptr<Observer> take_inner_output_observer(int record);
+
   std::vector<AutoQuantizationState*>& states() { return states_; }
 
   // Counts the model's outermost calibrating calls (an observer takes one tensor once per call).
@@ -308,6 +317,7 @@ class ModelQuantState {
   std::unordered_map<int64_t, TensorRecord> tensors_;
   std::vector<ObserverSlot> slots_;
   std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
+  std::map<int, std::unique_ptr<Observer>> inner_outputs_;  // record -> observer (see inner_output_observer)
   std::vector<std::pair<AutoQuantizationState*, int>> records_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
 };

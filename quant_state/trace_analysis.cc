@@ -547,6 +547,23 @@ class Analyzer {
         }
       }
     }
+    // An output slot new to this analysis, of a record that ran inside a fused chain until now
+    // (the chain broke on a new path): it starts from what that inner output was observed to be
+    // on every earlier call. Without this it saw only the calls after the break: conv + relu
+    // calibrated on large inputs, then broken by a path of small ones, clipped the conv's output
+    // to the small range (2 dB SQNR; tests/quant/fusion_break_test.cc).
+    for (size_t i = 0; i < m_.num_slots(); ++i) {
+      const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
+      if (n.input != -1 || n.record < 0 || old_by_key.count({n.record, -1}) != 0) continue;
+      std::unique_ptr<Observer> inner = m_.take_inner_output_observer(n.record);
+      ObserverSlot& root = m_.slot(static_cast<int>(i));
+      if (inner == nullptr || !inner->has_data() || !(inner->spec() == root.observer->spec())) continue;
+      if (root.observer->has_data()) {
+        root.observer->merge(*inner);
+      } else {
+        root.observer = std::move(inner);
+      }
+    }
   }
 
   ModelQuantState& m_;

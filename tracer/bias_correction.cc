@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,7 @@ using tracer::FlowGraph;
 using tracer::FlowNode;
 
 struct Target {
-  int node = -1;             // in the first batch's graph
+  int node = -1;             // in the graph it was found in
   OpKind kind = OpKind::kNumOpKinds;
   Conv2dParams conv;
   Tensor delta_w;            // W - Q(W), folded
@@ -26,6 +27,8 @@ struct Target {
   std::vector<float> post_scale;  // per channel, applied to the shift (empty: 1): gamma / sigma of
                                   // an unfused batch norm between the layer and its beta
   std::string layer, target;
+  std::string how;           // where the shift goes and from which weights (compared between batches)
+  Tensor w;                  // the layer's weight (identifies it in every batch's graph)
   std::vector<double> sum;   // per output channel
   int64_t count = 0;         // output positions summed per channel
 };
@@ -55,7 +58,7 @@ Tensor weight_error(const QConfig& q, const Tensor& w) {
   return sub(w, dequantize(quantized));
 }
 
-// Finds the layers to correct in the first batch's graph, or says why not.
+// Finds the layers to correct in one batch's graph, or says why not.
 std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mapping, const FlowGraph& g,
                                  std::vector<std::string>* skipped) {
   std::vector<Target> out;
@@ -82,6 +85,7 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
     t.kind = n.kind;
     t.conv = n.conv;
     t.layer = name;
+    t.w = w;
     Tensor folded_w = w, folded_b = b;
     // A batch norm reading only this output: convert folds it into the layer when prepare fuses
     // them (then its beta is corrected, from the folded weights' error).
@@ -128,6 +132,7 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
       }
       t.param = beta;
       t.target = g.param_name(beta);
+      t.how = "the beta of the unfused batch norm after it";
     } else if (fused) {
       const Tensor& beta = bn->inputs[4];
       if (!beta.defined() || !g.is_param(beta) || g.param_uses.at(beta.storage().get()) != 1) {
@@ -138,6 +143,7 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
       kernels::fold_batch_norm(w, b, stats, &folded_w, &folded_b);
       t.param = beta;
       t.target = g.param_name(beta);
+      t.how = "the beta of the batch norm folded into it";
     } else {
       if (!b.defined()) {
         skip("no bias to correct (bias=false and no batch norm after it)");
@@ -149,6 +155,7 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
       }
       t.param = b;
       t.target = g.param_name(b);
+      t.how = "its bias";
     }
     t.delta_w = weight_error(*q, folded_w);
     t.sum.assign(static_cast<size_t>(folded_w.size(0)), 0.0);
@@ -211,12 +218,67 @@ BiasCorrectionReport correct_bias(nn::Module& model, const std::vector<std::vect
   std::vector<Target> targets;
   std::map<const Storage*, size_t> by_weight;  // weight storage -> target
   {
-    // One run decides which layers to correct (and how: bias or batch-norm beta, folded weights).
-    const FlowGraph g = tracer::trace_flow(model, [&] { model.forward_tensors(calibration[0]); });
-    InterceptorScope plain(nullptr);
-    targets = find_targets(model, mapping, g, &report.skipped);
-    for (size_t t = 0; t < targets.size(); ++t)
-      by_weight[g.nodes[static_cast<size_t>(targets[t].node)].inputs[1].storage().get()] = t;
+    // Every batch's run decides which layers to correct and how (bias, or a batch norm's beta with
+    // folded or unfolded weights): with data-dependent control flow batches take different paths,
+    // and a layer whose batch norm is fused on one path and not on another (prepare then does not
+    // fuse it) must not get the correction one path calls for. A layer is corrected only if every
+    // batch that runs it agrees; a path no batch takes is not seen.
+    struct Seen {
+      std::string name;
+      std::vector<std::pair<size_t, std::string>> outcomes;  // (batch, how or "" when skipped there)
+      bool has_target = false;
+      Target target;
+    };
+    std::map<const Storage*, Seen> seen;
+    std::vector<const Storage*> order;
+    std::vector<std::string> skipped;
+    for (size_t k = 0; k < calibration.size(); ++k) {
+      const FlowGraph g = tracer::trace_flow(model, [&] { model.forward_tensors(calibration[k]); });
+      InterceptorScope plain(nullptr);
+      std::vector<Target> found = find_targets(model, mapping, g, &skipped);
+      std::map<const Storage*, Target*> here;
+      for (Target& t : found) here[t.w.storage().get()] = &t;
+      for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+        const FlowNode& n = g.nodes[static_cast<size_t>(i)];
+        if ((n.kind != OpKind::kConv2d && n.kind != OpKind::kLinear) || n.inputs.size() < 2 || !n.inputs[1].defined()) {
+          continue;
+        }
+        const Storage* key = n.inputs[1].storage().get();
+        auto [it, fresh] = seen.try_emplace(key);
+        if (fresh) {
+          it->second.name = tracer::node_name(model, g, i);
+          order.push_back(key);
+        }
+        auto h = here.find(key);
+        it->second.outcomes.emplace_back(k, h == here.end() ? std::string() : h->second->how);
+        if (h != here.end() && !it->second.has_target) {
+          it->second.target = std::move(*h->second);
+          it->second.has_target = true;
+          here.erase(h);
+        }
+      }
+    }
+    for (const Storage* key : order) {
+      Seen& e = seen[key];
+      if (!e.has_target) continue;  // skipped on every batch (reasons already listed)
+      std::string why;
+      for (const auto& [k, how] : e.outcomes) {
+        if (how == e.target.how) continue;
+        why = absl::StrCat("calibration batches take paths that need different corrections (", e.target.how,
+                           " on one, ", how.empty() ? std::string("none") : how, " on batch ", k,
+                           "); one correction would be wrong on the other path");
+        break;
+      }
+      if (!why.empty()) {
+        skipped.push_back(absl::StrCat(e.name, ": ", why));
+        continue;
+      }
+      by_weight[key] = targets.size();
+      targets.push_back(std::move(e.target));
+    }
+    std::set<std::string> listed;
+    for (const std::string& s : skipped)
+      if (listed.insert(s).second) report.skipped.push_back(s);
   }
   // Then every batch adds each target's conv(x, W - Q(W)) as the op runs (before anything later in
   // forward could modify x in place).

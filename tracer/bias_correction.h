@@ -23,6 +23,11 @@
 // gamma / sigma, what reaches the batch norm's output). Inputs are those of the fp32 model (one pass, all shifts measured before any
 // is applied).
 //
+// Control flow: every batch's run decides where its layers' shifts go. With data-dependent
+// branches, a layer corrected one way on one batch's path and another way (or not at all) on
+// another's (its batch norm fused on one path, its output also read elsewhere on the other) is
+// skipped with the reason. A path no calibration batch takes is not seen.
+//
 // Where the correction lives: in the model's own parameters. The fp32 model changes by the
 // shifts (small: the weight quantization error's mean); the quant-state file format does not
 // change; saving the weights (state_dict) with the quant-state file reproduces the int8 model bit

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
@@ -61,6 +62,7 @@ struct Weighted {
 
 struct Pair {
   Weighted a, b;
+  std::string first, second;  // the layers' names
   std::string via;
   bool exact = true;
 };
@@ -204,26 +206,11 @@ std::string EqualizeReport::to_string() const {
   return os.str();
 }
 
-EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_inputs,
-                        const EqualizeOptions& options) {
-  DBRQ_ENSURE(!is_prepared(model), UsageError, "equalize: ", model.type_name(),
-              " is prepared; equalize the fp32 model before dbrq::prepare");
-  DBRQ_ENSURE(!model.is_training(), UsageError, "equalize: ", model.type_name(),
-              " is in training mode; call eval() first (batch statistics and dropout would change every run)");
-  DBRQ_ENSURE(!example_inputs.empty(), ValueError,
-              "equalize: example_inputs is empty; pass the tensors forward takes");
-  DBRQ_ENSURE(options.max_iterations >= 1, ValueError, "equalize: max_iterations must be >= 1, got ",
-              options.max_iterations);
-  DBRQ_ENSURE(options.tolerance > 0.0 && std::isfinite(options.tolerance), ValueError,
-              "equalize: tolerance must be a positive number, got ", options.tolerance);
-  DBRQ_ENSURE(options.max_output_change >= 0.0, ValueError, "equalize: max_output_change must be >= 0, got ",
-              options.max_output_change);
+namespace {
 
-  std::vector<Tensor> before;
-  FlowGraph g = tracer::trace_flow(model, [&] { before = model.forward_tensors(example_inputs); });
-
-  const Registrations reg = registrations(model);
-  EqualizeReport report;
+// The candidate pairs of one run's graph; candidates that cannot be equalized go to `skipped`.
+std::vector<Pair> find_pairs(nn::Module& model, const FlowGraph& g, const Registrations& reg,
+                             const EqualizeOptions& options, std::vector<std::string>* skipped) {
   std::vector<Pair> pairs;
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     if (!is_weighted(g.nodes[static_cast<size_t>(i)])) continue;
@@ -269,18 +256,110 @@ EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_in
       if (following_bn(g, reg, c, /*need_affine=*/false, &p.b, &ignored) < -1) p.b.bn = -1;
     }
     if (!why.empty()) {
-      report.skipped.push_back(absl::StrCat(name_a, " -> ", name_b, ": ", why));
+      skipped->push_back(absl::StrCat(name_a, " -> ", name_b, ": ", why));
       continue;
     }
     p.via = absl::StrJoin(via, "+");
+    p.first = name_a;
+    p.second = name_b;
     pairs.push_back(std::move(p));
   }
+  return pairs;
+}
+
+// What makes two runs' pairs the same pair: the same tensors rescaled the same way.
+std::string pair_key(const Pair& p) {
+  return absl::StrCat(reinterpret_cast<uintptr_t>(p.a.w.storage().get()), "/",
+                      p.a.bn >= 0 ? reinterpret_cast<uintptr_t>(p.a.gamma.storage().get()) : 0, "/",
+                      reinterpret_cast<uintptr_t>(p.b.w.storage().get()), "/", p.via, "/", p.exact);
+}
+
+void check_model(nn::Module& model) {
+  DBRQ_ENSURE(!is_prepared(model), UsageError, "equalize: ", model.type_name(),
+              " is prepared; equalize the fp32 model before dbrq::prepare");
+  DBRQ_ENSURE(!model.is_training(), UsageError, "equalize: ", model.type_name(),
+              " is in training mode; call eval() first (batch statistics and dropout would change every run)");
+}
+
+bool reads(const FlowGraph& g, const Tensor& t) {
+  for (const FlowNode& n : g.nodes)
+    for (const Tensor& in : n.inputs)
+      if (in.defined() && in.storage() == t.storage()) return true;
+  return false;
+}
+
+}  // namespace
+
+EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_inputs,
+                        const EqualizeOptions& options) {
+  check_model(model);
+  DBRQ_ENSURE(!example_inputs.empty(), ValueError,
+              "equalize: example_inputs is empty; pass the tensors forward takes");
+  return equalize(model, std::vector<std::vector<Tensor>>{example_inputs}, options);
+}
+
+EqualizeReport equalize(nn::Module& model, const std::vector<std::vector<Tensor>>& examples,
+                        const EqualizeOptions& options) {
+  check_model(model);
+  DBRQ_ENSURE(!examples.empty(), ValueError, "equalize: no example batches; pass at least one (the tensors forward takes)");
+  for (size_t k = 0; k < examples.size(); ++k)
+    DBRQ_ENSURE(!examples[k].empty(), ValueError, "equalize: example batch ", k,
+                " is empty; each batch lists the tensors forward takes");
+  DBRQ_ENSURE(options.max_iterations >= 1, ValueError, "equalize: max_iterations must be >= 1, got ",
+              options.max_iterations);
+  DBRQ_ENSURE(options.tolerance > 0.0 && std::isfinite(options.tolerance), ValueError,
+              "equalize: tolerance must be a positive number, got ", options.tolerance);
+  DBRQ_ENSURE(options.max_output_change >= 0.0, ValueError, "equalize: max_output_change must be >= 0, got ",
+              options.max_output_change);
+
+  // One graph per example batch: with data-dependent control flow each may take another path.
+  std::vector<std::vector<Tensor>> before(examples.size());
+  std::vector<FlowGraph> graphs;
+  for (size_t k = 0; k < examples.size(); ++k)
+    graphs.push_back(tracer::trace_flow(model, [&] { before[k] = model.forward_tensors(examples[k]); }));
+
+  const Registrations reg = registrations(model);
+  EqualizeReport report;
+  std::vector<std::vector<Pair>> found(graphs.size());
+  std::vector<std::string> skipped;
+  for (size_t k = 0; k < graphs.size(); ++k) found[k] = find_pairs(model, graphs[k], reg, options, &skipped);
+  // A pair is equalized only if every run that reads either layer finds the same pair: a path on
+  // which the first layer's output has another reader (or the second layer reads something else)
+  // would compute something else after rescaling. A path no example takes is not seen at all
+  // (docs/equalization_bias_correction.md).
+  std::vector<Pair> pairs;
+  std::set<std::string> taken;
+  for (size_t k = 0; k < found.size(); ++k) {
+    for (Pair& p : found[k]) {
+      const std::string key = pair_key(p);
+      if (!taken.insert(key).second) continue;
+      std::string why;
+      for (size_t j = 0; j < graphs.size() && why.empty(); ++j) {
+        if (!reads(graphs[j], p.a.w) && !reads(graphs[j], p.b.w)) continue;
+        const bool same = std::any_of(found[j].begin(), found[j].end(),
+                                      [&](const Pair& q) { return pair_key(q) == key; });
+        if (!same) {
+          why = absl::StrCat("not a pair on example batch ", j,
+                             " (another path: the intermediate has another reader there, or a layer runs "
+                             "apart); equalizing would change that path's result");
+        }
+      }
+      if (!why.empty()) {
+        skipped.push_back(absl::StrCat(p.first, " -> ", p.second, ": ", why));
+        continue;
+      }
+      pairs.push_back(p);
+    }
+  }
+  std::set<std::string> seen_skip;
+  for (const std::string& s : skipped)
+    if (seen_skip.insert(s).second) report.skipped.push_back(s);
   // A layer can be the first of at most one pair and the second of at most one (sole consumers),
   // and a batch norm belongs to the first layer only.
   for (const Pair& p : pairs) {
     EqualizedPair e;
-    e.first = tracer::node_name(model, g, p.a.node);
-    e.second = tracer::node_name(model, g, p.b.node);
+    e.first = p.first;
+    e.second = p.second;
     e.via = p.via;
     e.channels = p.a.out;
     e.imbalance_before = imbalance(p);
@@ -328,16 +407,18 @@ EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_in
   }
   for (size_t k = 0; k < pairs.size(); ++k) report.pairs[k].imbalance_after = imbalance(pairs[k]);
 
-  std::vector<Tensor> after;
-  try {
-    InterceptorScope plain(nullptr);
-    after = model.forward_tensors(example_inputs);
-  } catch (...) {
-    restore();
-    throw;
+  for (size_t k = 0; k < examples.size(); ++k) {
+    std::vector<Tensor> after;
+    try {
+      InterceptorScope plain(nullptr);
+      after = model.forward_tensors(examples[k]);
+    } catch (...) {
+      restore();
+      throw;
+    }
+    const double ref = max_abs(before[k]);
+    report.output_change = std::max(report.output_change, max_abs_diff(before[k], after) / (ref > 0.0 ? ref : 1.0));
   }
-  const double ref = max_abs(before);
-  report.output_change = max_abs_diff(before, after) / (ref > 0.0 ? ref : 1.0);
   const bool all_exact =
       std::all_of(pairs.begin(), pairs.end(), [](const Pair& p) { return p.exact; });
   if (all_exact && !(report.output_change <= options.max_output_change)) {

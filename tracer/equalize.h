@@ -70,4 +70,13 @@ struct EqualizeReport {
 EqualizeReport equalize(nn::Module& model, const std::vector<Tensor>& example_inputs,
                         const EqualizeOptions& options = {});
 
+// The same from several example batches (each the tensors forward takes), for a model with
+// data-dependent control flow: pass one batch per path (the calibration data will do). A pair is
+// equalized only if every batch that runs either of its layers finds the same pair; one that is
+// not a pair on some path (there the first layer's output has another reader, or the second layer
+// reads something else) is skipped with the reason. A path no batch takes is not seen: equalize
+// cannot know about it. The output check runs on every batch.
+EqualizeReport equalize(nn::Module& model, const std::vector<std::vector<Tensor>>& examples,
+                        const EqualizeOptions& options = {});
+
 }  // namespace dbrq

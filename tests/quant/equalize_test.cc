@@ -350,7 +350,7 @@ TEST(Equalize, BadInputs) {
   const Tensor x = randn({1, 3, 6, 6}, 1);
   EXPECT_THROW_MSG(equalize(m, {x}), UsageError, "is in training mode; call eval() first");
   m.eval();
-  EXPECT_THROW_MSG(equalize(m, {}), ValueError, "equalize: example_inputs is empty");
+  EXPECT_THROW_MSG(equalize(m, std::vector<Tensor>{}), ValueError, "equalize: example_inputs is empty");
   EqualizeOptions o;
   o.max_iterations = 0;
   EXPECT_THROW_MSG(equalize(m, {x}, o), ValueError, "max_iterations must be >= 1, got 0");

@@ -571,6 +571,7 @@ int run_quantize() {
 #ifdef DBRQ_WITH_MPI
 std::string one_line(std::string s);
 std::string error_kind(const std::exception& e);
+int report_rank_error(const char* command, const std::exception& e);
 
 // `mpirun -np N dbrq_mpi quantize ... --distributed` (docs/distributed.md): every rank builds the
 // model, loads its data and prepares on the first batch; rank r calibrates batches r, r+n, ...
@@ -641,11 +642,7 @@ int run_quantize_distributed() {
                      comm.size(), done, st.prepare_ms, st.calibrate_ms, st.vote_ms, st.reduction_ms(), st.gather_ms,
                      st.merge_ms, st.broadcast_ms, st.save_ms, st.gathered_bytes, st.broadcast_bytes);
   } catch (const std::exception& e) {
-    const std::string line =
-        absl::StrCat("dbrq quantize: error: ", one_line(e.what()), " [", error_kind(e), "]\n");
-    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: every rank shares the pipe
-    std::fflush(stderr);
-    exit_code = kExitFailure;
+    exit_code = report_rank_error("quantize", e);
   }
   std::cout.clear();
   return exit_code;
@@ -882,10 +879,7 @@ int run_tune_distributed() {
         "ranks:     %d; %d trials evaluated in %d rounds, %d speculative ones discarded (not counted, not logged)%s\n",
         st.ranks, st.evaluated, st.rounds, st.discarded, st.rebuilt_best ? "; best model rebuilt on rank 0" : "");
   } catch (const std::exception& e) {
-    const std::string line = absl::StrCat("dbrq tune: error: ", one_line(e.what()), " [", error_kind(e), "]\n");
-    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: every rank shares the pipe
-    std::fflush(stderr);
-    exit_code = kExitFailure;
+    exit_code = report_rank_error("tune", e);
   }
   std::cout.clear();
   return exit_code;
@@ -963,6 +957,17 @@ std::string error_kind(const std::exception& e) {
   const size_t colon = name.rfind("::");
   return colon == std::string::npos ? name : name.substr(colon + 2);
 }
+
+#ifdef DBRQ_WITH_MPI
+// A distributed command's error on this rank, "dbrq <command>: error: <message> [<ErrorKind>]",
+// in one write (every rank shares the pipe); returns the failure exit code.
+int report_rank_error(const char* command, const std::exception& e) {
+  const std::string line = absl::StrCat("dbrq ", command, ": error: ", one_line(e.what()), " [", error_kind(e), "]\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  return kExitFailure;
+}
+#endif
 
 }  // namespace
 
