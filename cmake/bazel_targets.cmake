@@ -64,6 +64,17 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_binary
+  LABEL //bench:encoder_tune
+  NAME dbrq_bench_encoder_tune
+  RUNFILE bench/encoder_tune
+  SRCS
+    bench/encoder_tune.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+)
+dbrq_bazel_target(
+  KIND cc_binary
   LABEL //bench:gru_numerics
   NAME dbrq_bench_gru_numerics
   RUNFILE bench/gru_numerics
@@ -691,6 +702,7 @@ dbrq_bazel_target(
     bench/cle_bc_table.cc
     bench/dbrq_bench.cc
     bench/encoder_numerics.cc
+    bench/encoder_tune.cc
     bench/gru_numerics.cc
     bench/overhead_bench.cc
     bench/qconfig_table.cc
