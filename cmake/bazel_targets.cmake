@@ -64,6 +64,17 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_binary
+  LABEL //bench:encoder_tune
+  NAME dbrq_bench_encoder_tune
+  RUNFILE bench/encoder_tune
+  SRCS
+    bench/encoder_tune.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+)
+dbrq_bazel_target(
+  KIND cc_binary
   LABEL //bench:gru_numerics
   NAME dbrq_bench_gru_numerics
   RUNFILE bench/gru_numerics
@@ -708,6 +719,7 @@ dbrq_bazel_target(
     bench/cle_bc_table.cc
     bench/dbrq_bench.cc
     bench/encoder_numerics.cc
+    bench/encoder_tune.cc
     bench/gru_numerics.cc
     bench/overhead_bench.cc
     bench/qconfig_table.cc
@@ -2072,6 +2084,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/tune:autotune_ops_test
+  NAME dbrq_tests_tune_autotune_ops_test
+  RUNFILE tests/tune/autotune_ops_test
+  SRCS
+    tests/tune/autotune_ops_test.cc
+  DEPS
+    dbrq_tests_tune_op_model
+    dbrq
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+    json
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/tune:autotune_test
   NAME dbrq_tests_tune_autotune_test
   RUNFILE tests/tune/autotune_test
@@ -2117,12 +2144,39 @@ dbrq_bazel_target(
     samples/data/digits_test.safetensors
 )
 dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/tune:callsite_mapping_test
+  NAME dbrq_tests_tune_callsite_mapping_test
+  RUNFILE tests/tune/callsite_mapping_test
+  SRCS
+    tests/tune/callsite_mapping_test.cc
+  DEPS
+    dbrq_tests_tune_op_model
+    dbrq
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+    json
+)
+dbrq_bazel_target(
   KIND cc_library
   LABEL //tests/tune:fragile_model
   NAME dbrq_tests_tune_fragile_model
   RUNFILE tests/tune/fragile_model
   HDRS
     tests/tune/fragile_model.h
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+  TESTONLY
+)
+dbrq_bazel_target(
+  KIND cc_library
+  LABEL //tests/tune:op_model
+  NAME dbrq_tests_tune_op_model
+  RUNFILE tests/tune/op_model
+  HDRS
+    tests/tune/op_model.h
   DEPS
     dbrq
     dbrq_tests_test_util

@@ -177,20 +177,39 @@ AutoQuantizationState::AutoQuantizationState(std::string fqn, std::string type_n
     functional_qconfig_[k] = model_->mapping().for_op(kind, type_name_, fqn_);
     functional_seen_[k] = functional_qconfig_[k] != nullptr && !functional_qconfig_[k]->is_bf16() && model_->seen_kind(kind);
   }
+  for (const auto& [site, q] : model_->mapping().module_name_object_type_orders()) {
+    if (site.module_fqn == fqn_) call_sites_[static_cast<size_t>(site.op)] = true;
+  }
 }
 
-QConfigPtr AutoQuantizationState::seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const {
+QConfigPtr AutoQuantizationState::seen_qconfig(OpKind kind, const LeafQuantInfo* leaf, int order) const {
   if (leaf != nullptr) {
     return model_->seen_kind(kind) && leaf->qconfig() != nullptr && !leaf->qconfig()->is_bf16() ? leaf->qconfig()
                                                                                                  : nullptr;
   }
   const size_t k = static_cast<size_t>(kind);
+  if (order >= 0 && call_sites_[k]) {
+    QConfigPtr q = model_->mapping().for_op(kind, type_name_, fqn_, order);
+    return q != nullptr && !q->is_bf16() && model_->seen_kind(kind) ? q : nullptr;
+  }
   return functional_seen_[k] ? functional_qconfig_[k] : nullptr;
 }
 
-bool AutoQuantizationState::bf16_op(OpKind kind, const LeafQuantInfo* leaf) const {
+bool AutoQuantizationState::bf16_op(OpKind kind, const LeafQuantInfo* leaf, int order) const {
+  if (leaf == nullptr && order >= 0 && call_sites_[static_cast<size_t>(kind)]) {
+    QConfigPtr q = model_->mapping().for_op(kind, type_name_, fqn_, order);
+    return q != nullptr && q->is_bf16();
+  }
   const QConfigPtr& q = leaf != nullptr ? leaf->qconfig() : functional_qconfig_[static_cast<size_t>(kind)];
   return q != nullptr && q->is_bf16();
+}
+
+std::vector<QConfigPtr> AutoQuantizationState::functional_qconfigs(OpKind kind) const {
+  std::vector<QConfigPtr> out = {functional_qconfig_[static_cast<size_t>(kind)]};
+  for (const auto& [site, q] : model_->mapping().module_name_object_type_orders()) {
+    if (site.module_fqn == fqn_ && site.op == kind) out.push_back(q);
+  }
+  return out;
 }
 
 namespace {

@@ -114,6 +114,10 @@ struct SeenOpInfo {
   OpKind kind = OpKind::kNumOpKinds;
   std::string fqn;                // leaf module ("layer1.0.conv1") or enclosing module for functional ops
   const nn::Module* leaf = nullptr;  // the leaf module that runs it
+  // A functional op (leaf null): its call's index among the module call's calls of its kind when
+  // it was recorded, as QConfigMapping::set_module_name_object_type_order addresses it (-1: a
+  // layer's op, or read from a file).
+  int order = -1;
   // Identity, inside the module: its tag (kind, layer, parameters, scalar, weights: what the op
   // is) and the producer tags of its activation inputs (the tag of the op that produced each: a
   // record's, an unrecorded op's, the module's input k, a child module's output j).
@@ -350,9 +354,17 @@ class AutoQuantizationState : public nn::ModuleExtension {
 
   // Whether an op of `kind` run directly by this module (leaf == nullptr) or by the layer `leaf`
   // is a seen op: recorded and handled by convert. Returns its qconfig (null: not seen).
-  QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf) const;
+  // `order`: for a functional op, its index among this call's functional calls of `kind`
+  // (QConfigMapping::set_module_name_object_type_order); -1 when not counted (no such entry).
+  QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf, int order = -1) const;
   // Whether the mapping marks the op QConfig::bf16() (it is then not a seen op: f32 boundaries).
-  bool bf16_op(OpKind kind, const LeafQuantInfo* leaf) const;
+  bool bf16_op(OpKind kind, const LeafQuantInfo* leaf, int order = -1) const;
+  // Whether the mapping has call-site entries for functional ops of `kind` in this module (their
+  // calls must then be counted to find their qconfig).
+  bool has_call_sites(OpKind kind) const { return call_sites_[static_cast<size_t>(kind)]; }
+  // Every qconfig a functional op of `kind` of this module can have: the module's for the kind,
+  // then each call-site entry's (a record read from a file is checked against them).
+  std::vector<QConfigPtr> functional_qconfigs(OpKind kind) const;
 
   bool recorded() const { return recorded_; }
   void set_recorded(bool on = true) { recorded_ = on; }
@@ -414,6 +426,7 @@ class AutoQuantizationState : public nn::ModuleExtension {
   bool recorded_ = false;
   std::array<QConfigPtr, static_cast<size_t>(OpKind::kNumOpKinds)> functional_qconfig_;
   std::array<bool, static_cast<size_t>(OpKind::kNumOpKinds)> functional_seen_{};
+  std::array<bool, static_cast<size_t>(OpKind::kNumOpKinds)> call_sites_{};
   std::deque<SeenOpInfo> seen_ops_;
   absl::flat_hash_map<Key, int> index_;
   static bool passes_source(OpKind kind, const ProducerTags& producers);

@@ -105,6 +105,15 @@ QConfigMapping& QConfigMapping::set_module_name(const std::string& fqn, QConfigP
   return *this;
 }
 
+QConfigMapping& QConfigMapping::set_module_name_object_type_order(const std::string& fqn, OpKind op, int index,
+                                                                  QConfigPtr qconfig) {
+  DBRQ_ENSURE(op != OpKind::kNumOpKinds, ValueError, "set_module_name_object_type_order: invalid op kind");
+  DBRQ_ENSURE(index >= 0, ValueError, "set_module_name_object_type_order: index must be >= 0, got ", index, " (",
+              fqn.empty() ? "the root model" : fqn, ", ", op_name(op), ")");
+  upsert(op_sites_, OpSite{fqn, op, index}, std::move(qconfig));
+  return *this;
+}
+
 QConfigPtr QConfigMapping::module_qconfig(const std::string& type_name, const std::string& fqn,
                                           QConfigPtr fallback) const {
   // object type, then regex, then module name (walking up the parents): each later step wins.
@@ -138,12 +147,23 @@ QConfigPtr QConfigMapping::for_op(OpKind op, const std::string& module_type, con
   return module_qconfig(module_type, module_fqn, function_qconfig);
 }
 
+QConfigPtr QConfigMapping::for_op(OpKind op, const std::string& module_type, const std::string& module_fqn,
+                                  int index) const {
+  for (auto& [site, v] : op_sites_) {
+    if (site.op == op && site.index == index && site.module_fqn == module_fqn) return v;
+  }
+  return for_op(op, module_type, module_fqn);
+}
+
 void QConfigMapping::validate(nn::Module& model) const {
   std::set<std::string> names;
   for (auto& [fqn, m] : model.named_modules()) names.insert(fqn);
   std::vector<std::string> unknown;
   for (auto& [n, q] : module_names_) {
     if (!names.count(n)) unknown.push_back("\"" + n + "\"");
+  }
+  for (auto& [site, q] : op_sites_) {
+    if (!names.count(site.module_fqn)) unknown.push_back("\"" + site.module_fqn + "\"");
   }
   DBRQ_ENSURE(unknown.empty(), ValueError, "QConfigMapping names module(s) ", absl::StrJoin(unknown, ", "),
               " that do not exist in the model (", model.type_name(), ")");
@@ -155,6 +175,10 @@ std::string QConfigMapping::to_string() const {
   for (auto& [k, q] : op_types_) absl::StrAppend(&s, ", object_type[", op_name(k), "]=", q_str(q));
   for (auto& [r, q] : regexes_) absl::StrAppend(&s, ", module_name_regex[", r, "]=", q_str(q));
   for (auto& [n, q] : module_names_) absl::StrAppend(&s, ", module_name[", n, "]=", q_str(q));
+  for (auto& [site, q] : op_sites_) {
+    absl::StrAppend(&s, ", module_name_object_type_order[", site.module_fqn, ", ", op_name(site.op), ", ", site.index,
+                    "]=", q_str(q));
+  }
   return s + ")";
 }
 

@@ -8,7 +8,8 @@
 //   mapping.set_module_name_regex("layer4\\..*", dbrq::QConfig::make(
 //       dbrq::ObserverSpec::min_max(), dbrq::ObserverSpec::per_channel_min_max()));
 //
-// Precedence (highest first), as in PyTorch FX: module name (exact, then each parent name), then the
+// Precedence (highest first), as in PyTorch FX: one functional call site (module name, op, index:
+// set_module_name_object_type_order), then module name (exact, then each parent name), then the
 // first matching module-name regex, then object type, then global. For a functional op the object
 // type is the op (OpKind); for a layer call it is the layer class ("Conv2d"). A null QConfig keeps
 // that part in fp32.
@@ -75,11 +76,21 @@ class QConfigMapping {
   // An exact fully qualified module name; applies to the whole subtree unless a descendant has
   // its own entry.
   QConfigMapping& set_module_name(const std::string& fqn, QConfigPtr qconfig);
+  // One functional call site, as PyTorch FX's set_module_name_object_type_order: the `index`-th
+  // call (0-based, in forward order, counted per call of the module) of functional op `op` made
+  // directly in the forward of the module at exactly `fqn` ("" is the root model; ops inside child
+  // modules or layers are not counted). Highest precedence. E.g. the second matmul of an attention
+  // block: set_module_name_object_type_order("encoder.0.attn", OpKind::kMatmul, 1, QConfig::bf16()).
+  // A loop calling the op counts each iteration. ValueError for a negative index or an invalid op.
+  QConfigMapping& set_module_name_object_type_order(const std::string& fqn, OpKind op, int index, QConfigPtr qconfig);
 
   // QConfig for a module call (a layer, or a user module as a whole).
   QConfigPtr for_module(const std::string& type_name, const std::string& fqn) const;
   // QConfig for a functional op called from the forward of a module of `module_type` at `module_fqn`.
   QConfigPtr for_op(OpKind op, const std::string& module_type, const std::string& module_fqn) const;
+  // The same for its `index`-th call in that module's forward: the call-site entry when there is
+  // one, else for_op.
+  QConfigPtr for_op(OpKind op, const std::string& module_type, const std::string& module_fqn, int index) const;
 
   // Checks the mapping against a model: every module-name entry must name an existing module.
   // Throws ValueError listing the unknown names.
@@ -90,6 +101,13 @@ class QConfigMapping {
   const std::vector<std::pair<OpKind, QConfigPtr>>& op_types() const { return op_types_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& module_name_regexes() const { return regexes_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& module_names() const { return module_names_; }
+  struct OpSite {
+    std::string module_fqn;
+    OpKind op = OpKind::kNumOpKinds;
+    int index = 0;
+    bool operator==(const OpSite& o) const { return module_fqn == o.module_fqn && op == o.op && index == o.index; }
+  };
+  const std::vector<std::pair<OpSite, QConfigPtr>>& module_name_object_type_orders() const { return op_sites_; }
   std::string to_string() const;
 
  private:
@@ -101,6 +119,7 @@ class QConfigMapping {
   std::vector<std::pair<std::string, QConfigPtr>> regexes_;
   std::vector<std::regex> compiled_;
   std::vector<std::pair<std::string, QConfigPtr>> module_names_;
+  std::vector<std::pair<OpSite, QConfigPtr>> op_sites_;
 };
 
 // The default mapping for a backend: "onednn" (dbrq's backend); also accepts "x86"/"fbgemm" and
@@ -119,7 +138,8 @@ QConfigMapping transformer_qconfig_mapping(const std::string& backend = "onednn"
 
 // A QConfigMapping as a JSON document (format "dbrq.qconfig_mapping", version 1): global, object
 // types (layer classes and functional ops by name), module-name regexes and module names in their
-// order, each QConfig as null (fp32), "bf16" (QConfig::bf16()) or its two observer specs. The
+// order (version 2 when it has call-site entries, set_module_name_object_type_order; 1 otherwise:
+// a reader without them must not drop them silently), each QConfig as null (fp32), "bf16" (QConfig::bf16()) or its two observer specs. The
 // document written for a mapping reads back into an equal mapping (same entries, same qconfigs),
 // so a tuned mapping can be shipped next to its quant-state file: prepare needs it to build the
 // same observers. Reading throws FileFormatError naming `source` for anything malformed.

@@ -724,7 +724,14 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
         mismatch(source, absl::StrCat(op_where(fm, r), ": a functional op of module \"", fm.fqn, "\" named \"", r.fqn, "\""));
       }
       const auto* info = leaf != nullptr ? dynamic_cast<const LeafQuantInfo*>(leaf->extension()) : nullptr;
-      const QConfigPtr q = s.seen_qconfig(r.kind, info);
+      QConfigPtr q = s.seen_qconfig(r.kind, info);
+      if (info == nullptr && r.qconfig != qconfig_string(q) && s.has_call_sites(r.kind)) {
+        // A functional op with call-site entries: the file does not say which call it was; its
+        // qconfig must be one the mapping gives a call of this kind here.
+        for (const QConfigPtr& c : s.functional_qconfigs(r.kind)) {
+          if (c != nullptr && !c->is_bf16() && r.qconfig == qconfig_string(c)) q = c;
+        }
+      }
       if (r.qconfig != qconfig_string(q)) {
         mismatch(source, absl::StrCat(op_where(fm, r), ": the file's qconfig is ", r.qconfig, ", the model's is ",
                                       qconfig_string(q)));
@@ -885,6 +892,11 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
     op.leaf = r.leaf ? leaf_module(model, r.fqn) : nullptr;
     const auto* info = op.leaf != nullptr ? dynamic_cast<const LeafQuantInfo*>(op.leaf->extension()) : nullptr;
     op.qconfig = s.seen_qconfig(r.kind, info);
+    if (info == nullptr && r.qconfig != qconfig_string(op.qconfig) && s.has_call_sites(r.kind)) {
+      for (const QConfigPtr& c : s.functional_qconfigs(r.kind)) {  // checked above: one matches
+        if (c != nullptr && !c->is_bf16() && r.qconfig == qconfig_string(c)) op.qconfig = c;
+      }
+    }
     for (const FileInput& fi : r.inputs) {
       QTensorInfo t;
       t.trace_dtype = fi.trace_dtype;
@@ -1298,6 +1310,18 @@ std::string qconfig_mapping_to_json(const QConfigMapping& mapping) {
   doc["op_types"] = ops;
   doc["module_name_regexes"] = named_list(mapping.module_name_regexes());
   doc["module_names"] = named_list(mapping.module_names());
+  // Call-site entries exist since version 2; a mapping without them stays version 1 (readable by an
+  // older dbrq, byte-identical to what it wrote). One with them must not reach a reader that would
+  // drop them.
+  if (!mapping.module_name_object_type_orders().empty()) {
+    doc["version"] = 2;
+    json sites = json::array();
+    for (const auto& [site, q] : mapping.module_name_object_type_orders()) {
+      sites.push_back(json{{"module_name", site.module_fqn}, {"op", op_name(site.op)}, {"index", site.index},
+                           {"qconfig", qconfig_to_json(q)}});
+    }
+    doc["module_name_object_type_orders"] = sites;
+  }
   return doc.dump(1);
 }
 
@@ -1313,8 +1337,15 @@ QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::str
     DBRQ_ENSURE(doc.is_object() && doc.contains("format") && doc.at("format") == kMappingFormat, FileFormatError,
                 where, " is not a dbrq qconfig mapping (no \"format\": \"", kMappingFormat, "\")");
     const int64_t version = get_integer<int64_t>(doc.at("version"), "version");
-    DBRQ_ENSURE(version == 1, FileFormatError, where, " has version ", version, "; this dbrq reads version 1");
+    DBRQ_ENSURE(version == 1 || version == 2, FileFormatError, where, " has version ", version,
+                "; this dbrq reads versions 1 and 2");
     QConfigMapping m;
+    auto op_kind = [&](const std::string& name, const char* field) {
+      for (size_t k = 0; k < static_cast<size_t>(OpKind::kNumOpKinds); ++k) {
+        if (name == op_name(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+      }
+      DBRQ_THROW(FileFormatError, where, ": unknown op \"", name, "\" in ", field);
+    };
     m.set_global(qconfig_from_json(doc.at("global")));
     for (const json& e : get_array(doc.at("object_types"), "object_types")) {
       m.set_object_type(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
@@ -1333,6 +1364,15 @@ QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::str
     }
     for (const json& e : get_array(doc.at("module_names"), "module_names")) {
       m.set_module_name(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
+    }
+    DBRQ_ENSURE(version == 2 || !doc.contains("module_name_object_type_orders"), FileFormatError, where,
+                " has module_name_object_type_orders, which need version 2, but says version 1");
+    if (version == 2) {
+      for (const json& e : get_array(doc.at("module_name_object_type_orders"), "module_name_object_type_orders")) {
+        m.set_module_name_object_type_order(e.at("module_name").get<std::string>(),
+                                            op_kind(e.at("op").get<std::string>(), "module_name_object_type_orders"),
+                                            get_integer<int>(e.at("index"), "index"), qconfig_from_json(e.at("qconfig")));
+      }
     }
     return m;
   } catch (const FileFormatError&) {

@@ -31,6 +31,8 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kLogFormat = "dbrq.autotune_log";
+// 2: functional ops (TuneOp) in configs and the ranking, and the base mapping.
+constexpr int kLogVersion = 2;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -79,10 +81,36 @@ const ObserverKind kActivationKinds[] = {ObserverKind::kHistogram, ObserverKind:
                                          ObserverKind::kEntropy};
 
 struct Unit {
-  std::string fqn;                  // the op's layer
+  std::string fqn;                  // the op's layer, or the functional op's TuneOp::to_string()
   std::vector<std::string> layers;  // every layer of its fused chain
+  std::vector<TuneOp> ops;          // every functional op of its fused chain
   double sqnr_db = 0.0;
 };
+
+OpKind op_kind_named(const std::string& name) {
+  for (size_t k = 0; k < static_cast<size_t>(OpKind::kNumOpKinds); ++k) {
+    if (name == op_name(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+  }
+  DBRQ_THROW(FileFormatError, "unknown op \"", name, "\"");
+}
+
+json ops_to_json(const std::vector<TuneOp>& ops) {
+  json a = json::array();
+  for (const TuneOp& o : ops) a.push_back(json{{"module", o.module}, {"op", op_name(o.op)}, {"index", o.index}});
+  return a;
+}
+
+std::vector<TuneOp> ops_from_json(const json& a) {
+  std::vector<TuneOp> ops;
+  for (const json& j : a) {
+    TuneOp o;
+    o.module = j.at("module").get<std::string>();
+    o.op = op_kind_named(j.at("op").get<std::string>());
+    o.index = j.at("index").get<int>();
+    ops.push_back(std::move(o));
+  }
+  return ops;
+}
 
 // A trial that ran (or was resumed) with what it needs beyond the public record.
 struct Trial {
@@ -109,7 +137,9 @@ struct Pending {
 
 json units_to_json(const std::vector<Unit>& units) {
   json s = json::array();
-  for (const Unit& u : units) s.push_back(json{{"fqn", u.fqn}, {"layers", u.layers}, {"sqnr_db", metric_to_json(u.sqnr_db)}});
+  for (const Unit& u : units) {
+    s.push_back(json{{"fqn", u.fqn}, {"layers", u.layers}, {"ops", ops_to_json(u.ops)}, {"sqnr_db", metric_to_json(u.sqnr_db)}});
+  }
   return s;
 }
 
@@ -119,6 +149,7 @@ std::vector<Unit> units_from_json(const json& s) {
     Unit u;
     u.fqn = j.at("fqn").get<std::string>();
     u.layers = j.at("layers").get<std::vector<std::string>>();
+    if (j.contains("ops")) u.ops = ops_from_json(j.at("ops"));
     u.sqnr_db = metric_from_json(j.at("sqnr_db"));
     units.push_back(std::move(u));
   }
@@ -147,7 +178,9 @@ class Tuner {
         criterion_(criterion),
         budget_(budget),
         opt_(options),
-        ex_(executor) {}
+        ex_(executor) {
+    if (options.base_mapping.has_value()) base_ = std::make_shared<const QConfigMapping>(*options.base_mapping);
+  }
 
   AutotuneRunStats stats() const { return stats_; }
 
@@ -158,6 +191,13 @@ class Tuner {
     // The fp32 reference: always evaluated (a log is only resumed for the same model and metric).
     auto fp32_metric = [&] {
       std::shared_ptr<nn::Module> fp32 = fresh_model("the fp32 reference");
+      if (base_ != nullptr) {
+        try {
+          base_->validate(*fp32);
+        } catch (const ValueError& e) {
+          e.rethrow_with_context("autotune: the base mapping does not fit the model: ");
+        }
+      }
       return call_evaluate(*fp32, "the fp32 reference");
     };
     if (ex_ == nullptr) {
@@ -345,6 +385,7 @@ class Tuner {
     for (bool per_channel : {true, false}) {
       for (ObserverKind k : kActivationKinds) {
         TuneConfig c;
+        c.base = base_;
         c.activation = k;
         c.per_channel_weights = per_channel;
         const int i = trial(c, per_channel ? "observer" : "weights");
@@ -363,7 +404,7 @@ class Tuner {
       const double gap = std::abs(r_.target - m0);
       if (!(std::abs(mb - m0) >= kBaseGapFraction * gap)) best = first;
     }
-    // Stage 3: layers to bf16, then fp32, worst SQNR first, accumulated.
+    // Stage 3: layers and functional ops to bf16, then fp32, worst SQNR first, accumulated.
     if (best < 0) {
       if (ex_ != nullptr && !frontier_.empty()) return false;  // speculative: nothing is known yet
       log()->warn("autotune: no observer configuration produced a metric; nothing to rank layers from");
@@ -384,12 +425,14 @@ class Tuner {
       if (bf16) {
         TuneConfig c = cur;
         c.bf16_layers.insert(c.bf16_layers.end(), u.layers.begin(), u.layers.end());
+        c.bf16_ops.insert(c.bf16_ops.end(), u.ops.begin(), u.ops.end());
         tb = trial(c, "bf16");
         if (tb == -2) return false;
         if (r_.trials[static_cast<size_t>(tb)].meets) return true;
       }
       TuneConfig c = cur;
       c.fp32_layers.insert(c.fp32_layers.end(), u.layers.begin(), u.layers.end());
+      c.fp32_ops.insert(c.fp32_ops.end(), u.ops.begin(), u.ops.end());
       const int tf = trial(c, "fp32");
       if (tf == -2) return false;
       if (r_.trials[static_cast<size_t>(tf)].meets) return true;
@@ -568,7 +611,8 @@ class Tuner {
       std::shared_ptr<nn::Module> q = build(c, nullptr);
       std::shared_ptr<nn::Module> ref = fresh_model("the fp32 reference for compare_numerics");
       const NumericReport rep = compare_numerics(*ref, *q, calib_);
-      // Leaf layers only: a functional op's fqn is its module, and moving a module moves all of it.
+      // Leaf layers, and functional ops by their call site (a functional op's fqn is its module,
+      // and moving a module would move all of it).
       std::set<std::string> leaves;
       for (const auto& [fqn, mod] : ref->named_modules()) {
         if (!fqn.empty() && mod->children().empty()) leaves.insert(fqn);
@@ -596,11 +640,19 @@ class Tuner {
         }
         return 0.0;
       };
+      // The seen op a report entry is about, when it is a functional op with a call site.
+      auto functional = [&](const std::string& module, int index) -> const SeenOpInfo* {
+        auto st = states.find(module);
+        if (st == states.end() || index < 0 || index >= static_cast<int>(st->second->seen_ops().size())) return nullptr;
+        const SeenOpInfo& p = st->second->seen_ops()[static_cast<size_t>(index)];
+        return p.leaf == nullptr && p.order >= 0 ? &p : nullptr;
+      };
       std::vector<std::pair<double, const OpNumerics*>> ranked;
       for (const OpNumerics& o : rep.ops) {
         // An exact op (+inf) has nothing to gain. -inf (noise where fp32 is all zero) and NaN (a
         // non-finite value in its output) are the most sensitive of all: ranked first.
-        if (!leaves.count(o.fqn) || (std::isinf(o.sqnr_db) && o.sqnr_db > 0)) continue;
+        if (!leaves.count(o.fqn) && functional(o.module_fqn, o.index) == nullptr) continue;
+        if (std::isinf(o.sqnr_db) && o.sqnr_db > 0) continue;
         if (!std::isfinite(o.sqnr_db)) {
           ranked.emplace_back(kInf, &o);
           continue;
@@ -618,18 +670,34 @@ class Tuner {
       std::set<std::string> done;
       for (const auto& [added, op] : ranked) {
         const OpNumerics& o = *op;
-        if (done.count(o.fqn)) continue;
+        const SeenOpInfo* f = leaves.count(o.fqn) ? nullptr : functional(o.module_fqn, o.index);
         Unit u;
-        u.fqn = o.fqn;
+        if (f != nullptr) {
+          u.ops.push_back(TuneOp{o.module_fqn, f->kind, f->order});
+          u.fqn = u.ops[0].to_string();
+        } else {
+          u.fqn = o.fqn;
+          u.layers.push_back(o.fqn);
+        }
+        if (done.count(u.fqn)) continue;
         u.sqnr_db = added > 0 ? -10.0 * std::log10(added) : kInf;  // the SQNR of its own noise
-        u.layers.push_back(o.fqn);
-        // The rest of its fused chain (batch norm, activation layers) leaves int8 with it.
+        // The rest of its fused chain (batch norm, activation layers, functional followers) leaves
+        // int8 with it.
         for (const QuantizedOpInfo& i : ops) {
           if (i.module == o.module_fqn && i.fused_into == o.index && i.fqn != o.fqn && leaves.count(i.fqn)) {
             u.layers.push_back(i.fqn);
           }
         }
+        auto st = states.find(o.module_fqn);
+        if (st != states.end() && o.index < static_cast<int>(st->second->seen_ops().size())) {
+          for (const SeenOpInfo& p : st->second->seen_ops()) {
+            if (p.index != o.index && p.fusion.fused() && p.fusion.base == o.index && p.leaf == nullptr && p.order >= 0) {
+              u.ops.push_back(TuneOp{o.module_fqn, p.kind, p.order});
+            }
+          }
+        }
         for (const std::string& l : u.layers) done.insert(l);
+        for (const TuneOp& t : u.ops) done.insert(t.to_string());
         units.push_back(std::move(u));
       }
     }
@@ -720,15 +788,18 @@ class Tuner {
     return json{{"activation", observer_kind_name(c.activation)},
                 {"per_channel_weights", c.per_channel_weights},
                 {"bf16_layers", c.bf16_layers},
-                {"fp32_layers", c.fp32_layers}};
+                {"fp32_layers", c.fp32_layers},
+                {"bf16_ops", ops_to_json(c.bf16_ops)},
+                {"fp32_ops", ops_to_json(c.fp32_ops)}};
   }
 
   void write_log(size_t limit = std::numeric_limits<size_t>::max()) {
     if (opt_.log_path.empty()) return;
     json doc;
     doc["format"] = kLogFormat;
-    doc["version"] = 1;
+    doc["version"] = kLogVersion;
     doc["criterion"] = criterion_.to_string();
+    doc["base_mapping"] = base_ != nullptr ? json::parse(qconfig_mapping_to_json(*base_)) : json(nullptr);
     doc["fp32_metric"] = metric_to_json(r_.fp32_metric);
     doc["bf16_hardware"] = bf16_supported();
     json trials = json::array();
@@ -776,8 +847,18 @@ class Tuner {
       const json doc = json::parse(text);
       DBRQ_ENSURE(doc.is_object() && doc.value("format", "") == kLogFormat, FileFormatError, where,
                   " is not a dbrq autotune log (no \"format\": \"", kLogFormat, "\")");
-      DBRQ_ENSURE(doc.at("version").get<int>() == 1, FileFormatError, where, " has version ", doc.at("version").dump(),
-                  "; this dbrq reads version 1");
+      const int version = doc.at("version").get<int>();
+      DBRQ_ENSURE(version == 1 || version == kLogVersion, FileFormatError, where, " has version ",
+                  doc.at("version").dump(), "; this dbrq reads versions 1 and ", kLogVersion);
+      // Version 1 (before functional ops were searched and before base mappings) always started
+      // from the default mapping.
+      const json logged_base = version == 1 ? json(nullptr) : doc.at("base_mapping");
+      const json our_base = base_ != nullptr ? json::parse(qconfig_mapping_to_json(*base_)) : json(nullptr);
+      DBRQ_ENSURE(logged_base == our_base, ValueError, where, " was written for ",
+                  logged_base.is_null() ? std::string("the default base mapping") : "another base mapping",
+                  " but this search starts from ",
+                  our_base.is_null() ? std::string("the default one") : "another (AutotuneOptions::base_mapping)",
+                  ". Delete the log or give another log path");
       const double f32 = metric_from_json(doc.at("fp32_metric"));
       const bool same = f32 == r_.fp32_metric || (std::isnan(f32) && std::isnan(r_.fp32_metric)) ||
                         std::abs(f32 - r_.fp32_metric) <= 1e-9 * std::max(1.0, std::abs(r_.fp32_metric));
@@ -793,9 +874,18 @@ class Tuner {
         const std::string key = j.at("key").get<std::string>();
         if (!t.threw || !logged_.count(key)) logged_[key] = t;
       }
-      if (doc.contains("sensitivity")) {
-        logged_units_ = units_from_json(doc.at("sensitivity"));
+      if (doc.contains("sensitivity") && version == kLogVersion) {
+        try {
+          logged_units_ = units_from_json(doc.at("sensitivity"));
+        } catch (const FileFormatError& e) {
+          e.rethrow_with_context(absl::StrCat(where, ": sensitivity: "));
+        }
         logged_sensitivity_ = true;
+      } else if (doc.contains("sensitivity")) {
+        // A version 1 ranking has layers only: measured again, so functional ops are candidates
+        // too. Its trials (layer moves) keep their keys and are reused.
+        log()->info("autotune: {} is a version 1 log: its layer ranking is measured again to include functional ops",
+                    opt_.log_path);
       }
     } catch (const json::exception& e) {
       DBRQ_THROW(FileFormatError, where, " is malformed: ", e.what());
@@ -809,6 +899,7 @@ class Tuner {
   TuneCriterion criterion_;
   TuneBudget budget_;
   const AutotuneOptions& opt_;
+  std::shared_ptr<const QConfigMapping> base_;  // AutotuneOptions::base_mapping; null: the default
   AutotuneResult r_;
   TuneStatus status_ = TuneStatus::kNotMet;
   Clock::time_point start_;
@@ -901,19 +992,62 @@ std::string TuneCriterion::to_string() const {
   return "?";
 }
 
+std::string TuneOp::to_string() const {
+  return absl::StrCat(module, module.empty() ? "" : ".", op == OpKind::kNumOpKinds ? "?" : op_name(op), "#", index);
+}
+
 QConfigMapping TuneConfig::mapping() const {
-  QConfigMapping m = default_qconfig_mapping("onednn");
   const ObserverSpec w = per_channel_weights ? ObserverSpec::per_channel_min_max()
                                              : ObserverSpec::min_max(DType::kS8, QScheme::kPerTensorSymmetric);
-  m.set_global(QConfig::make(activation_spec(activation), w));
+  const QConfigPtr tuned = QConfig::make(activation_spec(activation), w);
+  QConfigMapping m;
+  if (base == nullptr) {
+    m = default_qconfig_mapping("onednn");
+    m.set_global(tuned);
+  } else {
+    // The base's int8 QConfigs take the trial's observer and weights; its structure stays.
+    auto tune = [&](const QConfigPtr& q) -> QConfigPtr {
+      if (q == nullptr || q->is_bf16() || q->is_dynamic()) return q;
+      switch (q->activation.kind) {
+        case ObserverKind::kMinMax:
+        case ObserverKind::kMovingAverageMinMax:
+        case ObserverKind::kHistogram:
+        case ObserverKind::kPercentile:
+        case ObserverKind::kEntropy:
+        case ObserverKind::kMse:
+          return tuned;
+        default:
+          return q;  // fixed qparams (sigmoid, tanh), per-channel activations: kept
+      }
+    };
+    m.set_global(tune(base->global()));
+    for (const auto& [t, q] : base->object_types()) m.set_object_type(t, tune(q));
+    for (const auto& [k, q] : base->op_types()) m.set_object_type(k, tune(q));
+    for (const auto& [r, q] : base->module_name_regexes()) m.set_module_name_regex(r, tune(q));
+    for (const auto& [n, q] : base->module_names()) m.set_module_name(n, tune(q));
+    for (const auto& [site, q] : base->module_name_object_type_orders()) {
+      m.set_module_name_object_type_order(site.module_fqn, site.op, site.index, tune(q));
+    }
+  }
   for (const std::string& l : bf16_layers) m.set_module_name(l, QConfig::bf16());
   for (const std::string& l : fp32_layers) m.set_module_name(l, nullptr);
+  for (const TuneOp& o : bf16_ops) m.set_module_name_object_type_order(o.module, o.op, o.index, QConfig::bf16());
+  for (const TuneOp& o : fp32_ops) m.set_module_name_object_type_order(o.module, o.op, o.index, nullptr);
   return m;
 }
 
 std::string TuneConfig::key() const {
-  return absl::StrCat("act=", observer_kind_name(activation), " w=", per_channel_weights ? "per_channel" : "per_tensor",
-                      " bf16=", layer_list(bf16_layers), " fp32=", layer_list(fp32_layers));
+  std::string k = absl::StrCat("act=", observer_kind_name(activation), " w=", per_channel_weights ? "per_channel" : "per_tensor",
+                               " bf16=", layer_list(bf16_layers), " fp32=", layer_list(fp32_layers));
+  if (!bf16_ops.empty() || !fp32_ops.empty()) {
+    auto list = [](const std::vector<TuneOp>& v) {
+      std::vector<std::string> s;
+      for (const TuneOp& o : v) s.push_back(o.to_string());
+      return layer_list(s);
+    };
+    absl::StrAppend(&k, " bf16_ops=", list(bf16_ops), " fp32_ops=", list(fp32_ops));
+  }
+  return k;
 }
 
 const char* tune_status_name(TuneStatus s) {

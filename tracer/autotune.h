@@ -16,8 +16,9 @@
 //      s8 weights;
 //   2. the same four with per-tensor s8 weights;
 //   3. from the default config (or one of 1-2 that closed >= 10% of its gap to the target): the
-//      layers ranked by the noise their op adds (compare_numerics, measured once, worst first), one
-//      at a time and accumulated: the layer to bf16 (when the CPU runs bf16,
+//      layers and functional ops (a matmul, an add in a block's forward: TuneOp) ranked by the noise
+//      their op adds (compare_numerics, measured once, worst first), one at a time and accumulated:
+//      the layer or op to bf16 (when the CPU runs bf16,
 //      dbrq::bf16_supported()), then to fp32 if bf16 is not enough; each layer keeps whichever of the
 //      two scored better before the next one moves.
 // Every trial builds a fresh model with the factory (prepare and convert work in place), prepares it
@@ -27,6 +28,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,18 +67,36 @@ struct TuneBudget {
   double max_seconds = 0.0;  // wall time; 0: no limit. Checked before each trial (a trial is never cut)
 };
 
+// A functional op the search can move out of int8: the `index`-th call of `op` made directly in
+// the forward of the module at `module` ("" is the root), as QConfigMapping's
+// set_module_name_object_type_order addresses it.
+struct TuneOp {
+  std::string module;
+  OpKind op = OpKind::kNumOpKinds;
+  int index = 0;
+  std::string to_string() const;  // "encoder.0.attn.matmul#1", "add#0" for the root's
+  bool operator==(const TuneOp& o) const { return module == o.module && op == o.op && index == o.index; }
+};
+
 // One point of the search space.
 struct TuneConfig {
   ObserverKind activation = ObserverKind::kHistogram;  // every activation observer
   bool per_channel_weights = true;                     // s8 symmetric per output channel, else per tensor
   std::vector<std::string> bf16_layers;                // layers (fqns) moved to QConfig::bf16()
   std::vector<std::string> fp32_layers;                // layers moved to fp32 (null QConfig)
+  std::vector<TuneOp> bf16_ops;                        // functional ops moved to QConfig::bf16()
+  std::vector<TuneOp> fp32_ops;                        // functional ops moved to fp32
+  // The mapping the search starts from (AutotuneOptions::base_mapping); null: onednn's default.
+  std::shared_ptr<const QConfigMapping> base;
 
-  // The mapping this config stands for: onednn's default with the observer and weight scheme,
-  // and one module-name entry per moved layer.
+  // The mapping this config stands for: the base with the observer and weight scheme in each of
+  // its int8 QConfigs (global and entries whose activation observer is Histogram, MinMax,
+  // MovingAverageMinMax, Percentile, Entropy or Mse; fixed-qparams, dynamic, bf16 and fp32 entries
+  // stay), one module-name entry per moved layer and one call-site entry per moved op.
   QConfigMapping mapping() const;
-  // A stable text key ("act=histogram w=per_channel bf16=[fc2] fp32=[]"): trials are identified by it
-  // in the log.
+  // A stable text key ("act=histogram w=per_channel bf16=[fc2] fp32=[]", then
+  // " bf16_ops=[..] fp32_ops=[..]" when ops moved): trials are identified by it in the log. The base
+  // is not in it (a log belongs to one base).
   std::string key() const;
 };
 
@@ -120,6 +140,12 @@ struct AutotuneOptions {
   std::function<void(const TuneProgress&)> on_trial;
   // Calls timed per trial for latency_ms (0: not measured).
   int latency_iters = 5;
+  // The mapping every trial starts from instead of default_qconfig_mapping("onednn"), e.g.
+  // transformer_qconfig_mapping() (a SmoothQuant'ed model is the factory's business). Its
+  // structure (what is fp32, bf16, fixed-qparams, dynamic) is kept; the observer and weight stages
+  // change its int8 QConfigs (TuneConfig::mapping). Checked against the fp32 model (ValueError for
+  // a module name it does not have).
+  std::optional<QConfigMapping> base_mapping;
 };
 
 struct AutotuneResult {
@@ -132,7 +158,8 @@ struct AutotuneResult {
   double best_metric = 0.0;
   std::shared_ptr<nn::Module> best_model;  // converted with best_config (null when best_trial < 0)
   std::vector<TuneTrial> trials;     // every trial, resumed ones included, in search order
-  // Layers ranked for stage 3, worst first: the SQNR of the noise each adds itself (its op's noise
+  // Layers and functional ops (TuneOp::to_string()) ranked for stage 3, worst first: the SQNR of
+  // the noise each adds itself (its op's noise
   // vs fp32, from compare_numerics, minus what its inputs bring), under the best observer config.
   // Empty when stages 1-2 met the criterion.
   std::vector<std::pair<std::string, double>> sensitivity;

@@ -70,6 +70,19 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
     const std::string name = tracer::node_name(model, g, i);
     auto skip = [&](const std::string& why) { skipped->push_back(absl::StrCat(name, ": ", why)); };
     const QConfigPtr q = qconfig_of(model, mapping, n);
+    if (n.module == nullptr || !n.module->is_leaf()) {
+      // A functional conv / linear: its qconfig may be a call site's, which this graph does not
+      // resolve; correcting a bias for int8 weights the op may not have would shift an fp32 op.
+      const std::string fqn = module_fqn(model, n.module);
+      bool sites = false;
+      for (const auto& [site, sq] : mapping.module_name_object_type_orders()) {
+        sites = sites || (site.module_fqn == fqn && site.op == n.kind);
+      }
+      if (sites) {
+        skip("its module has call-site qconfig entries (set_module_name_object_type_order) for this op");
+        continue;
+      }
+    }
     if (q == nullptr || q->is_bf16()) {
       skip(q == nullptr ? "kept fp32 by the mapping" : "marked bf16 by the mapping (no int8 weights to correct for)");
       continue;

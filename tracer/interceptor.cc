@@ -233,13 +233,18 @@ Tensor QuantInterceptor::on_op(const OpCall& call) {
   Frame* owner = owner_frame(&top);
   if (owner == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
   const LeafQuantInfo* leaf = top != nullptr ? top->leaf : nullptr;
-  if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return other_op(call, owner, top);
-  return seen_op(call, owner, top);
+  // A functional op's index among this call's calls of its kind: its address in the mapping's
+  // call-site entries (set_module_name_object_type_order), and kept in its record for tools.
+  const int order = leaf == nullptr && (model_->phase() != Phase::kConverted || owner->state->has_call_sites(call.kind))
+                        ? owner->next_order(call.kind)
+                        : -1;
+  if (owner->state->seen_qconfig(call.kind, leaf, order) == nullptr) return other_op(call, owner, top, order);
+  return seen_op(call, owner, top, order);
 }
 
 // An op that is not recorded: fp32 (int8 arguments dequantized). Its output carries its site, so
 // the records reading it know where it came from.
-Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) {
+Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top, int order) {
   const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
   const int64_t tag = op_tag(call, leaf, def, def.activation_inputs(call.inputs.size()), false);
@@ -261,7 +266,7 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
       owner->state->non_quant_ops().push_back(
           {call.kind, leaf != nullptr ? leaf->fqn() : owner->state->fqn(),
            !model_->seen_kind(call.kind)           ? "no int8 kernel"
-           : owner->state->bf16_op(call.kind, leaf) ? "qconfig is bf16"
+           : owner->state->bf16_op(call.kind, leaf, order) ? "qconfig is bf16"
                                                     : "qconfig is None"});
     }
   } else {
@@ -274,7 +279,7 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
     }
   }
   // A QConfig::bf16() op computes in bf16 once converted (calibration observes the fp32 model).
-  const bool bf16 = phase == Phase::kConverted && owner->state->bf16_op(call.kind, leaf);
+  const bool bf16 = phase == Phase::kConverted && owner->state->bf16_op(call.kind, leaf, order);
   Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return bf16 ? run_bf16(call) : run_fp32(call); });
   out.set_trace_id(tag);
   const uint64_t source = fingerprint_mix(static_cast<uint64_t>(tag), owner->state->fqn_fingerprint());
@@ -283,7 +288,7 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top) 
 }
 
 SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag,
-                                        const ProducerTags& producers, const QConfigPtr& qconfig) {
+                                        const ProducerTags& producers, int order, const QConfigPtr& qconfig) {
   AutoQuantizationState& s = *owner->state;
   const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
@@ -297,6 +302,7 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
   tls_created.emplace_back(&s, op.index);
   op.fqn = leaf != nullptr ? leaf->fqn() : s.fqn();
   op.leaf = leaf != nullptr ? top->module : nullptr;
+  op.order = leaf != nullptr ? -1 : order;
   op.qconfig = qconfig;
   for (size_t i = 0; i < n_act; ++i) {
     const Tensor& t = *call.inputs[i];
@@ -416,12 +422,12 @@ void QuantInterceptor::note_inputs(const OpCall& call, Frame* owner, SeenOpInfo&
 }
 
 int QuantInterceptor::find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag,
-                                     const ProducerTags& producers) {
+                                     const ProducerTags& producers, int order) {
   AutoQuantizationState& s = *owner->state;
   int r = s.find_record(tag, call.kind, producers, s.next_hint(owner->last_record));
   if (r < 0 && model_->phase() != Phase::kConverted) {
-    QConfigPtr qconfig = s.seen_qconfig(call.kind, top->leaf);
-    r = record_op(call, owner, top, tag, producers, qconfig).index;
+    QConfigPtr qconfig = s.seen_qconfig(call.kind, top->leaf, order);
+    r = record_op(call, owner, top, tag, producers, order, qconfig).index;
   }
   return r;
 }
@@ -462,7 +468,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   return out;
 }
 
-Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
+Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, int order) {
   AutoQuantizationState& s = *owner->state;
   const LeafQuantInfo* leaf = top->leaf;
   const OpDef& def = op_def(call.kind);
@@ -479,7 +485,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
     self_located([&] { s.check_sequence(owner->cursor, call.kind, tag, leaf); });
     r = s.first_sequence()[static_cast<size_t>(owner->cursor++)];
   } else {
-    r = find_or_record(call, owner, top, tag, producers);
+    r = find_or_record(call, owner, top, tag, producers, order);
   }
   if (model_->strict() && owner->recording && r >= 0) s.first_sequence().push_back(r);
   if (r < 0) return run_uncalibrated(call, owner, top, "was never run while calibrating");

@@ -66,6 +66,16 @@ struct Frame {
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
   size_t created_mark = 0;                  // outermost frame: records created before this call
+  // Functional calls of each op kind made directly by this call so far (counted while tracing and
+  // calibrating, and after convert for kinds with call-site entries in the mapping).
+  std::vector<std::pair<OpKind, int>> op_counts;
+  int next_order(OpKind kind) {
+    for (auto& [k, n] : op_counts) {
+      if (k == kind) return n++;
+    }
+    op_counts.emplace_back(kind, 1);
+    return 0;
+  }
 };
 
 // One per prepared model; the prepared modules own it (Module::attach_interceptor), and it owns
@@ -136,8 +146,10 @@ class QuantInterceptor : public Interceptor {
   }
   // The record of a seen op in `owner`'s module (creating it while tracing or calibrating), or
   // -1 after convert for an op on a path never calibrated.
-  int find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers);
-  SeenOpInfo& record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers,
+  // `order`: a functional op's index among its module call's calls of its kind (-1: not counted).
+  int find_or_record(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers,
+                     int order);
+  SeenOpInfo& record_op(const OpCall& call, Frame* owner, Frame* top, int64_t tag, const ProducerTags& producers, int order,
                         const QConfigPtr& qconfig);
   // What an op is, apart from its inputs: kind, layer, parameters, scalar, functional weights.
   int64_t op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act, bool seen) const;
@@ -145,8 +157,8 @@ class QuantInterceptor : public Interceptor {
   void note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op);
   // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
   Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why);
-  Tensor seen_op(const OpCall& call, Frame* owner, Frame* top);
-  Tensor other_op(const OpCall& call, Frame* owner, Frame* top);
+  Tensor seen_op(const OpCall& call, Frame* owner, Frame* top, int order);
+  Tensor other_op(const OpCall& call, Frame* owner, Frame* top, int order);
   // The origin id of an input as this model knows it (0: none).
   int64_t origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k);
   void rollback_records(size_t mark) noexcept;

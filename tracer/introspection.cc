@@ -16,6 +16,7 @@ std::vector<QuantizedOpInfo> quantized_ops(const nn::Module& model) {
     i.kind = op.kind;
     i.op = op.display_kind();
     i.fqn = op.fqn;
+    i.order = op.order;
     i.role = quant_role_name(op.role);
     if (op.fusion.fused() && op.fusion.position > 0) i.fused_into = op.fusion.base;
     i.dynamic = op.qconfig != nullptr && op.qconfig->is_dynamic();

@@ -26,6 +26,10 @@ struct QuantizedOpInfo {
   std::string fqn;          // the layer that ran it ("layer1.0.conv1"), or the module for functional ops
   std::string role;         // quant_role_name: "weighted", "share", "lut", ..., "fp32"
   int fused_into = -1;      // index of the chain's first op when this op runs inside it, else -1
+  // A functional op: its call's index among the module's calls of its kind, the address of
+  // QConfigMapping::set_module_name_object_type_order(module, kind, order, ..); -1 for a layer's
+  // op or one read from a quant-state file.
+  int order = -1;
   bool dynamic = false;     // dynamic quantization (activation parameters per call)
   std::vector<DType> input_dtypes;  // activation inputs at inference (u8 when quantized)
   DType output_dtype = DType::kF32;

@@ -90,7 +90,21 @@ class FloatProbe : public Interceptor {
     if (owner == nullptr || owner->state == nullptr) return out;
     const LeafQuantInfo* leaf = (top != nullptr && top->leaf) ? top->leaf_info : nullptr;
     if (top != nullptr && top->leaf && leaf == nullptr) return out;
-    if (owner->state->seen_qconfig(call.kind, leaf) == nullptr) return out;
+    // A functional op with call-site entries: its index among this call's calls of its kind, as
+    // the quantized model's interceptor counts it.
+    int order = -1;
+    if (leaf == nullptr && owner->state->has_call_sites(call.kind)) {
+      order = 0;
+      bool found = false;
+      for (auto& [k, n] : owner->op_counts) {
+        if (k == call.kind) {
+          order = n++;
+          found = true;
+        }
+      }
+      if (!found) owner->op_counts.emplace_back(call.kind, 1);
+    }
+    if (owner->state->seen_qconfig(call.kind, leaf, order) == nullptr) return out;
     owner->call.ops.push_back({call.kind, leaf != nullptr ? top->fqn : owner->state->fqn(), out});
     return out;
   }
@@ -129,6 +143,7 @@ class FloatProbe : public Interceptor {
     const AutoQuantizationState* state = nullptr;
     const LeafQuantInfo* leaf_info = nullptr;
     ProbedCall call;
+    std::vector<std::pair<OpKind, int>> op_counts;  // functional calls per kind (call-site entries)
   };
   nn::Module& q_;
   std::unordered_map<const nn::Module*, std::string> fqn_of_;

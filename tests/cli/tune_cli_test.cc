@@ -101,4 +101,49 @@ TEST(TuneCli, UsageErrorsAndFailures) {
   EXPECT_THAT(h.out, HasSubstr("--max_loss"));
 }
 
+TEST(TuneCli, BaseMappingFlag) {
+  // transformer: the search starts from transformer_qconfig_mapping (adds fp32), and the saved
+  // mapping keeps that.
+  const std::string out = dbrq::testing::temp_path("base.qstate.json");
+  const std::string log = dbrq::testing::temp_path("base_log.json");
+  std::vector<std::string> args = tune_args(out, log);
+  args.push_back("--base_mapping=transformer");
+  const RunResult r = run(args);
+  SCOPED_TRACE(describe(r));
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("base:      transformer\n"));
+  EXPECT_THAT(r.out, HasSubstr("status:    met\n"));
+  const std::string saved = dbrq::testing::read_file(out + ".mapping.json");
+  EXPECT_THAT(saved, HasSubstr("\"op\": \"add\",\n   \"qconfig\": null"));
+  // A mapping file: the one just saved.
+  const std::string out2 = dbrq::testing::temp_path("base2.qstate.json");
+  std::vector<std::string> from_file = tune_args(out2, dbrq::testing::temp_path("base2_log.json"));
+  from_file.push_back("--base_mapping=" + out + ".mapping.json");
+  const RunResult f = run(from_file);
+  SCOPED_TRACE(describe(f));
+  ASSERT_EQ(f.exit_code, 0);
+  EXPECT_THAT(f.out, HasSubstr("status:    met\n"));
+  EXPECT_EQ(dbrq::testing::read_file(out2 + ".mapping.json"), saved);
+  // Bad values: a usage error (exit 2), a missing file (exit 1, IOError), a file that is no mapping.
+  std::vector<std::string> bad = tune_args(out2, dbrq::testing::temp_path("bad_log.json"));
+  bad.push_back("--base_mapping=smoothquant");
+  const RunResult b = run(bad);
+  SCOPED_TRACE(describe(b));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_THAT(b.err, HasSubstr("invalid --base_mapping \"smoothquant\"; expected default, transformer or a qconfig "
+                               "mapping JSON file"));
+  bad.back() = "--base_mapping=/nonexistent/mapping.json";
+  const RunResult m = run(bad);
+  SCOPED_TRACE(describe(m));
+  EXPECT_EQ(m.exit_code, 1);
+  EXPECT_THAT(m.err, HasSubstr("dbrq tune: error: --base_mapping: "));
+  EXPECT_THAT(m.err, HasSubstr("[IOError]"));
+  bad.back() = "--base_mapping=" + log;  // a trial log, not a mapping
+  const RunResult w = run(bad);
+  SCOPED_TRACE(describe(w));
+  EXPECT_EQ(w.exit_code, 1);
+  EXPECT_THAT(w.err, HasSubstr("is not a dbrq qconfig mapping"));
+  EXPECT_THAT(w.err, HasSubstr("[FileFormatError]"));
+}
+
 }  // namespace

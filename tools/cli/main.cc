@@ -31,12 +31,14 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -88,6 +90,9 @@ ABSL_FLAG(double, min_sqnr, 30.0, "tune: with --metric=sqnr, the output SQNR vs 
 ABSL_FLAG(int32_t, trials, 50, "tune: at most this many trials (>= 1)");
 ABSL_FLAG(double, time_limit, 0.0, "tune: stop starting trials after this many seconds (0: no limit)");
 ABSL_FLAG(std::string, log, "", "tune: trial log (JSON); an existing log of the same search is resumed");
+ABSL_FLAG(std::string, base_mapping, "default",
+          "tune: the mapping the search starts from: default (onednn's), transformer "
+          "(transformer_qconfig_mapping: adds fp32, softmax observed) or a mapping JSON file (.json)");
 ABSL_FLAG(std::string, reference, "",
           "also write the example input and dbrq's int8 outputs (with each output's quantization step) "
           "as safetensors, for checking another runtime against dbrq");
@@ -149,6 +154,7 @@ const std::map<std::string, std::string>& metavars() {
       {"loss", "relative|absolute"}, {"max_loss", "X"},
       {"min_sqnr", "DB"},      {"trials", "N"},
       {"time_limit", "SECONDS"}, {"log", "LOG.json"},
+      {"base_mapping", "default|transformer|MAPPING.json"},
       {"reference", "REF.safetensors"},
   };
   return *m;
@@ -265,6 +271,7 @@ const std::vector<Command>& commands() {
                       {"trials"},
                       {"time_limit"},
                       {"log"},
+                      {"base_mapping"},
                       {"batches"},
                       {"batch_size", false, "", "32"},
                       {"progress"},
@@ -446,6 +453,11 @@ void validate_flags(const Command& c) {
   const std::string metric = absl::GetFlag(FLAGS_metric), loss = absl::GetFlag(FLAGS_loss);
   if (metric != "accuracy" && metric != "sqnr") usage_error("invalid --metric \"" + metric + "\"; expected accuracy or sqnr");
   if (loss != "relative" && loss != "absolute") usage_error("invalid --loss \"" + loss + "\"; expected relative or absolute");
+  const std::string base = absl::GetFlag(FLAGS_base_mapping);
+  if (base != "default" && base != "transformer" && !absl::EndsWith(base, ".json")) {
+    usage_error("invalid --base_mapping \"" + base +
+                "\"; expected default, transformer or a qconfig mapping JSON file (FILE.json)");
+  }
 }
 
 // ---- shared steps ----
@@ -758,6 +770,7 @@ int run_tune_with(const TuneFn& tune, const std::function<void(const std::string
   int64_t batch = 0, eval_batches = 0;
   std::vector<std::vector<dbrq::Tensor>> calibration;
   std::vector<dbrq::Tensor> reference;  // fp32 outputs, for sqnr
+  std::optional<dbrq::QConfigMapping> base_mapping;  // --base_mapping
   std::string setup_error;
   try {
     if (writer) {
@@ -769,6 +782,13 @@ int run_tune_with(const TuneFn& tune, const std::function<void(const std::string
     data = load_data("data", FLAGS_data, s);
     std::cout << "calib:     " << absl::GetFlag(FLAGS_calib) << ": " << pipeline::describe(calib) << "\n";
     std::cout << "data:      " << absl::GetFlag(FLAGS_data) << ": " << pipeline::describe(data) << "\n";
+    const std::string base = absl::GetFlag(FLAGS_base_mapping);
+    if (base == "transformer") {
+      base_mapping = dbrq::transformer_qconfig_mapping("onednn");
+    } else if (base != "default") {
+      base_mapping = for_flag("base_mapping", [&] { return dbrq::load_qconfig_mapping(path_flag(FLAGS_base_mapping)); });
+    }
+    if (base != "default") std::cout << "base:      " << base << "\n";
     accuracy = absl::GetFlag(FLAGS_metric) == "accuracy";
     if (accuracy && !data.has_labels()) {
       usage_error("--metric=accuracy needs \"labels\" in --data; use --metric=sqnr for unlabeled data");
@@ -822,6 +842,7 @@ int run_tune_with(const TuneFn& tune, const std::function<void(const std::string
   const int64_t bound = std::min<int64_t>(absl::GetFlag(FLAGS_trials), 8 + 2 * leaves);
   pipeline::ProgressBar bar("tuning", bound, "trials", writer ? progress_mode() : pipeline::ProgressMode::kNever);
   dbrq::AutotuneOptions opt;
+  opt.base_mapping = base_mapping;
   opt.log_path = absl::GetFlag(FLAGS_log).empty() ? "" : path_flag(FLAGS_log);
   opt.quant_state_path = path_flag(FLAGS_out);
   opt.on_trial = [&](const dbrq::TuneProgress& p) { bar.update(std::min<int64_t>(p.trials_done, bound)); };
