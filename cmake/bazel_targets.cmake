@@ -1181,6 +1181,20 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/porting:holder_review_test
+  NAME dbrq_tests_porting_holder_review_test
+  RUNFILE tests/porting/holder_review_test
+  SRCS
+    tests/porting/holder_review_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/porting:holder_test
   NAME dbrq_tests_porting_holder_test
   RUNFILE tests/porting/holder_test

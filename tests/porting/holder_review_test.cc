@@ -1,0 +1,129 @@
+// Review of the module holders for silent wrong results (issue 12): libtorch idioms that compiled
+// and then ran outside the quantization hooks, or with a qconfig silently unapplied. Each case says
+// what the old behaviour was (docs/porting_from_libtorch.md, "Holder pitfalls").
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dbrq.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+// A user module with a functional op (the add) besides its layer.
+struct ResidImpl : nn::CallableModule<ResidImpl> {
+  explicit ResidImpl(int64_t n) { fc = register_module("fc", nn::Linear(n, n)); }
+  Tensor forward(const Tensor& x) { return relu(fc(x)) + x; }
+  nn::Linear fc{nullptr};
+};
+DBRQ_MODULE(Resid);
+
+// The same as a libtorch-style class deriving from nn::Module (held as a HookedModule).
+struct PlainResidImpl : nn::Module {
+  explicit PlainResidImpl(int64_t n) { fc = register_module("fc", nn::Linear(n, n)); }
+  Tensor forward(const Tensor& x) { return relu(fc(x)) + x; }
+  nn::Linear fc{nullptr};
+};
+DBRQ_MODULE(PlainResid);
+
+enum class Call { kHolder, kArrow, kPtrArrow, kPtrCopyArrow };
+
+template <typename Block>
+struct OuterImpl : nn::CallableModule<OuterImpl<Block>> {
+  explicit OuterImpl(Call call) : call(call) { block = this->register_module("block", Block(4)); }
+  Tensor forward(const Tensor& x) {
+    switch (call) {
+      case Call::kHolder:
+        return block(x);
+      case Call::kArrow:
+        return block->forward(x);
+      case Call::kPtrArrow:
+        return block.ptr()->forward(x);
+      case Call::kPtrCopyArrow: {
+        auto p = block.ptr();  // as libtorch code keeps it
+        return p->forward(x);
+      }
+    }
+    return x;
+  }
+  Call call;
+  Block block{nullptr};
+};
+
+// Ops that run int8 after convert, as "module:op".
+std::vector<std::string> int8_ops(nn::Module& m) {
+  std::vector<std::string> out;
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    if (op.role != "fp32") out.push_back(op.module + ":" + op.op);
+  }
+  return out;
+}
+
+template <typename Block>
+std::vector<std::string> int8_ops_with_block_off(Call call) {
+  manual_seed(3);
+  auto net = std::make_shared<OuterImpl<Block>>(call);
+  net->eval();
+  QConfigMapping mapping = default_qconfig_mapping("onednn");
+  mapping.set_module_name("block", nullptr);  // the block stays fp32, whichever way it is called
+  prepare(*net, {randn({3, 4}, 8)}, mapping);
+  testing::calibrate(*net, {3, 4}, 4, 300);
+  convert(*net);
+  return int8_ops(*net);
+}
+
+// Every spelling of a call through a holder is the hooked call: the block's qconfig (None) applies
+// to its add. Before, ptr()->forward ran ResidImpl::forward directly and the add ran int8 in the
+// outer module (":add").
+TEST(HolderReview, EveryHolderCallSpellingIsHooked) {
+  for (Call call : {Call::kHolder, Call::kArrow, Call::kPtrArrow, Call::kPtrCopyArrow}) {
+    EXPECT_EQ(int8_ops_with_block_off<Resid>(call), std::vector<std::string>{}) << static_cast<int>(call);
+    EXPECT_EQ(int8_ops_with_block_off<PlainResid>(call), std::vector<std::string>{}) << static_cast<int>(call);
+  }
+  // The control: with the block quantized, the add runs int8 in the block's own state.
+  manual_seed(3);
+  auto net = std::make_shared<OuterImpl<Resid>>(Call::kPtrArrow);
+  net->eval();
+  prepare(*net, {randn({3, 4}, 8)});
+  testing::calibrate(*net, {3, 4}, 4, 300);
+  convert(*net);
+  EXPECT_EQ(int8_ops(*net), (std::vector<std::string>{"block:linear+relu", "block:relu", "block:add"}));
+}
+
+// ptr() is the holder's object: registering it registers the holder's module, a holder made from
+// it shares the module (libtorch's ModuleHolder(shared_ptr)), and it still converts to the Impl.
+TEST(HolderReview, PtrIsTheHeldModule) {
+  manual_seed(3);
+  Resid a(4);
+  Resid b(a.ptr());
+  EXPECT_EQ(a.get(), b.get());
+  std::shared_ptr<ResidImpl> impl = a.ptr();
+  EXPECT_EQ(impl.get(), a.get());
+  PlainResid p(4);
+  auto owner = std::make_shared<OuterImpl<Resid>>(Call::kHolder);
+  owner->register_module("again", a.ptr());
+  owner->register_module("plain", p.ptr());
+  EXPECT_EQ(owner->child("again").get(), a.get());
+  EXPECT_EQ(owner->child("plain")->type_name(), "PlainResidImpl");
+  const Tensor x = randn({3, 4}, 8);
+  testing::expect_equal(a.ptr()->forward(x), a(x));
+  testing::expect_equal(p.ptr()->forward(x), p(x));
+}
+
+}  // namespace
+}  // namespace dbrq
