@@ -125,5 +125,43 @@ TEST(HolderReview, PtrIsTheHeldModule) {
   testing::expect_equal(p.ptr()->forward(x), p(x));
 }
 
+// set_object_type with a user holder's name: a ValueError saying what to write, not a qconfig that
+// silently matches nothing. The class spellings work.
+TEST(HolderReview, ObjectTypeByUserHolderNameIsRefused) {
+  {
+    manual_seed(3);
+    auto net = std::make_shared<OuterImpl<Resid>>(Call::kHolder);
+    net->eval();
+    QConfigMapping mapping = default_qconfig_mapping("onednn");
+    mapping.set_object_type("Resid", nullptr);
+    const std::string what = error_of<ValueError>([&] { prepare(*net, {randn({3, 4}, 8)}, mapping); });
+    EXPECT_NE(what.find("set_object_type(\"Resid\") matches no module of the model (OuterImpl), which has modules "
+                        "of class ResidImpl, named \"ResidImpl\""),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("set_object_type<Resid>(qconfig)"), std::string::npos) << what;
+    EXPECT_FALSE(is_prepared(*net));
+  }
+  for (bool by_class : {true, false}) {
+    manual_seed(3);
+    auto net = std::make_shared<OuterImpl<Resid>>(Call::kHolder);
+    net->eval();
+    QConfigMapping mapping = default_qconfig_mapping("onednn");
+    if (by_class) {
+      mapping.set_object_type<Resid>(nullptr);
+    } else {
+      mapping.set_object_type("ResidImpl", nullptr);
+    }
+    // A built-in class the model does not have is fine (the default mapping lists such classes).
+    mapping.set_object_type("Conv2d", nullptr);
+    prepare(*net, {randn({3, 4}, 8)}, mapping);
+    testing::calibrate(*net, {3, 4}, 4, 300);
+    convert(*net);
+    // The module's own ops stay fp32; its Linear layer keeps the global qconfig (an object type
+    // applies to the class's functional ops, not to its layers: PyTorch FX's rule).
+    EXPECT_EQ(int8_ops(*net), std::vector<std::string>{"block:linear"});
+  }
+}
+
 }  // namespace
 }  // namespace dbrq
