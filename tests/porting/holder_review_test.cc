@@ -163,5 +163,45 @@ TEST(HolderReview, ObjectTypeByUserHolderNameIsRefused) {
   }
 }
 
+// One holder registered under two names (libtorch allows it: both names reach one module).
+struct TwiceImpl : nn::CallableModule<TwiceImpl> {
+  TwiceImpl() {
+    a = register_module("a", Resid(4));
+    b = register_module("b", a);
+  }
+  Tensor forward(const Tensor& x) { return b(a(x)); }
+  Resid a{nullptr}, b{nullptr};
+};
+DBRQ_MODULE(Twice);
+
+TEST(HolderReview, ModuleUnderTwoNamesWithDifferentQConfigsIsRefused) {
+  manual_seed(3);
+  Twice t;
+  t->eval();
+  EXPECT_EQ(t->a.get(), t->b.get());
+  QConfigMapping mapping = default_qconfig_mapping("onednn");
+  mapping.set_module_name("b", nullptr);
+  const std::string what = error_of<UsageError>([&] { prepare(*t, {randn({3, 4}, 8)}, mapping); });
+  EXPECT_NE(what.find("prepare: the module \"a\" (ResidImpl) is also registered as \"b\", and the qconfig mapping "
+                      "gives the two names different qconfigs"),
+            std::string::npos)
+      << what;
+  EXPECT_FALSE(is_prepared(*t));
+}
+
+// With the same qconfig the shared module is prepared once, under its first name, and quantized.
+TEST(HolderReview, ModuleUnderTwoNamesWithTheSameQConfigIsQuantized) {
+  manual_seed(3);
+  Twice t;
+  t->eval();
+  const Tensor x = randn({3, 4}, 8);
+  const Tensor reference = t(x);
+  prepare(*t, {x});
+  testing::calibrate(*t, {3, 4}, 4, 300);
+  convert(*t);
+  EXPECT_EQ(int8_ops(*t), (std::vector<std::string>{"a:linear+relu", "a:relu", "a:add"}));
+  EXPECT_GT(testing::sqnr_of(t(x), reference), 20.0);
+}
+
 }  // namespace
 }  // namespace dbrq
