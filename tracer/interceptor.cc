@@ -544,6 +544,30 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top) {
   return out;
 }
 
+// A module called from inside the prepared model that prepare did not see (every module of the
+// tree has an extension; non-traceable subtrees run with interception suspended): it is not
+// registered in the model. With parameters that is a bug, never a choice: typically a holder member
+// assigned a new module after register_module, which (as in libtorch) leaves the registered module
+// in the model. The call would run weights that state_dict, load_state_dict and the quantization
+// state never see, and silently in fp32. Parameter-free modules built in forward (a temporary
+// nn::ReLU()) run fp32, as before.
+void QuantInterceptor::check_unregistered(const nn::Module& module) const {
+  if (module.named_parameters().empty() && module.named_buffers().empty()) return;
+  std::string caller = "?";
+  for (auto it = tls_stack.rbegin(); it != tls_stack.rend(); ++it) {
+    if (it->state != nullptr) {
+      caller = absl::StrCat("\"", it->state->fqn(), "\" (", it->state->type_name(), ")");
+      break;
+    }
+  }
+  DBRQ_THROW(UsageError, "a ", module.type_name(), " module with parameters was called from module ", caller,
+             ", but it is not part of the prepared model: it is not registered in it. A holder member assigned a "
+             "new module after register_module (`fc = register_module(\"fc\", ...); fc = nn::Linear(...)`) calls "
+             "the new, unregistered module while the model keeps the registered one, as in libtorch: its weights "
+             "are not in state_dict / load_state_dict and it cannot be quantized. Register the module that "
+             "forward calls (assign the holder, then register it; or replace_module)");
+}
+
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
   Frame f;
   f.module = &module;
@@ -551,6 +575,7 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   nn::ModuleExtension* ext = module.extension();
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   const Phase phase = model_->phase();
+  if (ext == nullptr && !outermost) check_unregistered(module);
   if (outermost) {
     // The model's inputs are fp32 sources, the same on every call.
     for (size_t k = 0; k < inputs.size(); ++k) {

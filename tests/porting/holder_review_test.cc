@@ -203,5 +203,44 @@ TEST(HolderReview, ModuleUnderTwoNamesWithTheSameQConfigIsQuantized) {
   EXPECT_GT(testing::sqnr_of(t(x), reference), 20.0);
 }
 
+// A holder member assigned a new module after register_module: as in libtorch the model keeps the
+// registered module, and forward calls the new one, whose weights state_dict / load_state_dict never
+// see. Under prepare that call ran silently in fp32, unrecorded; now it is a UsageError.
+struct ReassignedImpl : nn::CallableModule<ReassignedImpl> {
+  explicit ReassignedImpl(bool reassign) {
+    fc = register_module("fc", nn::Linear(4, 4));
+    if (reassign) fc = nn::Linear(4, 4);
+  }
+  // A parameter-free module made in forward is fine (it runs fp32, as before).
+  Tensor forward(const Tensor& x) { return nn::Sigmoid()(relu(fc(x))); }
+  nn::Linear fc{nullptr};
+};
+DBRQ_MODULE(Reassigned);
+
+TEST(HolderReview, UnregisteredModuleWithParametersIsRefused) {
+  manual_seed(3);
+  Reassigned bad(true);
+  bad->eval();
+  EXPECT_EQ(bad->named_parameters().size(), 2u);  // the registered fc only
+  EXPECT_NE(bad->child("fc").get(), bad->fc.get());
+  const std::string what = error_of<UsageError>([&] { prepare(*bad, {randn({3, 4}, 8)}); });
+  EXPECT_NE(what.find("a Linear module with parameters was called from module \"\" (ReassignedImpl), but it is "
+                      "not part of the prepared model"),
+            std::string::npos)
+      << what;
+  EXPECT_FALSE(is_prepared(*bad));
+  // The control: registered, it prepares and its linear runs int8.
+  manual_seed(3);
+  Reassigned good(false);
+  good->eval();
+  const Tensor x = randn({3, 4}, 8);
+  const Tensor reference = good(x);
+  prepare(*good, {x});
+  testing::calibrate(*good, {3, 4}, 4, 300);
+  convert(*good);
+  EXPECT_EQ(int8_ops(*good), (std::vector<std::string>{":linear+relu", ":relu"}));
+  EXPECT_GT(testing::sqnr_of(good(x), reference), 20.0);
+}
+
 }  // namespace
 }  // namespace dbrq
