@@ -242,5 +242,67 @@ TEST(HolderReview, UnregisteredModuleWithParametersIsRefused) {
   EXPECT_GT(testing::sqnr_of(good(x), reference), 20.0);
 }
 
+// `m->as<X>()->forward(x)` and `list->at<X>(i)->forward(x)` return the Impl (libtorch's types), whose
+// forward is the body: the block's ops are recorded in the caller. When the block's qconfig differs
+// from the caller's, prepare now says so (before: the block's add silently ran int8 in the caller).
+struct ListOuterImpl : nn::CallableModule<ListOuterImpl> {
+  explicit ListOuterImpl(int how) : how(how) {
+    block = register_module("block", Resid(4));
+    list = register_module("list", nn::ModuleList());
+    list->push_back(Resid(4));
+  }
+  Tensor forward(const Tensor& x) {
+    switch (how) {
+      case 0:
+        return child("block")->as<Resid>()->forward(x);
+      case 1:
+        return list->at<Resid>(0)->forward(x);
+      case 2:
+        return list->ptr<Resid>(0)->forward(x);
+      default:  // the hooked spellings of the same
+        return (*list->at<Resid>(0))(list[0]->forward_unary((*child("block")->as<Resid>())(x)));
+    }
+  }
+  int how;
+  Resid block{nullptr};
+  nn::ModuleList list{nullptr};
+};
+DBRQ_MODULE(ListOuter);
+
+TEST(HolderReview, DirectForwardOfAUserModuleWithItsOwnQConfigIsRefused) {
+  for (int how : {0, 1, 2}) {
+    manual_seed(3);
+    ListOuter net(how);
+    net->eval();
+    QConfigMapping mapping = default_qconfig_mapping("onednn");
+    mapping.set_module_name(how == 0 ? "block" : "list.0", nullptr);
+    const std::string what = error_of<UsageError>([&] { prepare(*net, {randn({3, 4}, 8)}, mapping); });
+    const std::string parent = how == 0 ? "block" : "list.0";
+    EXPECT_NE(what.find("module \"" + parent + ".fc\" runs inside module \"\" (ListOuterImpl) while its parent \"" +
+                        parent + "\" (ResidImpl) is not being called"),
+              std::string::npos)
+        << what;
+    EXPECT_FALSE(is_prepared(*net));
+    // With the same qconfig nothing differs: prepared, the block's ops recorded in the caller.
+    manual_seed(3);
+    ListOuter same(how);
+    same->eval();
+    prepare(*same, {randn({3, 4}, 8)});
+    testing::calibrate(*same, {3, 4}, 4, 300);
+    convert(*same);
+    EXPECT_EQ(int8_ops(*same), (std::vector<std::string>{":linear+relu", ":relu", ":add"}));
+  }
+  // The hooked spellings with the block and the list fp32: nothing runs int8.
+  manual_seed(3);
+  ListOuter hooked(3);
+  hooked->eval();
+  QConfigMapping mapping = default_qconfig_mapping("onednn");
+  mapping.set_module_name("block", nullptr).set_module_name("list", nullptr);
+  prepare(*hooked, {randn({3, 4}, 8)}, mapping);
+  testing::calibrate(*hooked, {3, 4}, 4, 300);
+  convert(*hooked);
+  EXPECT_EQ(int8_ops(*hooked), std::vector<std::string>{});
+}
+
 }  // namespace
 }  // namespace dbrq
