@@ -439,6 +439,7 @@ dbrq_bazel_target(
   DATA
     tests/compile_fail/holder_adopts_impl.cc
     tests/compile_fail/holder_in_shared_ptr.cc
+    tests/compile_fail/holder_opaque_output.cc
     tests/compile_fail/layer_subclass.cc
     tests/compile_fail/ok_builtin_holders.cc
     tests/compile_fail/ok_declared_structs.cc
