@@ -454,6 +454,7 @@ dbrq_bazel_target(
   DATA
     tests/compile_fail/holder_adopts_impl.cc
     tests/compile_fail/holder_in_shared_ptr.cc
+    tests/compile_fail/holder_opaque_output.cc
     tests/compile_fail/layer_subclass.cc
     tests/compile_fail/ok_builtin_holders.cc
     tests/compile_fail/ok_declared_structs.cc
@@ -1211,6 +1212,20 @@ dbrq_bazel_target(
   DATA
     runtime/nn.h
     tools/lint/holder_casts.sh
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/porting:holder_review_test
+  NAME dbrq_tests_porting_holder_review_test
+  RUNFILE tests/porting/holder_review_test
+  SRCS
+    tests/porting/holder_review_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
 )
 dbrq_bazel_target(
   KIND cc_test

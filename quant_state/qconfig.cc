@@ -167,6 +167,19 @@ void QConfigMapping::validate(nn::Module& model) const {
   }
   DBRQ_ENSURE(unknown.empty(), ValueError, "QConfigMapping names module(s) ", absl::StrJoin(unknown, ", "),
               " that do not exist in the model (", model.type_name(), ")");
+  // A user module class keeps its Impl suffix (DBRQ_MODULE(Fire) holds a FireImpl, type_name()
+  // "FireImpl") while built-in holders are named as PyTorch's ("Conv2d"). set_object_type("Fire", q)
+  // written after the holder's name would match nothing and leave the qconfig silently unapplied.
+  // Names matching no module are fine otherwise (the default mapping lists layer classes a model
+  // may not have).
+  std::set<std::string> types;
+  for (auto& [fqn, m] : model.named_modules()) types.insert(m->type_name());
+  for (auto& [t, q] : object_types_) {
+    DBRQ_ENSURE(types.count(t) || !types.count(t + "Impl"), ValueError, "QConfigMapping: set_object_type(\"", t,
+                "\") matches no module of the model (", model.type_name(), "), which has modules of class ", t,
+                "Impl, named \"", t, "Impl\": a user module is named after its class, not its holder. Write "
+                "set_object_type<", t, ">(qconfig) or set_object_type(\"", t, "Impl\", qconfig)");
+  }
 }
 
 std::string QConfigMapping::to_string() const {

@@ -114,6 +114,21 @@ struct ImplOf<M, std::enable_if_t<IsModuleHolder<M>::value>> {
 };
 template <typename M>
 using ImplOfT = typename ImplOf<std::remove_cv_t<M>>::type;
+// The classes a holder makes its module as (defined below): `holder.ptr()` points to one.
+template <typename Impl>
+class HookedForward;
+template <typename Impl>
+class HookedModule;
+template <typename M>
+struct IsHolderMade : std::false_type {};
+template <typename Impl>
+struct IsHolderMade<HookedForward<Impl>> : std::true_type {
+  using Impl_ = Impl;
+};
+template <typename Impl>
+struct IsHolderMade<HookedModule<Impl>> : std::true_type {
+  using Impl_ = Impl;
+};
 }  // namespace detail
 
 class Module {
@@ -129,21 +144,31 @@ class Module {
 
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    static_assert(!detail::IsModuleHolder<M>::value,
-                  "std::shared_ptr to a module holder: nn::Conv2d (and every built-in layer, Sequential, ...) is "
-                  "a holder, as in libtorch; make the module with nn::Conv2d(args...) (a holder) or "
-                  "std::make_shared<nn::Conv2dImpl>(args...) (the module class)");
-    static_assert(!detail::is_plain_module_with_forward<M>(),
-                  "a module class deriving from dbrq::nn::Module itself (libtorch style) is callable through its "
-                  "holder only: declare DBRQ_MODULE(X) for XImpl and register X(args...), not "
-                  "std::make_shared<XImpl>(...) (whose forward would bypass the quantization hooks)");
-    static_assert(detail::runs_own_forward<M>(),
-                  "this module class derives from another module class that is callable (e.g. struct X : "
-                  "Sequential, or struct X : Y with Y a CallableModule<Y>): its call operator would run the base's "
-                  "forward, never X's. Derive X from dbrq::nn::CallableModule<X> (for a Sequential with its own "
-                  "forward: dbrq::nn::SequentialBase<X>)");
-    add_child(name, module);
-    return module;
+    if constexpr (detail::IsHolderMade<M>::value) {
+      // A holder's module (`holder.ptr()`): registered as the holder itself would be.
+      static_assert(detail::runs_own_forward<typename detail::IsHolderMade<M>::Impl_>(),
+                    "this module class derives from another module class that is callable: its call operator "
+                    "would run the base's forward, never X's. Derive X from dbrq::nn::CallableModule<X> or "
+                    "dbrq::nn::Module");
+      add_child(name, module);
+      return module;
+    } else {
+      static_assert(!detail::IsModuleHolder<M>::value,
+                    "std::shared_ptr to a module holder: nn::Conv2d (and every built-in layer, Sequential, ...) is "
+                    "a holder, as in libtorch; make the module with nn::Conv2d(args...) (a holder) or "
+                    "std::make_shared<nn::Conv2dImpl>(args...) (the module class)");
+      static_assert(!detail::is_plain_module_with_forward<M>(),
+                    "a module class deriving from dbrq::nn::Module itself (libtorch style) is callable through its "
+                    "holder only: declare DBRQ_MODULE(X) for XImpl and register X(args...), not "
+                    "std::make_shared<XImpl>(...) (whose forward would bypass the quantization hooks)");
+      static_assert(detail::runs_own_forward<M>(),
+                    "this module class derives from another module class that is callable (e.g. struct X : "
+                    "Sequential, or struct X : Y with Y a CallableModule<Y>): its call operator would run the base's "
+                    "forward, never X's. Derive X from dbrq::nn::CallableModule<X> (for a Sequential with its own "
+                    "forward: dbrq::nn::SequentialBase<X>)");
+      add_child(name, module);
+      return module;
+    }
   }
   // The same for a holder (`register_module("fire", Fire(64, 16))`, see DBRQ_MODULE): registers the
   // module it holds and returns the holder, of the holder's own type.
@@ -694,7 +719,10 @@ class ModuleHolder {
     if (impl_ == nullptr) detail::throw_empty_holder(typeid(Impl).name());
     return impl_.get();
   }
-  std::shared_ptr<Impl> ptr() const {
+  // The held object, as libtorch's ptr(). Of the held class, so that `holder.ptr()->forward(x)` (and
+  // `auto p = holder.ptr(); p->forward(x)`) is the hooked call as `holder->forward(x)` is; it
+  // converts to std::shared_ptr<Impl> (whose `->forward` is then the direct call, see above).
+  std::shared_ptr<Held> ptr() const {
     if (impl_ == nullptr) detail::throw_empty_holder(typeid(Impl).name());
     return impl_;
   }

@@ -563,6 +563,64 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
   return out;
 }
 
+// A module called from inside the prepared model that prepare did not see (every module of the
+// tree has an extension; non-traceable subtrees run with interception suspended): it is not
+// registered in the model. With parameters that is a bug, never a choice: typically a holder member
+// assigned a new module after register_module, which (as in libtorch) leaves the registered module
+// in the model. The call would run weights that state_dict, load_state_dict and the quantization
+// state never see, and silently in fp32. Parameter-free modules built in forward (a temporary
+// nn::ReLU()) run fp32, as before.
+void QuantInterceptor::check_unregistered(const nn::Module& module) const {
+  if (module.named_parameters().empty() && module.named_buffers().empty()) return;
+  std::string caller = "?";
+  for (auto it = tls_stack.rbegin(); it != tls_stack.rend(); ++it) {
+    if (it->state != nullptr) {
+      caller = absl::StrCat("\"", it->state->fqn(), "\" (", it->state->type_name(), ")");
+      break;
+    }
+  }
+  DBRQ_THROW(UsageError, "a ", module.type_name(), " module with parameters was called from module ", caller,
+             ", but it is not part of the prepared model: it is not registered in it. A holder member assigned a "
+             "new module after register_module (`fc = register_module(\"fc\", ...); fc = nn::Linear(...)`) calls "
+             "the new, unregistered module while the model keeps the registered one, as in libtorch: its weights "
+             "are not in state_dict / load_state_dict and it cannot be quantized. Register the module that "
+             "forward calls (assign the holder, then register it; or replace_module)");
+}
+
+// A module of the tree entered while its parent user module is not being called: the parent's
+// forward ran as a direct call (`m->as<Block>()->forward(x)`, `list->at<Block>(i)->forward(x)`
+// return the Impl, whose forward is the body), so the parent's own ops are recorded in the caller
+// under the caller's qconfig. Refused when the parent's qconfig differs (a qconfig set for it would
+// silently not apply), as check_layer_bypass does for layers. Containers that are iterated rather
+// than called (ModuleList, ModuleDict, Sequential) are not parents in this sense.
+void QuantInterceptor::check_parent_bypass(const std::string& fqn) const {
+  const size_t dot = fqn.rfind('.');
+  if (dot == std::string::npos || fqn.empty()) return;
+  const std::string parent = fqn.substr(0, dot);
+  const AutoQuantizationState* owner = nullptr;
+  for (auto it = tls_stack.rbegin(); it != tls_stack.rend(); ++it) {
+    if (it->owner != this) break;
+    if (it->state == nullptr) continue;
+    if (it->state->fqn() == parent) return;
+    if (owner == nullptr) owner = it->state;
+  }
+  if (owner == nullptr || model_->root() == nullptr) return;
+  const nn::Module* p = model_->root()->find_module(parent);
+  if (p == nullptr || p->is_leaf()) return;
+  const std::string& type = p->type_name();
+  if (type == "ModuleList" || type == "ModuleDict" || type == "Sequential") return;
+  const QConfigPtr own = model_->mapping().for_module(type, parent);
+  const QConfigPtr got = model_->mapping().for_module(owner->type_name(), owner->fqn());
+  const bool same = (own == nullptr && got == nullptr) || (own != nullptr && got != nullptr && *own == *got);
+  DBRQ_ENSURE(same, UsageError, "module \"", fqn, "\" runs inside module \"", owner->fqn(), "\" (",
+              owner->type_name(), ") while its parent \"", parent, "\" (", type,
+              ") is not being called: the parent's forward was called directly (m->as<X>()->forward(x), "
+              "list->at<X>(i)->forward(x) or a std::shared_ptr<XImpl>'s ->forward(x) run the body outside the hooks), "
+              "so its ops would be recorded in \"", owner->fqn(), "\" and the qconfig set for \"", parent, "\" (",
+              own ? own->to_string() : "None", ") would not apply (they get ", got ? got->to_string() : "None",
+              "). Call the module through its holder or its call operator: (*m->as<X>())(x), m->forward_unary(x)");
+}
+
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
   Frame f;
   f.module = &module;
@@ -570,6 +628,14 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   nn::ModuleExtension* ext = module.extension();
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   const Phase phase = model_->phase();
+  if (ext == nullptr && !outermost) check_unregistered(module);
+  if (!outermost && phase == Phase::kTracing) {
+    if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
+      check_parent_bypass(l->fqn());
+    } else if (auto* st = dynamic_cast<AutoQuantizationState*>(ext)) {
+      check_parent_bypass(st->fqn());
+    }
+  }
   if (outermost) {
     // The model's inputs are fp32 sources, the same on every call.
     for (size_t k = 0; k < inputs.size(); ++k) {

@@ -172,6 +172,8 @@ class QuantInterceptor : public Interceptor {
   // A functional op running a layer's own computation on that layer's parameters outside the
   // layer's call (a built-in layer's forward called directly): raises when the layer's qconfig
   // differs from the one the op gets, warns once otherwise.
+  void check_unregistered(const nn::Module& module) const;
+  void check_parent_bypass(const std::string& fqn) const;
   void check_layer_bypass(const OpCall& call, const OpDef& def, const AutoQuantizationState& s,
                           const QConfigPtr& qconfig, size_t n_act);
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)

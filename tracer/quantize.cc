@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "core/logging.h"
@@ -66,7 +68,25 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
   // Attach state to non-leaf modules and qconfigs to layers; non-traceable subtrees get a marker
   // on their root and nothing below.
   std::vector<std::string> skipped_prefixes;
+  // A module registered under two names (the same holder registered twice, as libtorch allows) is
+  // one object with one extension: it gets the state of the name seen first, and a qconfig set for
+  // the other name would silently not apply (or replace the first one's). Refused when the two
+  // names' qconfigs differ; otherwise the module is prepared once, under its first name.
+  std::map<const nn::Module*, std::string> first_name;
   for (auto& [fqn, m] : model.named_modules()) {
+    auto [it, inserted] = first_name.emplace(m, fqn);
+    if (inserted) continue;
+    const QConfigPtr a = state->mapping().for_module(m->type_name(), it->second);
+    const QConfigPtr b = state->mapping().for_module(m->type_name(), fqn);
+    const bool same = (a == nullptr && b == nullptr) || (a != nullptr && b != nullptr && *a == *b);
+    DBRQ_ENSURE(same, UsageError, "prepare: the module \"", it->second, "\" (", m->type_name(),
+                ") is also registered as \"", fqn, "\", and the qconfig mapping gives the two names different "
+                "qconfigs (", a ? a->to_string() : "None", " and ", b ? b->to_string() : "None",
+                "), which one module cannot have: register two modules, or give both names the same qconfig");
+  }
+  std::set<const nn::Module*> attached;
+  for (auto& [fqn, m] : model.named_modules()) {
+    if (!attached.insert(m).second) continue;  // a second name of a shared module (checked above)
     bool inside_skipped = false;
     for (const std::string& p : skipped_prefixes) {
       if (fqn.rfind(p + ".", 0) == 0) inside_skipped = true;
