@@ -302,6 +302,8 @@ Tensor RequantExec::run(const OpCall& call) {
 
 std::string RequantExec::describe() const { return absl::StrCat("int8 ", def_.name, " (fixed output parameters)"); }
 
+std::string NormExec::describe() const { return absl::StrCat("int8 ", def_.name, " (statistics of the codes)"); }
+
 ChannelAffineExec::ChannelAffineExec(const OpDef& def, OpParams params, InputSpec input, QuantParamsPtr out,
                                      bool relu, const std::vector<Tensor>& stats)
     : def_(def), params_(std::move(params)), input_(std::move(input)), out_(std::move(out)), relu_(relu) {
