@@ -212,6 +212,7 @@ dbrq_bazel_target(
     kernels/int8_deconv.cc
     kernels/int8_elementwise.cc
     kernels/int8_norm.cc
+    kernels/int8_normalize.cc
     kernels/int8_pool.cc
   HDRS
     kernels/int8.h
@@ -545,6 +546,23 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/int8:int8_norms_golden_test
+  NAME dbrq_tests_int8_int8_norms_golden_test
+  RUNFILE tests/int8/int8_norms_golden_test
+  SRCS
+    tests/int8/int8_norms_golden_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_int8
+    dbrq_kernels_dnnl_utils
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+  DATA
+    tests/int8/golden/int8_norms.safetensors
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/int8:int8_ops_golden_test
   NAME dbrq_tests_int8_int8_ops_golden_test
   RUNFILE tests/int8/int8_ops_golden_test
@@ -777,6 +795,7 @@ dbrq_bazel_target(
     kernels/int8_elementwise.cc
     kernels/int8_inl.h
     kernels/int8_norm.cc
+    kernels/int8_normalize.cc
     kernels/int8_pool.cc
     kernels/int8_pool.h
     kernels/loops.h
@@ -1532,6 +1551,36 @@ dbrq_bazel_target(
   RUNFILE tests/quant/fusion_test
   SRCS
     tests/quant/fusion_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:int8_index_ops_test
+  NAME dbrq_tests_quant_int8_index_ops_test
+  RUNFILE tests/quant/int8_index_ops_test
+  SRCS
+    tests/quant/int8_index_ops_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:int8_norms_test
+  NAME dbrq_tests_quant_int8_norms_test
+  RUNFILE tests/quant/int8_norms_test
+  SRCS
+    tests/quant/int8_norms_test.cc
   DEPS
     dbrq_tests_quant_quant_test_util
     dbrq

@@ -296,3 +296,30 @@ class QChannelAffine {
 };
 
 }  // namespace dbrq::kernels
+
+namespace dbrq::kernels {
+
+// ---- layer / group / instance norm on u8 (kernels/int8_normalize.cc) ----
+//
+// PyTorch 1.13's quantized_normalize_kernel arithmetic (quantized::layer_norm, group_norm,
+// instance_norm): per normalized row of N codes, the integer sums of q and q*q give
+// mean / scale and var / scale^2 in f32, s = in_scale / sqrt(var * in_scale^2 + eps) (sqrt in
+// double), then per element y = ((q - in_zp) - mean) * s * gamma + beta (layer norm, gamma / beta
+// per element) or ((q - in_zp) - mean) * (s * gamma[c]) + beta[c] (group / instance norm, per
+// channel), quantized to `out` (round half to even, saturating). AVX-512 and portable loops are
+// bit-identical.
+//
+//   Tensor y = kernels::qlayer_norm(x_u8, {768}, gamma, beta, 1e-6, out_qparams);
+//   Tensor z = kernels::qgroup_norm("group_norm", x_u8, 8, gamma, beta, 1e-5, out_qparams);
+//
+// x: u8 with per-tensor parameters, any layout (copied row-major when it is not); the output is
+// row-major u8 with `out`'s parameters. Throws DTypeError for an x that is not quantized u8 or
+// parameters that are not f32, ShapeError for sizes that do not fit, ValueError for a bad eps,
+// num_groups or output parameters.
+Tensor qlayer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
+                   double eps, const QuantParamsPtr& out);
+// `op` names the op in errors ("group_norm", "instance_norm": num_groups = channels).
+Tensor qgroup_norm(const char* op, const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                   double eps, const QuantParamsPtr& out);
+
+}  // namespace dbrq::kernels

@@ -257,6 +257,7 @@ class Analyzer {
       case QuantRole::kLut:
       case QuantRole::kFixedQParams:
       case QuantRole::kChannelAffine:
+      case QuantRole::kNormalize:
         if (!any_input_u8(op, 0)) return QuantRole::kNone;
         *out_u8 = true;
         return role;
@@ -440,6 +441,7 @@ class Analyzer {
       }
       case QuantRole::kLut:
       case QuantRole::kChannelAffine:
+      case QuantRole::kNormalize:
         require_u8(g, 0);
         return new_output(g);
       case QuantRole::kFixedQParams: {

@@ -24,6 +24,8 @@ const char* quant_role_name(QuantRole r) {
       return "fixed_qparams";
     case QuantRole::kChannelAffine:
       return "channel_affine";
+    case QuantRole::kNormalize:
+      return "normalize";
   }
   return "?";
 }

@@ -96,6 +96,9 @@ using Int8AffineFactory = std::shared_ptr<const kernels::QChannelAffine> (*)(abs
                                                                            const void* params,
                                                                            const QuantParamsPtr& in,
                                                                            const QuantParamsPtr& out, bool relu);
+// The int8 kernel of a kNormalize op: its u8 input (at the converted parameters), the call (weight and
+// bias as the op received them, its parameters) and the output parameters.
+using Int8NormFn = Tensor (*)(const Tensor& x, const OpCall& call, const QuantParamsPtr& out);
 using FoldFn = void (*)(const Tensor& w, const Tensor& b, absl::Span<const Tensor> stats, const void* params,
                         Tensor* w_out, Tensor* b_out);
 using SizesFn = DimVector (*)(const OpCall& call);
@@ -162,6 +165,7 @@ struct OpDef {
   bool supports_residual = false;        // kWeighted: can fuse a following residual add
   bool takes_int8 = false;               // dequantize: its int8 argument reaches it unchanged
   Int8AffineFactory int8_affine = nullptr;  // kChannelAffine: the kernel (batch_norm on its own)
+  Int8NormFn int8_norm = nullptr;           // kNormalize: the kernel (layer / group / instance norm)
 
   // Sets copy_params, params_equal, params_fingerprint and the portable form for the parameter
   // struct P.

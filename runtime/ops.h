@@ -99,7 +99,7 @@ enum class OpKind : uint16_t {
   kPow,
   kSqrt,
   kExp,
-  kMax,          // fp32 indexing; max(x, dim) dispatches kMax (values) then kArgmax (indices)
+  kMax,          // indexing (int8 on codes); max(x, dim) dispatches kMax (values) then kArgmax (indices)
   kArgmax,
   kTopk,         // topk dispatches kTopk (values) then kTopkIndices
   kTopkIndices,

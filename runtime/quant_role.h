@@ -18,10 +18,12 @@ enum class QuantRole : uint8_t {
   kFixedQParams,  // fixed output parameters (sigmoid, tanh, hardsigmoid, softmax)
   kChannelAffine, // per-channel multiply-add on u8 from the op's statistics (batch_norm on its own); a new
                   // output observer
+  kNormalize,     // layer / group / instance norm on u8 (statistics of the codes, f32 weight and bias as
+                  // the op receives them); a new output observer
 };
 
 // "fp32", "weighted", "matmul", "binary", "cat", "share", "lut", "fixed_qparams",
-// "channel_affine".
+// "channel_affine", "normalize".
 const char* quant_role_name(QuantRole r);
 
 }  // namespace dbrq

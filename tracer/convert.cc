@@ -221,6 +221,10 @@ class Converter {
                                                    qparams_of(s, op, chain_output(s, op)), !post.empty(),
                                                    tensors_of(op));
       }
+      case QuantRole::kNormalize: {
+        DBRQ_CHECK(def.int8_norm != nullptr, op_name(op.kind), " has no int8 normalization kernel");
+        return std::make_unique<NormExec>(def, input_spec(s, op, 0), qparams_of(s, op, op.outputs[0].id));
+      }
       case QuantRole::kNone:
         break;
     }

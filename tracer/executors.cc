@@ -68,11 +68,14 @@ bool any_quantized(const OpCall& call) {
   return false;
 }
 
-// `call` with its first input replaced (the eager kernel then runs on the prepared tensor).
+// `call` with its first input replaced (the eager kernel then runs on the prepared tensor); the
+// other inputs (index_select's and gather's s64 index) stay.
 Tensor run_on(const OpCall& call, const Tensor& x) {
-  const Tensor* in[] = {&x};
+  absl::InlinedVector<const Tensor*, 4> in(call.inputs.begin(), call.inputs.end());
+  if (in.empty()) in.push_back(&x);
+  in[0] = &x;
   OpCall c = call;
-  c.inputs = absl::MakeConstSpan(in, 1);
+  c.inputs = absl::MakeConstSpan(in.data(), in.size());
   return c.run(c);
 }
 
@@ -301,6 +304,8 @@ Tensor RequantExec::run(const OpCall& call) {
 }
 
 std::string RequantExec::describe() const { return absl::StrCat("int8 ", def_.name, " (fixed output parameters)"); }
+
+std::string NormExec::describe() const { return absl::StrCat("int8 ", def_.name, " (statistics of the codes)"); }
 
 ChannelAffineExec::ChannelAffineExec(const OpDef& def, OpParams params, InputSpec input, QuantParamsPtr out,
                                      bool relu, const std::vector<Tensor>& stats)

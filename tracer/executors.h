@@ -222,6 +222,21 @@ class RequantExec : public ConvertedOp {
   QuantParamsPtr out_;
 };
 
+// A normalization on u8 (layer / group / instance norm): its OpDef's int8_norm kernel, with the
+// weight and bias the call passes (so a changed parameter is used as it is).
+class NormExec : public ConvertedOp {
+ public:
+  NormExec(const OpDef& def, InputSpec input, QuantParamsPtr out)
+      : def_(def), input_(std::move(input)), out_(std::move(out)) {}
+  Tensor run(const OpCall& call) override { return def_.int8_norm(prepare_input(call.input(0), input_), call, out_); }
+  std::string describe() const override;
+
+ private:
+  const OpDef& def_;
+  InputSpec input_;
+  QuantParamsPtr out_;
+};
+
 // A per-channel multiply-add on u8 from the op's statistics (batch_norm on its own, + relu): its
 // OpDef's int8_affine kernel, built again when a statistic changes after convert.
 class ChannelAffineExec : public ConvertedOp {

@@ -1,8 +1,13 @@
 // The indexing family (issue 12): max / argmax along a dim, topk, index_select, gather. fp32
 // values (index_select and gather take any dtype of 1, 4 or 8 bytes), s64 indices as PyTorch's
 // int64. max and topk return values and indices as two dispatched ops each ("max" / "argmax",
-// "topk" / "topk_indices"): an op yields one tensor. In converted models they run in fp32 on
-// dequantized int8 arguments (QuantRole::kNone).
+// "topk" / "topk_indices"): an op yields one tensor.
+//
+// On int8 they run on codes (issue 12, item 3): a u8 tensor with per-tensor parameters orders its
+// codes as its real values (scale > 0), so max / topk values pick codes and keep the input's
+// parameters (QuantRole::kShare, as PyTorch's quantized max / topk), argmax / topk indices take
+// the codes as they are (takes_int8: no dequantize), and index_select / gather copy codes
+// (kShare).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,19 +52,54 @@ DimVector reduced_sizes(const Tensor& x, int64_t d, bool keepdim, int64_t keep =
 // NaN is larger than everything (PyTorch's max propagates it); the first of equal values wins.
 inline bool greater(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || a > b; }
 
+// f32, or u8 codes with per-tensor parameters (ordered as their real values: scale > 0).
+bool check_ordered(const char* op, const Tensor& x) {
+  check_defined(op, "input", x);
+  if (x.dtype() == DType::kU8 && x.is_quantized()) {
+    DBRQ_ENSURE(!x.qparams()->is_per_channel(), DTypeError, op,
+                ": an int8 input needs per-tensor parameters (codes of per-channel parameters are not ordered as "
+                "their values), got ",
+                x.qparams()->to_string());
+    return true;
+  }
+  DBRQ_ENSURE(x.dtype() == DType::kF32, DTypeError, op, ": input must have dtype f32 or be quantized u8, got ",
+              dtype_name(x.dtype()), x.dtype() == DType::kU8 ? " (not quantized)" : "");
+  return false;
+}
+
+// x's elements as f32: the values, or the codes of a quantized u8 tensor.
+std::vector<float> ordered_values(const Tensor& x, bool codes) {
+  if (!codes) return x.to_vector<float>();
+  const std::vector<int32_t> q = x.to_vector<int32_t>();
+  return std::vector<float>(q.begin(), q.end());
+}
+
+// Writes the value at `src` of x (f32 or u8 codes) to position `at` of out.
+inline void put_value(Tensor& out, int64_t at, const Tensor& x, int64_t src, bool codes) {
+  if (codes) {
+    static_cast<uint8_t*>(out.mutable_data_ptr())[at] = x.data<uint8_t>()[src];
+  } else {
+    out.mutable_data<float>()[at] = x.data<float>()[src];
+  }
+}
+
 // kMax / kArgmax: DimParams dims = {dim}, keepdim.
 Tensor run_max_or_argmax(const OpCall& c) {
   const bool values = c.kind == OpKind::kMax;
   const char* name = values ? "max" : "argmax";
-  check_float(name, "input", c.input(0));
-  const Tensor x = kernels::contiguous(c.input(0));
+  const bool codes = check_ordered(name, c.input(0));
+  const Tensor x = codes ? kernels::contiguous(c.input(0)).with_qparams(c.input(0).qparams_ptr())
+                         : kernels::contiguous(c.input(0));
   const DimParams& p = c.p<DimParams>();
   DBRQ_ENSURE(x.dim() >= 1, ShapeError, name, ": needs a tensor of at least 1 dim, got a 0-D tensor");
   const int64_t d = x.wrap_dim(p.dims.at(0));
   DBRQ_ENSURE(x.size(d) > 0, ShapeError, name, ": cannot reduce dim ", d, " of size 0 (sizes ", x.shape_string(), ")");
   const Slices s = slices(x, d);
-  Tensor out = Tensor::empty(reduced_sizes(x, d, p.keepdim), values ? DType::kF32 : DType::kS64);
-  const float* in = x.data<float>();
+  Tensor out = Tensor::empty(reduced_sizes(x, d, p.keepdim),
+                             values ? (codes ? DType::kU8 : DType::kF32) : DType::kS64);
+  if (values && codes) out = out.with_qparams(x.qparams_ptr());
+  const std::vector<float> all = ordered_values(x, codes);
+  const float* in = all.data();
   for (int64_t o = 0; o < s.outer; ++o) {
     for (int64_t i = 0; i < s.inner; ++i) {
       const float* base = in + o * s.n * s.inner + i;
@@ -68,7 +108,7 @@ Tensor run_max_or_argmax(const OpCall& c) {
         if (greater(base[k * s.inner], base[best * s.inner])) best = k;
       }
       if (values) {
-        out.mutable_data<float>()[o * s.inner + i] = base[best * s.inner];
+        put_value(out, o * s.inner + i, x, o * s.n * s.inner + i + best * s.inner, codes);
       } else {
         out.mutable_data<int64_t>()[o * s.inner + i] = best;
       }
@@ -79,8 +119,9 @@ Tensor run_max_or_argmax(const OpCall& c) {
 
 // kTopk / kTopkIndices: ShapeParams sizes = {dim, k}, start = largest, length = sorted.
 Tensor run_topk(const OpCall& c) {
-  check_float("topk", "input", c.input(0));
-  const Tensor x = kernels::contiguous(c.input(0));
+  const bool codes = check_ordered("topk", c.input(0));
+  const Tensor x = codes ? kernels::contiguous(c.input(0)).with_qparams(c.input(0).qparams_ptr())
+                         : kernels::contiguous(c.input(0));
   const ShapeParams& p = c.p<ShapeParams>();
   const int64_t d = x.dim() == 0 ? 0 : x.wrap_dim(p.sizes.at(0));
   const int64_t n = x.dim() == 0 ? 1 : x.size(d), k = p.sizes.at(1);
@@ -90,8 +131,10 @@ Tensor run_topk(const OpCall& c) {
   DimVector sizes(x.sizes().begin(), x.sizes().end());
   if (x.dim() > 0) sizes[d] = k;
   const bool values = c.kind == OpKind::kTopk;
-  Tensor out = Tensor::empty(sizes, values ? DType::kF32 : DType::kS64);
-  const float* in = x.data<float>();
+  Tensor out = Tensor::empty(sizes, values ? (codes ? DType::kU8 : DType::kF32) : DType::kS64);
+  if (values && codes) out = out.with_qparams(x.qparams_ptr());
+  const std::vector<float> all = ordered_values(x, codes);
+  const float* in = all.data();
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t o = 0; o < s.outer; ++o) {
     for (int64_t i = 0; i < s.inner; ++i) {
@@ -106,7 +149,7 @@ Tensor run_topk(const OpCall& c) {
       for (int64_t j = 0; j < k; ++j) {
         const int64_t at = (o * k + j) * s.inner + i;
         if (values) {
-          out.mutable_data<float>()[at] = base[order[j] * s.inner];
+          put_value(out, at, x, o * s.n * s.inner + i + order[j] * s.inner, codes);
         } else {
           out.mutable_data<int64_t>()[at] = order[j];
         }
@@ -249,19 +292,28 @@ Tensor Tensor::gather(int64_t dim, const Tensor& index) const { return dbrq::gat
 namespace ops {
 
 void register_indexing_ops(OpRegistry& r) {
-  // fp32 in converted models (QuantRole::kNone): int8 arguments are dequantized on the way in.
+  // Values on codes keep the input's parameters (kShare); indices take the codes unchanged
+  // (kNone with takes_int8: the converted model passes its int8 argument without a dequantize).
   for (auto [kind, name] : {std::pair{OpKind::kMax, "max"}, std::pair{OpKind::kArgmax, "argmax"}}) {
     OpDef& d = r.define(kind, name).with_params<DimParams>();
     d.run = run_max_or_argmax;
+    if (kind == OpKind::kMax) d.role = QuantRole::kShare;
+    d.takes_int8 = kind == OpKind::kArgmax;
   }
   for (auto [kind, name] : {std::pair{OpKind::kTopk, "topk"}, std::pair{OpKind::kTopkIndices, "topk_indices"}}) {
     OpDef& d = r.define(kind, name).with_params<ShapeParams>();
     d.run = run_topk;
+    if (kind == OpKind::kTopk) d.role = QuantRole::kShare;
+    d.takes_int8 = kind == OpKind::kTopkIndices;
   }
   OpDef& index_select = r.define(OpKind::kIndexSelect, "index_select").with_params<DimParams>();
   index_select.run = run_index_select;
+  index_select.num_activation_inputs = 1;  // then the s64 index
+  index_select.role = QuantRole::kShare;
   OpDef& gather = r.define(OpKind::kGather, "gather").with_params<DimParams>();
   gather.run = run_gather;
+  gather.num_activation_inputs = 1;
+  gather.role = QuantRole::kShare;
 }
 
 }  // namespace ops

@@ -1,10 +1,13 @@
 // The normalization family: batch_norm (inference, running statistics), layer_norm, group_norm and
-// instance_norm (fp32 only). After a conv or linear, batch_norm is folded into their weights; on its
-// own (pre-activation blocks: bn -> relu -> conv) it runs int8 as a per-channel multiply-add on
-// codes, with a following relu fused.
+// instance_norm. After a conv or linear, batch_norm is folded into their weights; on its own
+// (pre-activation blocks: bn -> relu -> conv) it runs int8 as a per-channel multiply-add on codes,
+// with a following relu fused. layer_norm, group_norm and instance_norm run int8 on an int8 input
+// (QuantRole::kNormalize: statistics of the codes, PyTorch's quantized::layer_norm / group_norm /
+// instance_norm arithmetic, kernels/int8_normalize.cc), with their own output observer.
 #include "kernels/bn_fold.h"
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
+#include "kernels/int8.h"
 #include "runtime/ops.h"
 #include "runtime/ops/op_call.h"
 
@@ -56,6 +59,21 @@ std::shared_ptr<const kernels::QChannelAffine> int8_batch_norm(absl::Span<const 
   const double eps = static_cast<const NormParams*>(params)->eps;
   return std::make_shared<const kernels::QChannelAffine>(
       kernels::batch_norm_affine(at(0), at(1), at(2), at(3), eps, in->scale(), out->scale()), in, out, relu);
+}
+
+Tensor int8_layer_norm(const Tensor& x, const OpCall& c, const QuantParamsPtr& out) {
+  const NormParams& np = c.p<NormParams>();
+  return kernels::qlayer_norm(x, np.normalized_shape, c.input(1), c.input(2), np.eps, out);
+}
+
+Tensor int8_group_norm(const Tensor& x, const OpCall& c, const QuantParamsPtr& out) {
+  const GroupNormParams& p = c.p<GroupNormParams>();
+  return kernels::qgroup_norm("group_norm", x, p.num_groups, c.input(1), c.input(2), p.eps, out);
+}
+
+Tensor int8_instance_norm(const Tensor& x, const OpCall& c, const QuantParamsPtr& out) {
+  const int64_t channels = x.defined() && x.dim() >= 2 ? x.size(1) : 1;
+  return kernels::qgroup_norm("instance_norm", x, channels, c.input(1), c.input(2), c.p<NormParams>().eps, out);
 }
 
 }  // namespace
@@ -112,17 +130,22 @@ void register_norm_ops(OpRegistry& r) {
   ln.run = run_layer_norm;
   ln.num_activation_inputs = 1;  // then weight, bias
   ln.infer_sizes = same_sizes;
+  ln.role = QuantRole::kNormalize;  // as FX 1.13's default (quantized::layer_norm)
+  ln.int8_norm = int8_layer_norm;
 
-  // fp32 in converted models too (role kNone: int8 arguments are dequantized).
   OpDef& gn = r.define(OpKind::kGroupNorm, "group_norm").with_params<GroupNormParams>();
   gn.run = run_group_norm;
   gn.num_activation_inputs = 1;  // then weight, bias
   gn.infer_sizes = same_sizes;
+  gn.role = QuantRole::kNormalize;  // FX 1.13 keeps nn.GroupNorm fp32 (docs/int8_norms.md: why dbrq does not)
+  gn.int8_norm = int8_group_norm;
 
   OpDef& in = r.define(OpKind::kInstanceNorm, "instance_norm").with_params<NormParams>();
   in.run = run_instance_norm;
   in.num_activation_inputs = 1;
   in.infer_sizes = same_sizes;
+  in.role = QuantRole::kNormalize;  // as FX 1.13's default (quantized::instance_norm)
+  in.int8_norm = int8_instance_norm;
 }
 
 }  // namespace ops

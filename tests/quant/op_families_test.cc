@@ -187,7 +187,8 @@ struct IndexingNet : nn::CallableModule<IndexingNet> {
   std::shared_ptr<Conv2d> conv;
 };
 
-TEST(OpFamilies, IndexingOpsRunFp32OnDequantizedInputs) {
+// Issue 12 item 3: max / topk values and gather run on codes (kShare, tests/quant/int8_index_ops_test).
+TEST(OpFamilies, IndexingOpsRunOnInt8Codes) {
   manual_seed(4);
   IndexingNet ref;
   manual_seed(4);
@@ -202,7 +203,9 @@ TEST(OpFamilies, IndexingOpsRunFp32OnDequantizedInputs) {
   EXPECT_EQ(ops[0].kind, OpKind::kConv2d);
   EXPECT_EQ(ops[0].output_dtype, DType::kU8);
   for (const QuantizedOpInfo& op : ops) {
-    EXPECT_TRUE(op.kind != OpKind::kMax && op.kind != OpKind::kTopk && op.kind != OpKind::kGather) << op.op;
+    if (op.kind == OpKind::kMax || op.kind == OpKind::kTopk || op.kind == OpKind::kGather) {
+      EXPECT_EQ(op.role, "share") << op.op;
+    }
   }
   EXPECT_GT(testing::sqnr_of(m(x), expected), 25.0);
 }
@@ -219,10 +222,14 @@ TEST(OpFamilies, OpNamesAndRoles) {
   EXPECT_STREQ(op_name(OpKind::kMish), "mish");
   EXPECT_EQ(op_def(OpKind::kPrelu).role, QuantRole::kWeighted);
   EXPECT_EQ(op_def(OpKind::kPrelu).num_activation_inputs, 1);
-  for (OpKind k : {OpKind::kMax, OpKind::kArgmax, OpKind::kTopk, OpKind::kTopkIndices, OpKind::kIndexSelect,
-                   OpKind::kGather, OpKind::kWhere, OpKind::kPow, OpKind::kSqrt, OpKind::kExp}) {
+  for (OpKind k : {OpKind::kArgmax, OpKind::kTopkIndices, OpKind::kWhere, OpKind::kPow, OpKind::kSqrt, OpKind::kExp}) {
     EXPECT_EQ(op_def(k).role, QuantRole::kNone) << op_name(k);
   }
+  for (OpKind k : {OpKind::kMax, OpKind::kTopk, OpKind::kIndexSelect, OpKind::kGather}) {
+    EXPECT_EQ(op_def(k).role, QuantRole::kShare) << op_name(k);
+  }
+  EXPECT_TRUE(op_def(OpKind::kArgmax).takes_int8);
+  EXPECT_TRUE(op_def(OpKind::kTopkIndices).takes_int8);
 }
 
 }  // namespace

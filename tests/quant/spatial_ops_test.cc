@@ -321,9 +321,9 @@ TEST(SpatialQuant, UpsampleUNetRunsInt8AcrossImageSizes) {
   EXPECT_EQ(uncalibrated_ops(m), 0);
 }
 
-// GroupNorm / InstanceNorm2d have no int8 form: in a converted model they run fp32 between int8
-// convs (their int8 arguments dequantized), with correct values.
-TEST(SpatialQuant, GroupAndInstanceNormRunFp32InConvertedModels) {
+// GroupNorm / InstanceNorm2d between int8 convs run int8 on codes (QuantRole::kNormalize,
+// tests/quant/int8_norms_test.cc), with correct values.
+TEST(SpatialQuant, GroupAndInstanceNormRunInt8InConvertedModels) {
   struct Net : nn::CallableModule<Net> {
     Net() {
       conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
@@ -349,19 +349,23 @@ TEST(SpatialQuant, GroupAndInstanceNormRunFp32InConvertedModels) {
   prepare(m, {x});
   for (int i = 0; i < 6; ++i) m(randn({2, 3, 12, 12}, 800 + i));
   convert(m);
-  // Not quantizeable: the norms are not among the quantized ops; the three convs are int8.
-  int convs = 0;
+  // The norms are int8 between the three int8 convs.
+  int convs = 0, norms = 0;
   for (const QuantizedOpInfo& op : quantized_ops(m)) {
-    EXPECT_NE(op.kind, OpKind::kGroupNorm);
-    EXPECT_NE(op.kind, OpKind::kInstanceNorm);
+    if (op.kind == OpKind::kGroupNorm || op.kind == OpKind::kInstanceNorm) {
+      ++norms;
+      EXPECT_EQ(op.role, "normalize") << op.executor;
+      EXPECT_EQ(op.executor.rfind("int8 ", 0), 0u) << op.executor;
+    }
     if (op.kind == OpKind::kConv2d) {
       ++convs;
       EXPECT_EQ(op.executor.rfind("int8 conv2d", 0), 0u) << op.executor;
     }
   }
   EXPECT_EQ(convs, 3);
+  EXPECT_EQ(norms, 2);
   const double sqnr = testing::sqnr_of(m(x), ref(x));
-  std::cout << "[ spatial  ] conv + GroupNorm / InstanceNorm2d (norms fp32): SQNR " << sqnr << " dB vs fp32"
+  std::cout << "[ spatial  ] conv + GroupNorm / InstanceNorm2d (norms int8): SQNR " << sqnr << " dB vs fp32"
             << std::endl;
   EXPECT_GT(sqnr, 20.0);
 }
