@@ -93,6 +93,16 @@ TEST_F(ReturnedCodesPrepare, TheReturnedTensorGetsItsCodes) {
   EXPECT_EQ(returned_output_stats().reused, 2u);
 }
 
+// A large output: the same values as dequantize(), and its codes come back.
+TEST_F(ReturnedCodesPrepare, LargeOutputsDequantizeAsDequantizeDoes) {
+  std::vector<uint8_t> codes(3 * 40001);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 7919) % 256);
+  const Tensor q = dbrq::from_vector(codes, {3, 40001}).with_qparams(QuantParams::per_tensor(0.0123f, 77));
+  const Tensor f = dequantize_returned_output(q);
+  EXPECT_TRUE(same_bytes(f, dbrq::dequantize(q)));
+  EXPECT_EQ(prepare_input(f, InputSpec{q.qparams_ptr(), MemoryFormat::kPreserve}).data_ptr(), q.data_ptr());
+}
+
 TEST_F(ReturnedCodesPrepare, OtherParametersQuantizeAfresh) {
   const Tensor f = dequantize_returned_output(codes_);
   auto other = QuantParams::per_tensor(0.04f, 100);
