@@ -8,6 +8,7 @@
 // place.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -186,6 +187,41 @@ std::shared_ptr<zoo::DecoderLM> int8_decoder() {
     return lm;
   }());
   return *model;
+}
+
+// generate() reads the last position's logits in place when they are f32 and copies them out as
+// real values when they are u8 (ConvertOptions::int8_outputs): both give the tokens and logits of
+// stepping by hand.
+void expect_generate_matches_hand_steps(zoo::DecoderLM& lm) {
+  const std::vector<int64_t> prompt = {4, 8, 15, 16, 23};
+  const zoo::Generation g = lm.generate(prompt, 6, -1, /*keep_logits=*/true);
+  ASSERT_EQ(g.tokens.size(), 6u);
+  zoo::DecoderOutput o = lm(ids(prompt));
+  const int64_t vocab = lm.config().vocab_size;
+  for (size_t i = 0; i < g.tokens.size(); ++i) {
+    const std::vector<float> row = o.logits.select(1, o.logits.size(1) - 1).to_vector<float>();
+    const std::vector<float> kept = g.logits.select(0, static_cast<int64_t>(i)).to_vector<float>();
+    ASSERT_EQ(row.size(), static_cast<size_t>(vocab));
+    EXPECT_EQ(0, std::memcmp(row.data(), kept.data(), row.size() * sizeof(float))) << "token " << i;
+    const int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
+    EXPECT_EQ(g.tokens[i], best) << "token " << i;
+    o = lm(ids({g.tokens[i]}), o.cache);
+  }
+}
+
+TEST(ReturnedCodesDecoder, GenerateReadsF32AndInt8Logits) {
+  auto lm = int8_decoder();
+  expect_generate_matches_hand_steps(*lm);
+  auto lm8 = std::make_shared<zoo::DecoderLM>(zoo::decoder_lm_config(zoo::Variant::kTiny));
+  lm8->eval();
+  dbrq::prepare(*lm8, [&] { (*lm8)(ids({3, 9, 4, 1})); }, dbrq::default_qconfig_mapping("onednn"));
+  lm8->generate({3, 9, 4, 1}, 8);
+  lm8->generate({7, 2, 5}, 8);
+  dbrq::ConvertOptions options;
+  options.int8_outputs = true;
+  dbrq::convert(*lm8, options);
+  ASSERT_TRUE((*lm8)(ids({1, 2})).logits.is_quantized());
+  expect_generate_matches_hand_steps(*lm8);
 }
 
 zoo::KVCache copied(const zoo::KVCache& c) {
