@@ -1027,6 +1027,22 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/models:returned_codes_test
+  NAME dbrq_tests_models_returned_codes_test
+  RUNFILE tests/models/returned_codes_test
+  SRCS
+    tests/models/returned_codes_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_int8
+    dbrq_samples_zoo
+    dbrq_tracer
+  SYSTEM
+    gtest
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/models:text_lm_test
   NAME dbrq_tests_models_text_lm_test
   RUNFILE tests/models/text_lm_test

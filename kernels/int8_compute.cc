@@ -50,9 +50,13 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
   uint8_t* pd = dst.mutable_data<uint8_t>();
   int64_t batches = 1;
   for (int64_t d = 0; d < rank - 2; ++d) batches *= dst.size(d);
-  std::vector<int32_t> acc(static_cast<size_t>(n));
-  std::vector<float> accf(static_cast<size_t>(n));
-  std::vector<int16_t> arow(static_cast<size_t>(k));
+  // Per-thread scratch: this runs for every attention product of a decoder step.
+  thread_local std::vector<int32_t> acc;
+  thread_local std::vector<float> accf;
+  thread_local std::vector<int16_t> arow;
+  acc.resize(static_cast<size_t>(n));
+  accf.resize(static_cast<size_t>(n));
+  arow.resize(static_cast<size_t>(k));
   for (int64_t bi = 0; bi < batches; ++bi) {
     int64_t a_off = 0, b_off = 0;
     for (int64_t d = rank - 3, rest = bi; d >= 0; --d) {
@@ -67,13 +71,7 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
       for (int64_t l = 0; l < k; ++l) arow[l] = static_cast<int16_t>(ar[l] - a_zp);
       int32_t* c = acc.data();
       if (b_sn == 1) {  // rows of b along N: c[j] += a[l] * b[l][j]
-        std::fill(acc.begin(), acc.end(), 0);
-        for (int64_t l = 0; l < k; ++l) {
-          const int32_t av = arow[l];
-          const uint8_t* br = bb + l * b_sk;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) c[j] += av * (static_cast<int32_t>(br[j]) - b_zp);
-        }
+        simd::rowvec_s16_u8(arow.data(), bb, k, b_sk, n, b_zp, c);
       } else {  // columns of b contiguous along K (b = keys.transpose(-1, -2)): one dot per output
         for (int64_t j = 0; j < n; ++j) c[j] = simd::dot_s16_u8(arow.data(), bb + j * b_sn, k, b_zp);
       }

@@ -348,4 +348,59 @@ inline void apply_lut_u8(const uint8_t* in, uint8_t* out, int64_t n, const uint8
   for (int64_t i = 0; i < n; ++i) out[i] = lut[in[i]];
 }
 
+// c[j] = sum_l a[l] * (b[l * b_sk + j] - b_zp) for j < n, in s32 (exact: a[l] and b - b_zp within
+// [-255, 255], k below 2^15): a row vector times a matrix whose rows run along N (the attention
+// probabilities times the values in a one-token decoder step).
+#ifdef DBRQ_AVX512
+namespace avx512 {
+// 16 u8 codes minus the zero point, as s32 (a function, not a lambda: a lambda loses the target).
+DBRQ_TARGET_AVX512 inline __m512i u8x16_minus(const uint8_t* p, __m512i vzp) {
+  return _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), vzp);
+}
+DBRQ_TARGET_AVX512 inline int64_t rowvec_s16_u8(const int16_t* a, const uint8_t* b, int64_t k, int64_t b_sk, int64_t n,
+                                                 int32_t b_zp, int32_t* c) {
+  const __m512i vzp = _mm512_set1_epi32(b_zp);
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t l = 0; l < k; ++l) {
+      const __m512i va = _mm512_set1_epi32(a[l]);
+      const uint8_t* br = b + l * b_sk + j;
+      c0 = _mm512_add_epi32(c0, _mm512_mullo_epi32(va, u8x16_minus(br, vzp)));
+      c1 = _mm512_add_epi32(c1, _mm512_mullo_epi32(va, u8x16_minus(br + 16, vzp)));
+      c2 = _mm512_add_epi32(c2, _mm512_mullo_epi32(va, u8x16_minus(br + 32, vzp)));
+      c3 = _mm512_add_epi32(c3, _mm512_mullo_epi32(va, u8x16_minus(br + 48, vzp)));
+    }
+    _mm512_storeu_si512(c + j, c0);
+    _mm512_storeu_si512(c + j + 16, c1);
+    _mm512_storeu_si512(c + j + 32, c2);
+    _mm512_storeu_si512(c + j + 48, c3);
+  }
+  for (; j + 16 <= n; j += 16) {
+    __m512i c0 = _mm512_setzero_si512();
+    for (int64_t l = 0; l < k; ++l) {
+      c0 = _mm512_add_epi32(c0, _mm512_mullo_epi32(_mm512_set1_epi32(a[l]), u8x16_minus(b + l * b_sk + j, vzp)));
+    }
+    _mm512_storeu_si512(c + j, c0);
+  }
+  return j;
+}
+}  // namespace avx512
+#endif
+
+inline void rowvec_s16_u8(const int16_t* a, const uint8_t* b, int64_t k, int64_t b_sk, int64_t n, int32_t b_zp,
+                          int32_t* c) {
+  int64_t j0 = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) j0 = avx512::rowvec_s16_u8(a, b, k, b_sk, n, b_zp, c);
+#endif
+  if (j0 >= n) return;
+  for (int64_t j = j0; j < n; ++j) c[j] = 0;
+  for (int64_t l = 0; l < k; ++l) {
+    const int32_t av = a[l];
+    const uint8_t* br = b + l * b_sk;
+    for (int64_t j = j0; j < n; ++j) c[j] += av * (static_cast<int32_t>(br[j]) - b_zp);
+  }
+}
+
 }  // namespace dbrq::kernels::simd

@@ -34,6 +34,20 @@ struct InputSpec {
 };
 Tensor prepare_input(const Tensor& t, const InputSpec& spec);
 
+// A converted model's quantized output, dequantized for the caller (the default ConvertOptions).
+// The calling thread remembers the u8 codes with the f32 result, so that prepare_input given that
+// very f32 tensor again, unwritten, for the same parameters (a key / value cache returned by one
+// call and passed to the next), returns the codes instead of quantizing: the same values, exactly.
+Tensor dequantize_returned_output(const Tensor& q);
+struct ReturnedStats {
+  uint64_t remembered = 0;  // outputs dequantized with their codes kept
+  uint64_t reused = 0;      // prepare_input calls that returned kept codes
+};
+// This thread's counts (tests).
+ReturnedStats returned_output_stats();
+// Drops this thread's kept codes and zeroes its counts (tests).
+void forget_returned_outputs();
+
 // Runs `call` in fp32: int8 inputs are dequantized first (the arg-dequant hook).
 Tensor run_fp32(const OpCall& call);
 // The same with the op's bf16 kernel (OpDef::bf16_run) when it has one and the CPU runs bf16

@@ -170,8 +170,17 @@ Generation DecoderLM::generate(const std::vector<int64_t>& prompt_ids, int64_t m
   for (int64_t step = 0; step < max_new_tokens; ++step) {
     DecoderOutput out = (*this)(input, cache);
     cache = std::move(out.cache);
-    const std::vector<float> logits = out.logits.to_vector<float>();
-    const float* last = logits.data() + logits.size() - static_cast<size_t>(vocab);  // the last position's row
+    // The last position's row, read in place when the logits are plain f32 (the default); int8
+    // logits (ConvertOptions::int8_outputs) or a strided tensor are copied out as real values.
+    std::vector<float> copied;
+    const float* all = nullptr;
+    if (out.logits.dtype() == dbrq::DType::kF32 && !out.logits.is_quantized() && out.logits.is_contiguous()) {
+      all = out.logits.data<float>();
+    } else {
+      copied = out.logits.to_vector<float>();
+      all = copied.data();
+    }
+    const float* last = all + out.logits.numel() - vocab;  // the last position's row
     int64_t best = 0;
     for (int64_t t = 1; t < vocab; ++t) {
       if (last[t] > last[best]) best = t;

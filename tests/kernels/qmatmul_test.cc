@@ -72,6 +72,20 @@ TEST(QMatmul, OneRowAgainstAGrowingCache) {
   }
 }
 
+// The one-token decoder step at its real head size: probabilities [1, heads, 1, L] times values
+// [1, heads, L, 64 or more] (the vectorized row loop: 64 columns at a time, then 16, then the
+// rest), zero points at both ends.
+TEST(QMatmul, OneRowTimesWideValues) {
+  for (int64_t d : {64, 80, 70}) {
+    for (int64_t len : {1, 33, 128}) {
+      QMatmulTester().a_shape({1, 4, 1, len}).b_shape({1, 4, len, d}).a_zero_point(0).b_zero_point(255).seed(
+          static_cast<uint32_t>(d * 1000 + len)).Test();
+      QMatmulTester().a_shape({1, 2, 1, len}).b_shape({1, 2, len, d}).a_zero_point(131).b_zero_point(9).saturate(true).seed(
+          static_cast<uint32_t>(d * 1000 + len + 1)).Test();
+    }
+  }
+}
+
 TEST(QMatmul, Dynamic) { QMatmulTester().dynamic(true).iterations(3).Test(); }
 
 // Dynamic calls over inputs of different ranges: one primitive (in the process-wide cache), whose

@@ -108,6 +108,37 @@ TEST_F(SimdDispatch, ShiftAndDotAreBitIdentical) {
   }
 }
 
+// A row vector times a matrix with rows along N (probabilities times values in attention): the
+// portable and AVX-512 loops equal an s64 reference, for widths around 16 and 64 (tails), row
+// strides wider than the width, and the extremes (-255 x (0 - 255)) at the longest rows.
+TEST_F(SimdDispatch, RowVectorTimesRowsIsBitIdentical) {
+  std::uniform_int_distribution<int> byte(0, 255), s16(-255, 255);
+  for (int64_t n : {1, 15, 16, 17, 48, 63, 64, 65, 80, 130}) {
+    for (int64_t k : {0, 1, 7, 129}) {
+      for (bool extreme : {false, true}) {
+        const int64_t stride = n + 3;
+        std::vector<uint8_t> b(static_cast<size_t>(std::max<int64_t>(k * stride, 1)));
+        std::vector<int16_t> a(static_cast<size_t>(k));
+        for (auto& x : b) x = extreme ? 0 : static_cast<uint8_t>(byte(rng_));
+        for (auto& x : a) x = extreme ? -255 : static_cast<int16_t>(s16(rng_));
+        std::vector<int32_t> fast(static_cast<size_t>(n), -1), portable(static_cast<size_t>(n), -1);
+        force_portable(false);
+        rowvec_s16_u8(a.data(), b.data(), k, stride, n, 255, fast.data());
+        force_portable(true);
+        rowvec_s16_u8(a.data(), b.data(), k, stride, n, 255, portable.data());
+        EXPECT_EQ(fast, portable) << "n=" << n << " k=" << k;
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t ref = 0;
+          for (int64_t l = 0; l < k; ++l) {
+            ref += a[static_cast<size_t>(l)] * (static_cast<int64_t>(b[static_cast<size_t>(l * stride + j)]) - 255);
+          }
+          ASSERT_EQ(fast[static_cast<size_t>(j)], ref) << "n=" << n << " k=" << k << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(SimdDispatch, QuantizedAddIsBitIdentical) {
   std::uniform_int_distribution<int> byte(0, 255);
   for (int64_t n : lengths_) {
