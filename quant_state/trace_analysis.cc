@@ -554,9 +554,15 @@ class Analyzer {
     // on every earlier call. Without this it saw only the calls after the break: conv + relu
     // calibrated on large inputs, then broken by a path of small ones, clipped the conv's output
     // to the small range (2 dB SQNR; tests/quant/fusion_break_test.cc).
+    // The same for a chain that absorbed an activation of another module (discover_cross_module):
+    // its output slot may exist already, but while absorbed nothing fed it. The inner observer is
+    // fed only while the record has no output observer of its own, so merging never counts a
+    // call twice.
     for (size_t i = 0; i < m_.num_slots(); ++i) {
       const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
-      if (n.input != -1 || n.record < 0 || old_by_key.count({n.record, -1}) != 0) continue;
+      if (n.input != -1 || n.record < 0) continue;
+      const int own = m_.record(n.record).output_observer;
+      if (own < 0 || m_.find(own) != m_.find(static_cast<int>(i))) continue;  // still inside a chain
       std::unique_ptr<Observer> inner = m_.take_inner_output_observer(n.record);
       ObserverSlot& root = m_.slot(static_cast<int>(i));
       if (inner == nullptr || !inner->has_data() || !(inner->spec() == root.observer->spec())) continue;

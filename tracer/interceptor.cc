@@ -547,9 +547,11 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
       Tensor o = observe ? run_observed(s, op, call) : run_fp32(call);
       if (observe && !call.inplace) observe_inputs();
       if (observe && op.output_observer >= 0) model_->observer(op.output_observer).observe(o);
-      // An inner output of a fused chain: kept in case a later path breaks the chain.
-      if (observe && op.output_observer < 0 && op.qconfig != nullptr && op.fusion.fused() &&
-          op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) {
+      // An inner output of a fused chain (or a chain that absorbed another module's activation):
+      // kept in case a later path breaks the chain.
+      if (observe && op.output_observer < 0 && op.qconfig != nullptr &&
+          ((op.fusion.fused() && op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) ||
+           (op.absorbs >= 0 && op.role != QuantRole::kNone))) {
         model_->inner_output_observer(op.global_index, op.qconfig->activation).observe(o);
       }
       return o;

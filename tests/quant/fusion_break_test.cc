@@ -87,5 +87,63 @@ TEST(FusionBreak, TheConvsOwnObserverCoversTheCallsBeforeTheBreak) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_GT(sqnr_of(m(a[i]), refs[i]), 25.0) << "path A input " << i;
 }
 
+
+// The same break across a module boundary (docs/architecture.md, "Fusion across modules"): the
+// conv + batch norm run in a child Sequential, the relu in the root. Path A: the relu is the
+// batch norm's only reader, so the chain absorbs it and its output observer sees the relu's output.
+// Path B: the root also adds the batch norm's output, so the relu no longer fuses and the batch
+// norm's own output needs a range covering path A's negative values too.
+struct BreaksCrossModuleFusion : nn::CallableModule<BreaksCrossModuleFusion> {
+  BreaksCrossModuleFusion() {
+    auto conv = std::make_shared<nn::Conv2dImpl>(3, 8, 3, 1, 1);
+    bn = std::make_shared<nn::BatchNorm2dImpl>(8);
+    testing::randomize_bn(*bn, 7);
+    features = register_module("features", std::make_shared<nn::SequentialImpl>(conv, bn));
+    head = register_module("head", std::make_shared<nn::Conv2dImpl>(8, 8, 1));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor y = (*features)(x);
+    const Tensor h = (*head)(relu(y));
+    if (mean(x).item<float>() > 0) return h;
+    return h + y;
+  }
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::SequentialImpl> features;
+  std::shared_ptr<nn::Conv2dImpl> head;
+};
+
+TEST(FusionBreak, ACrossModuleFusionBrokenLaterKeepsTheCallsBeforeTheBreak) {
+  manual_seed(4);
+  BreaksCrossModuleFusion m;
+  m.eval();
+  std::vector<Tensor> a, b;
+  for (uint64_t i = 0; i < 4; ++i) a.push_back(path_a(30 + i));
+  for (uint64_t i = 0; i < 3; ++i) b.push_back(path_b(40 + i));
+  float lo = 0.f, hi = 0.f;
+  std::vector<Tensor> refs;
+  for (const Tensor& x : a) {
+    const std::vector<float> v = testing::values((*m.features)(x));
+    lo = std::min(lo, *std::min_element(v.begin(), v.end()));
+    hi = std::max(hi, *std::max_element(v.begin(), v.end()));
+    refs.push_back(m(x));
+  }
+  ASSERT_LT(lo, -1.f);  // the relu removes something on path A
+
+  prepare(m, {a[0]});
+  for (const Tensor& x : a) m(x);
+  const SeenOpInfo& bn_before = state_of(*m.features).seen_ops().back();
+  EXPECT_GE(bn_before.absorbs, 0) << "path A alone fuses the root's relu into the child's chain";
+  for (const Tensor& x : b) m(x);
+  const SeenOpInfo& bn_rec = state_of(*m.features).seen_ops().back();
+  ASSERT_LT(bn_rec.absorbs, 0) << "path B reads the batch norm's output twice: no fusion";
+  ASSERT_GE(bn_rec.output_observer, 0);
+  const Observer& obs = model_quant_state(m).observer(bn_rec.output_observer);
+  EXPECT_GE(obs.max_val(), hi * 0.999f);
+  EXPECT_LE(obs.min_val(), lo * 0.999f);
+
+  convert(m);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_GT(sqnr_of(m(a[i]), refs[i]), 25.0) << "path A input " << i;
+}
+
 }  // namespace
 }  // namespace dbrq
