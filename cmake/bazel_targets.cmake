@@ -1852,6 +1852,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:weight_identity_test
+  NAME dbrq_tests_quant_weight_identity_test
+  RUNFILE tests/quant/weight_identity_test
+  SRCS
+    tests/quant/weight_identity_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/reliability:allocation_test
   NAME dbrq_tests_reliability_allocation_test
   RUNFILE tests/reliability/allocation_test

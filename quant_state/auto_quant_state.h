@@ -53,10 +53,23 @@ struct QTensorInfo {
   size_t num_origins() const { return 1 + more_ids.size(); }
 };
 
+// Part of a registered parameter, not all of it (`w.narrow(0, 0, d)` of a packed qkv weight,
+// `w.select(0, i)` of stacked experts): where the part lies in the parameter's storage. Two parts
+// of one parameter are two weights, so they are two records.
+struct WeightView {
+  int64_t offset = 0;                   // elements from the start of the storage
+  std::vector<int64_t> sizes, strides;  // in elements
+  bool operator==(const WeightView& o) const {
+    return offset == o.offset && sizes == o.sizes && strides == o.strides;
+  }
+};
+
 struct WeightInfo {
   std::string fqn;    // registered parameter name ("layer1.0.conv1.weight"); "" for a computed tensor
   Tensor tensor;      // captured when recorded; shares storage with the parameter (undefined: absent)
   bool missing = false;  // a computed tensor of a record loaded from a file: taken from its next call
+  bool has_view = false;  // `tensor` is `view` of parameter `fqn`, not all of it
+  WeightView view;
 };
 
 // Membership in a fused chain (e.g. conv2d -> batch_norm -> relu).
@@ -104,6 +117,17 @@ inline uint64_t tag_scalar(uint64_t h, double scalar, bool scalar_first) {
   uint64_t b;
   std::memcpy(&b, &scalar, sizeof(b));
   return fingerprint_mix(fingerprint_mix(h, b), scalar_first ? 1u : 0u);
+}
+// A functional op's weight in its tag: the parameter's fqn fingerprint (1 for a computed or
+// missing weight), and where in the parameter a part of it lies.
+inline uint64_t tag_weight(uint64_t h, uint64_t fqn_fingerprint, const WeightView* view) {
+  h = fingerprint_mix(h, fqn_fingerprint);
+  if (view == nullptr) return h;
+  h = fingerprint_mix(fingerprint_mix(h, 0x7669657700000000ull), static_cast<uint64_t>(view->offset));
+  for (size_t d = 0; d < view->sizes.size(); ++d) {
+    h = fingerprint_mix(fingerprint_mix(h, static_cast<uint64_t>(view->sizes[d])), static_cast<uint64_t>(view->strides[d]));
+  }
+  return fingerprint_mix(h, view->sizes.size());
 }
 // Op tags have bit 63 set (never a module-input or child-output tag).
 inline int64_t tag_finish(uint64_t h) { return static_cast<int64_t>(h | (uint64_t{1} << 63)); }

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "absl/strings/str_join.h"
+
 namespace dbrq {
 namespace {
 
@@ -292,6 +294,8 @@ struct FileRecord {
   double scalar = 0.0;
   std::vector<std::string> weights;  // "" for a computed tensor
   std::vector<bool> weight_absent;   // an optional input left out (no bias)
+  std::vector<bool> weight_has_view;  // weights[i] is a part of the parameter (WeightView)
+  std::vector<WeightView> weight_views;
   std::string qconfig;
   std::vector<FileInput> inputs;
   size_t num_outputs = 1;
@@ -331,6 +335,23 @@ struct Document {
 };
 
 using RecordKey = std::tuple<int, int64_t, OpKind, ProducerTags>;
+// Whether a part of a parameter read from a file lies inside the model's parameter `param`.
+bool view_fits(const WeightView& v, const Tensor& param) {
+  auto extent = [](int64_t offset, IntArrayRef sizes, IntArrayRef strides, int64_t* lo, int64_t* hi) {
+    *lo = *hi = offset;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] < 0 || strides[d] < 0) return false;
+      if (sizes[d] == 0) return true;  // no elements
+      *hi += (sizes[d] - 1) * strides[d];
+    }
+    return true;
+  };
+  int64_t lo, hi, plo, phi;
+  if (!extent(v.offset, v.sizes, v.strides, &lo, &hi)) return false;
+  if (!extent(param.storage_offset(), param.sizes(), param.strides(), &plo, &phi)) return false;
+  return lo >= plo && hi <= phi;
+}
+
 RecordKey key_of(const FileRecord& r) { return {r.module, r.tag, r.kind, r.producers}; }
 
 // A record's check: a fingerprint of everything else it holds (its JSON text, keys sorted), so an
@@ -380,8 +401,16 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
     j["scalar"] = op.scalar;
     j["scalar_first"] = op.scalar_first;
   }
-  json weights = json::array();  // a parameter's or buffer's name, "" for a computed tensor, null if absent
-  for (const WeightInfo& w : op.weights) weights.push_back(w.tensor.defined() || w.missing ? json(w.fqn) : json(nullptr));
+  // A parameter's or buffer's name, "" for a computed tensor, null if absent; a part of a
+  // parameter as {"of": name, "offset", "sizes", "strides"} (in elements).
+  json weights = json::array();
+  for (const WeightInfo& w : op.weights) {
+    if (w.has_view) {
+      weights.push_back({{"of", w.fqn}, {"offset", w.view.offset}, {"sizes", w.view.sizes}, {"strides", w.view.strides}});
+    } else {
+      weights.push_back(w.tensor.defined() || w.missing ? json(w.fqn) : json(nullptr));
+    }
+  }
   j["weights"] = weights;
   j["qconfig"] = qconfig_string(op.qconfig);
   json inputs = json::array();
@@ -591,9 +620,9 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       mismatch(source, absl::StrCat("module ", i, " is \"", fqn, "\" in the file but \"", states[i]->fqn(), "\" in the model"));
     }
   }
-  std::set<std::string> tensor_names;  // the model's parameters and buffers
+  std::map<std::string, Tensor> tensor_names;  // the model's parameters and buffers
   if (model.root() != nullptr) {
-    for (const auto& [name, t] : model.root()->state_dict()) tensor_names.insert(name);
+    for (const auto& [name, t] : model.root()->state_dict()) tensor_names.emplace(name, t);
   }
   // Records first (their global indices must cover 0..n-1 once), then each module's notes.
   size_t total = 0;
@@ -659,7 +688,21 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       }
       for (const json& w : get_array(o.at("weights"), "weights")) {
         r.weight_absent.push_back(w.is_null());
-        r.weights.push_back(w.is_null() ? std::string() : get_string(w, "weight"));
+        r.weight_has_view.push_back(w.is_object());
+        r.weight_views.emplace_back();
+        if (w.is_object()) {
+          WeightView& v = r.weight_views.back();
+          r.weights.push_back(get_string(w.at("of"), "weight"));
+          v.offset = get_integer<int64_t>(w.at("offset"), "weight offset");
+          v.sizes = get_integers<int64_t>(w.at("sizes"), "weight sizes");
+          v.strides = get_integers<int64_t>(w.at("strides"), "weight strides");
+          DBRQ_ENSURE(!r.weights.back().empty() && v.sizes.size() == v.strides.size() && v.offset >= 0,
+                      FileFormatError, where, ": ", op_where(fm, r), " has a part of a parameter with ",
+                      v.sizes.size(), " sizes and ", v.strides.size(), " strides at offset ", v.offset,
+                      " (of \"", r.weights.back(), "\")");
+        } else {
+          r.weights.push_back(w.is_null() ? std::string() : get_string(w, "weight"));
+        }
       }
       r.qconfig = get_string(o.at("qconfig"), "qconfig");
       for (const json& in : get_array(o.at("inputs"), "inputs")) {
@@ -709,7 +752,10 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       if (def.params_in_identity && !r.params.empty()) h = fingerprint_mix(h, r.params_fingerprint);
       if (r.has_scalar) h = tag_scalar(h, r.scalar, r.scalar_first);
       if (!r.leaf) {
-        for (const std::string& w : r.weights) h = fingerprint_mix(h, w.empty() ? 1u : name_fingerprint(w));
+        for (size_t i = 0; i < r.weights.size(); ++i) {
+          h = tag_weight(h, r.weights[i].empty() ? 1u : name_fingerprint(r.weights[i]),
+                         r.weight_has_view[i] ? &r.weight_views[i] : nullptr);
+        }
       }
       DBRQ_ENSURE(tag_finish(h) == r.tag, FileFormatError, where, ": ", op_where(fm, r), " has tag ", hex64(r.tag),
                   ", but its kind, layer, parameters, scalar and weights give ",
@@ -736,10 +782,17 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
         mismatch(source, absl::StrCat(op_where(fm, r), ": the file's qconfig is ", r.qconfig, ", the model's is ",
                                       qconfig_string(q)));
       }
-      for (const std::string& w : r.weights) {
+      for (size_t i = 0; i < r.weights.size(); ++i) {
+        const std::string& w = r.weights[i];
         if (w.empty()) continue;  // computed or absent (see rebuild)
-        if (tensor_names.count(w) == 0) {
+        const auto t = tensor_names.find(w);
+        if (t == tensor_names.end()) {
           mismatch(source, absl::StrCat(op_where(fm, r), ": the model has no parameter or buffer \"", w, "\""));
+        }
+        if (r.weight_has_view[i] && !view_fits(r.weight_views[i], t->second)) {
+          mismatch(source, absl::StrCat(op_where(fm, r), ": its part of \"", w, "\" (offset ", r.weight_views[i].offset,
+                                        ", sizes [", absl::StrJoin(r.weight_views[i].sizes, ", "),
+                                        "]) lies outside the model's parameter of sizes ", t->second.shape_string()));
         }
       }
     }
@@ -925,6 +978,11 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
         // no tensor
       } else if (!w.fqn.empty()) {
         w.tensor = named.at(w.fqn);
+        if (r.weight_has_view[i]) {  // checked to lie inside the parameter (view_fits)
+          w.has_view = true;
+          w.view = r.weight_views[i];
+          w.tensor = w.tensor.raw_as_strided(w.view.sizes, w.view.strides, w.view.offset);
+        }
       } else if (lw != live_weights.end() && i < lw->second.size() && lw->second[i].tensor.defined()) {
         w.tensor = lw->second[i].tensor;
       } else {

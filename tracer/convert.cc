@@ -264,9 +264,12 @@ class Converter {
     OpParams params = op.params;
     WeightedFactory make = def.int8_weighted;
     auto layout = def.int8_weight_layout;
-    // Builds the kernel from the op's current weights (again if they change after convert).
-    auto factory = [base, folds, qconfig, weight, bias, params, make,
-                    layout]() -> std::shared_ptr<kernels::QWeighted> {
+    // Builds the kernel from a call's weight and bias (at convert: the recorded ones; again when a
+    // call hands others, see WeightedExec::kernel). Folded statistics are read when it runs.
+    std::vector<Tensor> folded;
+    for (const Fold& f : folds) folded.insert(folded.end(), f.stats.begin(), f.stats.end());
+    auto factory = [base, folds, qconfig, params, make, layout](const Tensor& weight,
+                                                               const Tensor& bias) -> std::shared_ptr<kernels::QWeighted> {
       kernels::QWeightedOptions o = base;
       o.weight = layout != nullptr ? layout(weight, params.get()) : weight;
       o.bias = bias;
@@ -276,7 +279,7 @@ class Converter {
     };
     auto exec = std::make_unique<WeightedExec>(
         def, factory, op.params, dynamic ? InputSpec{} : InputSpec{base.src_qparams, def.int8_input_format}, weight,
-        deferred);
+        bias, std::move(folded), deferred);
     if (op.kind == OpKind::kLinear && !folds.empty()) exec->set_folded_into_linear();
     return exec;
   }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "core/logging.h"
 #include "kernels/bf16.h"
@@ -125,6 +127,7 @@ namespace {
 struct Pending {
   Tensor input;
   Tensor output;
+  std::shared_ptr<kernels::QWeighted> kernel;  // built for the weights of the call that deferred
 };
 thread_local absl::flat_hash_map<const WeightedExec*, Pending> tls_pending;
 
@@ -183,26 +186,104 @@ Tensor run_bf16(const OpCall& call) {
 
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+bool same_geometry(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides();
+}
+
+// Element by element on raw memory (not through the dispatcher: this runs inside a converted op).
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  const size_t es = a.element_size();
+  const auto* pa = static_cast<const char*>(a.data_ptr());
+  const auto* pb = static_cast<const char*>(b.data_ptr());
+  if (a.is_contiguous() && b.is_contiguous()) return std::memcmp(pa, pb, a.nbytes()) == 0;
+  const int64_t n = a.numel(), nd = a.dim();
+  absl::InlinedVector<int64_t, 6> idx(static_cast<size_t>(nd), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t oa = 0, ob = 0;
+    for (int64_t d = 0; d < nd; ++d) {
+      oa += idx[d] * a.strides()[d];
+      ob += idx[d] * b.strides()[d];
+    }
+    if (std::memcmp(pa + oa * static_cast<int64_t>(es), pb + ob * static_cast<int64_t>(es), es) != 0) return false;
+    for (int64_t d = nd - 1; d >= 0 && ++idx[d] == a.sizes()[d]; --d) idx[d] = 0;
+  }
+  return true;
+}
+
+}  // namespace
+
+void KernelSources::reset(Span ts) {
+  sources_.clear();
+  for (const Tensor* t : ts) sources_.push_back({*t, t->defined() ? t->storage()->version() : 0});
+}
+
+bool KernelSources::same(Span ts) const {
+  if (ts.size() != sources_.size()) return false;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = *ts[i];
+    const Source& s = sources_[i];
+    if (t.defined() != s.tensor.defined()) return false;
+    if (!t.defined()) continue;
+    if (t.storage() != s.tensor.storage() || t.storage()->version() != s.version || !same_geometry(t, s.tensor)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool KernelSources::same_values(Span ts) {
+  if (ts.size() != sources_.size()) return false;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = *ts[i];
+    const Source& s = sources_[i];
+    if (t.defined() != s.tensor.defined()) return false;
+    if (!t.defined()) continue;
+    // A source written to since (its version moved) no longer holds what the kernel was built from.
+    if (s.tensor.storage()->version() != s.version || !same_bits(t, s.tensor)) return false;
+  }
+  reset(ts);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
 WeightedExec::WeightedExec(const OpDef& def, Factory factory, OpParams params, InputSpec input, const Tensor& weight,
-                           bool deferred)
+                           const Tensor& bias, std::vector<Tensor> folded, bool deferred)
     : def_(def),
       factory_(std::move(factory)),
+      folded_(std::move(folded)),
       params_(std::move(params)),
       input_(std::move(input)),
       deferred_(deferred),
-      kernel_(factory_()),
-      weight_storage_(weight.storage().get()),
-      weight_version_(weight.storage()->version()) {}
+      kernel_(factory_(weight, bias)) {
+  absl::InlinedVector<const Tensor*, 8> ts = {&weight, &bias};
+  for (const Tensor& f : folded_) ts.push_back(&f);
+  sources_.reset(ts);
+}
 
-std::shared_ptr<kernels::QWeighted> WeightedExec::kernel(const Tensor& weight) {
+std::shared_ptr<kernels::QWeighted> WeightedExec::kernel(const OpCall& call) {
+  static const Tensor kNone;
+  const Tensor& weight = call.input(1);
+  const Tensor& bias = call.inputs.size() > 2 ? call.input(2) : kNone;
+  absl::InlinedVector<const Tensor*, 8> ts = {&weight, &bias};
+  for (const Tensor& f : folded_) ts.push_back(&f);
   std::lock_guard<std::mutex> lock(mu_);
-  if (weight.storage().get() != weight_storage_ || weight.storage()->version() != weight_version_) {
-    // The weights changed after convert (e.g. load_state_dict): quantize and pack them again.
-    log()->warn("int8 {}: weights changed after convert; re-quantizing them", def_.name);
-    kernel_ = factory_();
-    weight_storage_ = weight.storage().get();
-    weight_version_ = weight.storage()->version();
+  if (sources_.same(ts) || sources_.same_values(ts)) return kernel_;
+  // Other weights than the kernel holds: changed after convert (load_state_dict, a write, a
+  // folded batch norm's new statistics), or computed per call with other values. Quantize and
+  // pack the ones this call hands.
+  if (!warned_) {
+    log()->warn("int8 {}: weights changed after convert; re-quantizing them (warned once per op)", def_.name);
+    warned_ = true;
   }
+  kernel_ = factory_(weight, bias);
+  sources_.reset(ts);
   return kernel_;
 }
 
@@ -216,13 +297,13 @@ Tensor WeightedExec::run(const OpCall& call) {
               ": a batch norm was folded into it from 2-D calls, so it takes 2-D inputs only, got sizes ",
               call.input(0).shape_string(), " (a batch norm normalizes dim 1, a linear's features are the last "
               "dim); calibrate with such inputs so that the two stay separate");
-  const std::shared_ptr<kernels::QWeighted> k = kernel(call.input(1));
+  std::shared_ptr<kernels::QWeighted> k = kernel(call);
   Tensor x = prepare_input(call.input(0), input_);
   if (!deferred_) return k->run(x);
   // Residual fusion: the residual is not known yet. Hand out the (unfilled) output; the add fills
-  // it with the sum post-op.
+  // it with the sum post-op, with the kernel of this call's weights.
   Tensor out = k->empty_output(x);
-  tls_pending[this] = Pending{std::move(x), out};
+  tls_pending[this] = Pending{std::move(x), out, std::move(k)};
   return out;
 }
 
@@ -233,13 +314,8 @@ Tensor WeightedExec::finish(const Tensor& pending, const Tensor& residual) {
               "'s result (data flow changed since the first run)");
   Pending p = std::move(it->second);
   tls_pending.erase(it);
-  std::shared_ptr<kernels::QWeighted> k;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    k = kernel_;
-  }
   const Tensor r = prepare_input(residual, residual_);
-  return k->run(p.input, &r, &p.output);
+  return p.kernel->run(p.input, &r, &p.output);
 }
 
 QuantParamsPtr WeightedExec::weight_qparams() {
@@ -378,32 +454,25 @@ ChannelAffineExec::ChannelAffineExec(const OpDef& def, OpParams params, InputSpe
                                      bool relu, const std::vector<Tensor>& stats)
     : def_(def), params_(std::move(params)), input_(std::move(input)), out_(std::move(out)), relu_(relu) {
   kernel_ = def_.int8_affine(stats, params_.get(), input_.want, out_, relu_);
-  for (const Tensor& t : stats) {
-    seen_.push_back(t.defined() ? Seen{t.storage().get(), t.storage()->version()} : Seen{});
-  }
-}
-
-bool ChannelAffineExec::same_stats(absl::Span<const Tensor* const> stats) const {
-  if (stats.size() != seen_.size()) return false;
-  for (size_t i = 0; i < stats.size(); ++i) {
-    const Tensor& t = *stats[i];
-    const Storage* s = t.defined() ? t.storage().get() : nullptr;
-    if (s != seen_[i].storage || (s != nullptr && s->version() != seen_[i].version)) return false;
-  }
-  return true;
+  absl::InlinedVector<const Tensor*, 8> ts;
+  for (const Tensor& t : stats) ts.push_back(&t);
+  sources_.reset(ts);
 }
 
 std::shared_ptr<const kernels::QChannelAffine> ChannelAffineExec::kernel(absl::Span<const Tensor* const> stats) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!same_stats(stats)) {
-    // Statistics changed after convert (e.g. load_state_dict): compute the per-channel constants again.
-    log()->warn("int8 {}: statistics changed after convert; recomputing its int8 constants", def_.name);
-    std::vector<Tensor> now;
-    for (const Tensor* t : stats) now.push_back(*t);
-    kernel_ = def_.int8_affine(now, params_.get(), input_.want, out_, relu_);
-    seen_.clear();
-    for (const Tensor& t : now) seen_.push_back(t.defined() ? Seen{t.storage().get(), t.storage()->version()} : Seen{});
+  if (sources_.same(stats) || sources_.same_values(stats)) return kernel_;
+  // Statistics changed after convert (load_state_dict, a write, statistics computed per call with
+  // other values): compute the per-channel constants again from this call's.
+  if (!warned_) {
+    log()->warn("int8 {}: statistics changed after convert; recomputing its int8 constants (warned once per op)",
+                def_.name);
+    warned_ = true;
   }
+  std::vector<Tensor> now;
+  for (const Tensor* t : stats) now.push_back(*t);
+  kernel_ = def_.int8_affine(now, params_.get(), input_.want, out_, relu_);
+  sources_.reset(stats);
   return kernel_;
 }
 

@@ -66,6 +66,29 @@ class Fp32Exec : public ConvertedOp {
   std::string why_;
 };
 
+// The tensors a cached int8 kernel was built from (weight, bias, folded batch-norm statistics),
+// to tell whether a later call hands the same values. Holding them keeps their storage alive, so
+// a later tensor on the same storage, with the same geometry and storage version, holds the same
+// data; a freshly computed tensor (a weight scaled per call) is compared element by element.
+class KernelSources {
+ public:
+  using Span = absl::Span<const Tensor* const>;
+  // After building the kernel from `ts`.
+  void reset(Span ts);
+  // The same tensors, unchanged since the kernel was built (the common case: a few compares).
+  bool same(Span ts) const;
+  // Other tensors with bit-identical values (a weight computed the same way on every call); they
+  // become the sources, so the next such call is compared against them.
+  bool same_values(Span ts);
+
+ private:
+  struct Source {
+    Tensor tensor;         // undefined: an absent optional input (no bias)
+    uint64_t version = 0;  // of its storage when the kernel was built
+  };
+  std::vector<Source> sources_;
+};
+
 // A member of a fused chain after its base: the base already produced the chain's result.
 class FollowerExec : public ConvertedOp {
  public:
@@ -81,10 +104,12 @@ class FollowerExec : public ConvertedOp {
 // through the sum post-op): its OpDef's kernels::QWeighted, built again when the weights change.
 class WeightedExec : public ConvertedOp {
  public:
-  using Factory = std::function<std::shared_ptr<kernels::QWeighted>()>;
-  // deferred: a residual add follows; the add runs the kernel (ResidualAddExec).
+  // Builds the kernel from a call's weight and bias (undefined: none).
+  using Factory = std::function<std::shared_ptr<kernels::QWeighted>(const Tensor& weight, const Tensor& bias)>;
+  // deferred: a residual add follows; the add runs the kernel (ResidualAddExec). folded: the
+  // statistics of batch norms folded into the weights (watched for changes, like the weights).
   WeightedExec(const OpDef& def, Factory factory, OpParams params, InputSpec input, const Tensor& weight,
-               bool deferred);
+               const Tensor& bias, std::vector<Tensor> folded, bool deferred);
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
   // The residual add of a deferred chain: runs the kernel with its stored input, summing `residual`.
@@ -103,9 +128,12 @@ class WeightedExec : public ConvertedOp {
   void set_folded_into_linear() { folded_into_linear_ = true; }
 
  private:
-  std::shared_ptr<kernels::QWeighted> kernel(const Tensor& weight);
+  // The kernel for this call's weight and bias: built again when they (or a folded statistic)
+  // changed since it was built.
+  std::shared_ptr<kernels::QWeighted> kernel(const OpCall& call);
   const OpDef& def_;
   Factory factory_;
+  std::vector<Tensor> folded_;
   OpParams params_;  // as recorded: later calls must pass the same
   InputSpec input_;
   InputSpec residual_;
@@ -113,8 +141,8 @@ class WeightedExec : public ConvertedOp {
   bool folded_into_linear_ = false;
   std::mutex mu_;
   std::shared_ptr<kernels::QWeighted> kernel_;
-  const Storage* weight_storage_;
-  uint64_t weight_version_;
+  KernelSources sources_;  // of kernel_: weight, bias, folded statistics
+  bool warned_ = false;    // about re-quantizing (once: a weight computed per call rebuilds each call)
 };
 
 // The add of a weighted -> add residual chain.
@@ -262,12 +290,7 @@ class ChannelAffineExec : public ConvertedOp {
   std::string describe() const override;
 
  private:
-  struct Seen {
-    const Storage* storage = nullptr;  // null: undefined
-    uint64_t version = 0;
-  };
   std::shared_ptr<const kernels::QChannelAffine> kernel(absl::Span<const Tensor* const> stats);
-  bool same_stats(absl::Span<const Tensor* const> stats) const;
   const OpDef& def_;
   OpParams params_;  // as recorded: later calls must pass the same
   InputSpec input_;
@@ -275,7 +298,8 @@ class ChannelAffineExec : public ConvertedOp {
   bool relu_;
   std::mutex mu_;
   std::shared_ptr<const kernels::QChannelAffine> kernel_;
-  std::vector<Seen> seen_;  // of the statistics the kernel was built from
+  KernelSources sources_;  // the statistics the kernel was built from
+  bool warned_ = false;
 };
 
 // Forgets this thread's fused weighted ops that wait for their residual add (after an exception

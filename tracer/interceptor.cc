@@ -120,6 +120,23 @@ decltype(auto) self_located(F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Whether `w` covers exactly what `param` does (the same elements in the same places).
+bool same_geometry(const Tensor& w, const Tensor& param) {
+  return w.storage_offset() == param.storage_offset() && w.sizes() == param.sizes() && w.strides() == param.strides();
+}
+
+WeightView view_of(const Tensor& w) {
+  WeightView v;
+  v.offset = w.storage_offset();
+  v.sizes.assign(w.sizes().begin(), w.sizes().end());
+  v.strides.assign(w.strides().begin(), w.strides().end());
+  return v;
+}
+
+}  // namespace
+
 int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, const OpDef& def, size_t n_act,
                                  bool seen) const {
   uint64_t h = tag_start(call.kind, leaf != nullptr ? leaf->fqn_fingerprint() : 0);
@@ -134,8 +151,15 @@ int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, 
     // A functional op with weights: which parameters (a computed weight is "computed").
     for (size_t i = n_act; i < call.inputs.size(); ++i) {
       const Tensor& w = *call.inputs[i];
-      auto it = w.defined() ? param_fingerprints_.find(w.storage().get()) : param_fingerprints_.end();
-      h = fingerprint_mix(h, it != param_fingerprints_.end() ? it->second : 1u);
+      auto it = w.defined() ? params_.find(w.storage().get()) : params_.end();
+      if (it == params_.end()) {
+        h = tag_weight(h, 1u, nullptr);
+      } else if (same_geometry(w, it->second.tensor)) {
+        h = tag_weight(h, it->second.fingerprint, nullptr);
+      } else {
+        const WeightView v = view_of(w);
+        h = tag_weight(h, it->second.fingerprint, &v);
+      }
     }
   }
   return tag_finish(h);
@@ -191,8 +215,7 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
-    param_names_[t.storage().get()] = name;
-    param_fingerprints_[t.storage().get()] = name_fingerprint(name);
+    params_[t.storage().get()] = Param{name, name_fingerprint(name), t};
   }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
@@ -214,10 +237,18 @@ void QuantInterceptor::convert(bool int8_outputs) {
   model_->set_phase(Phase::kConverted);
 }
 
-std::string QuantInterceptor::weight_fqn(const Tensor& t) const {
-  if (!t.defined()) return "";
-  auto it = param_names_.find(t.storage().get());
-  return it == param_names_.end() ? "" : it->second;
+WeightInfo QuantInterceptor::weight_info(const Tensor& t) const {
+  WeightInfo w;
+  w.tensor = t;
+  if (!t.defined()) return w;
+  auto it = params_.find(t.storage().get());
+  if (it == params_.end()) return w;
+  w.fqn = it->second.fqn;
+  if (!same_geometry(t, it->second.tensor)) {
+    w.has_view = true;
+    w.view = view_of(t);
+  }
+  return w;
 }
 
 int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k) {
@@ -312,7 +343,7 @@ SeenOpInfo& QuantInterceptor::record_op(const OpCall& call, Frame* owner, Frame*
     in.trace_dtype = t.dtype();
     op.inputs.push_back(in);
   }
-  for (size_t i = n_act; i < call.inputs.size(); ++i) op.weights.push_back({weight_fqn(*call.inputs[i]), *call.inputs[i]});
+  for (size_t i = n_act; i < call.inputs.size(); ++i) op.weights.push_back(weight_info(*call.inputs[i]));
   QTensorInfo out;
   out.id = ModelQuantState::new_tensor_id();
   op.outputs.push_back(out);

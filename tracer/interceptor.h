@@ -162,11 +162,17 @@ class QuantInterceptor : public Interceptor {
   // The origin id of an input as this model knows it (0: none).
   int64_t origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k);
   void rollback_records(size_t mark) noexcept;
-  std::string weight_fqn(const Tensor& t) const;
+  // A functional op's weight as a record names it: the parameter or buffer (fqn "" when computed)
+  // and, for a part of one (narrow, select, view), where the part lies.
+  WeightInfo weight_info(const Tensor& t) const;
 
   std::shared_ptr<ModelQuantState> model_;
-  std::unordered_map<const void*, std::string> param_names_;  // storage -> parameter or buffer fqn
-  std::unordered_map<const void*, uint64_t> param_fingerprints_;  // storage -> name_fingerprint(fqn)
+  struct Param {
+    std::string fqn;       // parameter or buffer
+    uint64_t fingerprint;  // name_fingerprint(fqn)
+    Tensor tensor;         // as registered: a weight with other geometry is a part of it
+  };
+  std::unordered_map<const void*, Param> params_;  // storage -> parameter or buffer
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the
