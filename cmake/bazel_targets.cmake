@@ -631,6 +631,20 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/kernels:portable_kernels_test
+  NAME dbrq_tests_kernels_portable_kernels_test
+  RUNFILE tests/kernels/portable_kernels_test
+  SRCS
+    tests/kernels/portable_kernels_test.cc
+  DEPS
+    dbrq_tests_kernels_kernel_test_util
+    dbrq_kernels_dnnl_utils
+    dbrq_kernels_int8
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/kernels:qconv2d_test
   NAME dbrq_tests_kernels_qconv2d_test
   RUNFILE tests/kernels/qconv2d_test

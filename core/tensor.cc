@@ -233,6 +233,13 @@ void Tensor::throw_dtype_access(DType wanted) const {
   DBRQ_THROW(DTypeError, "tensor has dtype ", dtype_name(dtype_), " but was accessed as ", dtype_name(wanted));
 }
 
+void Tensor::throw_not_row_major(const char* accessor) const {
+  DBRQ_THROW(UsageError, accessor, "<T>() of a tensor that is not contiguous (sizes ", shape_string(), ", strides ",
+             shape_to_string(strides()), is_channels_last() ? ": channels-last, dbrq's layout for 4-D activations" : "",
+             "): its memory is not in logical row-major order; call contiguous() first for that order, or raw_",
+             accessor, "<T>() for memory order");
+}
+
 int64_t Tensor::offset_of(IntArrayRef index) const {
   DBRQ_ENSURE(defined(), ValueError, "element access on an undefined tensor");
   DBRQ_ENSURE(static_cast<int64_t>(index.size()) == ndim_, IndexError, "index ", shape_to_string(index),
@@ -481,7 +488,7 @@ Tensor full(IntArrayRef sizes, double value, DType dtype) {
   }
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    T* p = t.mutable_data<T>();
+    T* p = t.raw_mutable_data<T>();
     std::fill(p, p + n, static_cast<T>(value));
   });
   return t;
@@ -497,7 +504,7 @@ Tensor arange(double start, double end, double step, DType dtype) {
   Tensor t = Tensor::empty({n}, dtype);
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    T* p = t.mutable_data<T>();
+    T* p = t.raw_mutable_data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
   });
   return t;
@@ -505,7 +512,7 @@ Tensor arange(double start, double end, double step, DType dtype) {
 
 Tensor randn(IntArrayRef sizes, uint64_t seed) {
   Tensor t = Tensor::empty(sizes, DType::kF32);
-  float* p = t.mutable_data<float>();
+  float* p = t.raw_mutable_data<float>();
   // Box-Muller over mt19937_64: fully specified, so the same seed gives the same values with any
   // standard library.
   std::mt19937_64 gen(seed);
@@ -524,7 +531,7 @@ Tensor randn(IntArrayRef sizes, uint64_t seed) {
 Tensor rand_uniform(IntArrayRef sizes, double low, double high, uint64_t seed) {
   DBRQ_ENSURE(low < high, ValueError, "rand_uniform: low (", low, ") must be < high (", high, ")");
   Tensor t = Tensor::empty(sizes, DType::kF32);
-  float* p = t.mutable_data<float>();
+  float* p = t.raw_mutable_data<float>();
   std::mt19937_64 gen(seed);
   const int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) {

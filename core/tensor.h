@@ -99,16 +99,30 @@ class Tensor {
   // kChannelsLast for channels-last 4-D tensors (that are not also contiguous), else kContiguous.
   MemoryFormat suggest_memory_format() const;
 
-  // Raw memory. Mutable access bumps the storage version (see Storage::version).
+  // Elements in logical row-major order: the tensor must be contiguous. dbrq keeps 4-D activations
+  // channels-last internally (a conv's output has NCHW sizes and NHWC strides), where PyTorch code
+  // written for NCHW would read raw memory in the wrong order without noticing: that raises
+  // UsageError ("call contiguous() first") instead. Mutable access bumps the storage version.
+  template <typename T>
+  const T* data() const {
+    check_row_major("data");
+    return raw_data<T>();
+  }
+  template <typename T>
+  T* mutable_data() {
+    check_row_major("mutable_data");
+    return raw_mutable_data<T>();
+  }
+  // Raw memory in the tensor's own layout (strides), for kernels and code that reads strides.
   const void* data_ptr() const;
   void* mutable_data_ptr();
   template <typename T>
-  const T* data() const {
+  const T* raw_data() const {
     check_dtype_for<T>();
     return static_cast<const T*>(data_ptr());
   }
   template <typename T>
-  T* mutable_data() {
+  T* raw_mutable_data() {
     check_dtype_for<T>();
     return static_cast<T*>(mutable_data_ptr());
   }
@@ -256,6 +270,10 @@ class Tensor {
     if (DTypeOf<T>::value != dtype_) throw_dtype_access(DTypeOf<T>::value);
   }
   [[noreturn]] void throw_dtype_access(DType wanted) const;
+  void check_row_major(const char* accessor) const {
+    if (!is_contiguous()) throw_not_row_major(accessor);
+  }
+  [[noreturn]] void throw_not_row_major(const char* accessor) const;
   int64_t offset_of(IntArrayRef index) const;
   // index[dim], wrapped (offset_of checked it).
   int64_t wrap_index(IntArrayRef index, int64_t dim) const {

@@ -15,13 +15,13 @@ void fold_batch_norm(const Tensor& w, const Tensor& b, const BatchNormStats& bn,
   Tensor nw = Tensor::empty(w.sizes(), DType::kF32);
   Tensor nb = Tensor::empty({k}, DType::kF32);
   const int64_t per = k == 0 ? 0 : w.numel() / k;
-  const float* src = wc.data<float>();
-  float* dst = nw.mutable_data<float>();
+  const float* src = wc.raw_data<float>();
+  float* dst = nw.raw_mutable_data<float>();
   const std::vector<float> mean = bn.mean.to_vector<float>(), var = bn.var.to_vector<float>();
   const std::vector<float> gamma = bn.weight.defined() ? bn.weight.to_vector<float>() : std::vector<float>(k, 1.f);
   const std::vector<float> beta = bn.bias.defined() ? bn.bias.to_vector<float>() : std::vector<float>(k, 0.f);
   const std::vector<float> bias = b.defined() ? b.to_vector<float>() : std::vector<float>(k, 0.f);
-  float* bd = nb.mutable_data<float>();
+  float* bd = nb.raw_mutable_data<float>();
   // A linear's weight is 2-D: PyTorch folds it with fuse_linear_bn_weights, whose bias multiplies
   // by gamma * rsqrt in one step; convs (3-D, 4-D) with fuse_conv_bn_weights, by rsqrt then gamma.
   const bool linear = w.dim() == 2;

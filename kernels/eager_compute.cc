@@ -35,10 +35,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, const Conv2d
 
 Tensor linear_bias_rows(int64_t m, int64_t n, const Tensor& b, const PostOps& post) {
   Tensor dst = Tensor::empty({m, n}, DType::kF32);
-  float* p = dst.mutable_data<float>();
+  float* p = dst.raw_mutable_data<float>();
   const Tensor bc = b.defined() ? contiguous(b) : Tensor();
   for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n; ++j) p[r * n + j] = bc.defined() ? bc.data<float>()[j] : 0.f;
+    for (int64_t j = 0; j < n; ++j) p[r * n + j] = bc.defined() ? bc.raw_data<float>()[j] : 0.f;
   for (const Eltwise& e : post) dst = eltwise(e, dst);
   return dst;
 }

@@ -84,8 +84,8 @@ Tensor deconv_weight_output_major(const Tensor& w_in, int64_t groups) {
   const Tensor w = contiguous(w_in);
   const int64_t c = w.size(0), kg = w.size(1), rs = w.size(2) * w.size(3), cg = c / groups;
   Tensor out = Tensor::empty({kg * groups, cg, w.size(2), w.size(3)}, DType::kF32);
-  const float* src = w.data<float>();
-  float* dst = out.mutable_data<float>();
+  const float* src = w.raw_data<float>();
+  float* dst = out.raw_mutable_data<float>();
   // src [g][i][j][rs] -> dst [g][j][i][rs]
   for (int64_t gi = 0; gi < groups; ++gi) {
     for (int64_t i = 0; i < cg; ++i) {

@@ -71,10 +71,10 @@ bool run_binary_same_layout(BinaryAlg alg, const Tensor& src0, const Tensor& src
       !src0.is_non_overlapping_and_dense()) {
     return false;
   }
-  const float* a = src0.data<float>();
-  const float* b = src1.data<float>();
+  const float* a = src0.raw_data<float>();
+  const float* b = src1.raw_data<float>();
   Tensor d = dst;  // shares dst's storage
-  float* out = d.mutable_data<float>();
+  float* out = d.raw_mutable_data<float>();
   const int64_t n = src0.numel();
   switch (alg) {
     case BinaryAlg::kAdd:
@@ -179,8 +179,8 @@ Tensor binary_scalar(BinaryAlg alg, const Tensor& x_in, double scalar, bool scal
   check_float(binary_name(alg), "input", x_in);
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kF32);
-  const float* src = x.data<float>();
-  float* out = dst.mutable_data<float>();
+  const float* src = x.raw_data<float>();
+  float* out = dst.raw_mutable_data<float>();
   const float c = static_cast<float>(scalar);
   parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
     if (scalar_first) {
@@ -199,7 +199,7 @@ void binary_scalar_inplace(BinaryAlg alg, Tensor& a, double scalar) {
     copy_into(a, tmp);
     return;
   }
-  float* p = a.mutable_data<float>();
+  float* p = a.raw_mutable_data<float>();
   const float c = static_cast<float>(scalar);
   parallel_for(a.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) p[i] = apply(alg, p[i], c);
@@ -251,7 +251,7 @@ bool dnnl_eltwise(const Eltwise& e, dnnl::algorithm* out) {
 void run_eltwise(const Eltwise& e, const Tensor& src, const Tensor& dst) {
   dnnl::algorithm algo;
   if (!dnnl_eltwise(e, &algo)) {
-    const float* in = src.data<float>();
+    const float* in = src.raw_data<float>();
     float* out = static_cast<float*>(const_cast<void*>(dst.data_ptr()));
     parallel_for(src.numel(), kGrain, [&](int64_t begin, int64_t end) {
       if (e.alg == Eltwise::Alg::kHardsigmoid) {
@@ -374,8 +374,8 @@ Tensor prelu(const Tensor& x_in, const Tensor& weight) {
   const std::vector<float> w = weight.to_vector<float>();
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kF32);
-  const float* in = x.data<float>();
-  float* out = dst.mutable_data<float>();
+  const float* in = x.raw_data<float>();
+  float* out = dst.raw_mutable_data<float>();
   // The channel of memory index i: innermost in channels-last memory, else (i / inner) % C.
   const bool one = w.size() == 1;
   const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();

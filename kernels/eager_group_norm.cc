@@ -34,8 +34,8 @@ Tensor group_norm(const char* op, const Tensor& x_in, int64_t num_groups, const 
   const int64_t per_channel = x.numel() / (n * c), cg = c / num_groups, per_group = cg * per_channel;
   const std::vector<float> w = weight.defined() ? weight.to_vector<float>() : std::vector<float>(c, 1.f);
   const std::vector<float> b = bias.defined() ? bias.to_vector<float>() : std::vector<float>(c, 0.f);
-  const float* src = x.data<float>();
-  float* dst = y.mutable_data<float>();
+  const float* src = x.raw_data<float>();
+  float* dst = y.raw_mutable_data<float>();
   parallel_for(n * num_groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* s = src + i * per_group;

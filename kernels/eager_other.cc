@@ -203,7 +203,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
     return std::min(start + p.kernel_size[i], in + p.padding[i]) - start;
   };
   const int64_t area = p.kernel_size[0] * p.kernel_size[1];
-  float* d = y.mutable_data<float>();
+  float* d = y.raw_mutable_data<float>();
   for (int64_t i = 0; i < g.oh; ++i) {
     for (int64_t j = 0; j < g.ow; ++j) {
       const int64_t inside = extent(i, 0, g.h) * extent(j, 1, g.w);
@@ -237,8 +237,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x_in, std::array<int64_t, 2> out) {
   const Tensor x = x_in;
   const int64_t n = x.size(0), c = x.size(1);
   Tensor dst = Tensor::empty({n, c, out[0], out[1]}, DType::kF32, x.suggest_memory_format());
-  const float* src = x.data<float>();
-  float* d = dst.mutable_data<float>();
+  const float* src = x.raw_data<float>();
+  float* d = dst.raw_mutable_data<float>();
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t ch = 0; ch < c; ++ch) {
       for (int64_t i = 0; i < out[0]; ++i) {
@@ -333,7 +333,7 @@ Tensor std_dev(const Tensor& x, IntArrayRef dims, bool unbiased, bool keepdim) {
   // Two passes in double over the reduced elements of each output position.
   std::vector<double> s(dst.numel(), 0.0), s2(dst.numel(), 0.0);
   const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
-  const float* src = x.data<float>();
+  const float* src = x.raw_data<float>();
   for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
                      [&](const std::array<int64_t, 2>& off) { s[off[1]] += src[off[0]]; });
   for (auto& v : s) v /= static_cast<double>(count);
@@ -341,7 +341,7 @@ Tensor std_dev(const Tensor& x, IntArrayRef dims, bool unbiased, bool keepdim) {
     const double dv = src[off[0]] - s[off[1]];
     s2[off[1]] += dv * dv;
   });
-  float* out = dst.mutable_data<float>();
+  float* out = dst.raw_mutable_data<float>();
   const double denom = static_cast<double>(count - (unbiased ? 1 : 0));
   for (size_t i = 0; i < s2.size(); ++i) {
     out[i] = denom > 0 ? static_cast<float>(std::sqrt(s2[i] / denom)) : std::numeric_limits<float>::quiet_NaN();
@@ -412,8 +412,8 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   Tensor dst = Tensor::empty(out, DType::kF32);
   const std::vector<int64_t> ids = indices.to_vector<int64_t>();
   const Tensor w = contiguous(weight);
-  const float* src = w.data<float>();
-  float* d = dst.mutable_data<float>();
+  const float* src = w.raw_data<float>();
+  float* d = dst.raw_mutable_data<float>();
   for (size_t i = 0; i < ids.size(); ++i) {
     DBRQ_ENSURE(ids[i] >= 0 && ids[i] < v, IndexError, "embedding: index ", ids[i], " at position ", i,
                 " is out of range for ", v, " embeddings");
@@ -514,8 +514,8 @@ inline Q quantize_value(float v, float inv, int32_t zp) {
 
 template <typename Q>
 void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
-  const float* src = x.data<float>();
-  Q* out = dst.mutable_data<Q>();
+  const float* src = x.raw_data<float>();
+  Q* out = dst.raw_mutable_data<Q>();
   if (!qp.is_per_channel()) {
     // PyTorch's quantize_per_tensor: zp + nearbyint(x * (1 / scale)), saturated.
     const float inv = 1.0f / qp.scale();
@@ -541,8 +541,8 @@ void quantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
 
 template <typename Q>
 void dequantize_loop(const Tensor& x, Tensor& dst, const QuantParams& qp) {
-  const Q* src = x.data<Q>();
-  float* out = dst.mutable_data<float>();
+  const Q* src = x.raw_data<Q>();
+  float* out = dst.raw_mutable_data<float>();
   if (!qp.is_per_channel()) {
     const float scale = qp.scale();
     const float zp = static_cast<float>(qp.zero_point());

@@ -63,8 +63,8 @@ template <typename T, typename F>
 void for_each_output(const Tensor& src, Tensor& dst, F&& value) {
   const int64_t n = dst.size(0), c = dst.size(1), oh = dst.size(2), ow = dst.size(3);
   const Layout4 si = layout_of(src), so = layout_of(dst);
-  const T* in = src.data<T>();
-  T* out = dst.mutable_data<T>();
+  const T* in = src.raw_data<T>();
+  T* out = dst.raw_mutable_data<T>();
   parallel_for(n * oh, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / oh, y = i % oh;

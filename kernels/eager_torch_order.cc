@@ -102,8 +102,8 @@ __attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const T
   const Tensor xc = contiguous(x);
   const Tensor w = contiguous(w_in);
   Tensor dst = Tensor::empty({m, n}, DType::kF32);
-  const float* xs = xc.data<float>();
-  const float* ws = w.data<float>();
+  const float* xs = xc.raw_data<float>();
+  const float* ws = w.raw_data<float>();
   const std::vector<float> bias = b.defined() ? contiguous(b).to_vector<float>() : std::vector<float>();
   // Weight transposed to [k][n] so the loop over outputs is contiguous (each output's own sum
   // still runs over k in order).
@@ -111,7 +111,7 @@ __attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const T
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t l = 0; l < k; ++l) wt[static_cast<size_t>(l * n + j)] = ws[j * k + l];
   }
-  float* out = dst.mutable_data<float>();
+  float* out = dst.raw_mutable_data<float>();
   // Rows are independent; each output's sum still runs over k in order (simd::axpy_unfused is
   // bit-identical on every path), so the thread count never changes a value.
   parallel_for(m, 4, [&](int64_t begin, int64_t end) {

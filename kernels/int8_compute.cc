@@ -45,9 +45,9 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
                     int32_t dst_zp) {
   const int64_t rank = dst.dim(), m = dst.size(-2), n = dst.size(-1), k = a.size(-1);
   const int64_t b_sk = b.stride(-2), b_sn = b.stride(-1);
-  const uint8_t* pa = a.data<uint8_t>();
-  const uint8_t* pb = b.data<uint8_t>();
-  uint8_t* pd = dst.mutable_data<uint8_t>();
+  const uint8_t* pa = a.raw_data<uint8_t>();
+  const uint8_t* pb = b.raw_data<uint8_t>();
+  uint8_t* pd = dst.raw_mutable_data<uint8_t>();
   int64_t batches = 1;
   for (int64_t d = 0; d < rank - 2; ++d) batches *= dst.size(d);
   // Per-thread scratch: this runs for every attention product of a decoder step.
@@ -178,8 +178,8 @@ Tensor accumulator_bias(const Tensor& bias, const std::vector<float>& bias_scale
   if (!bias.defined()) return Tensor();
   const Tensor b = contiguous(bias);
   Tensor out = Tensor::empty({b.numel()}, DType::kF32);
-  const float* src = b.data<float>();
-  float* dst = out.mutable_data<float>();
+  const float* src = b.raw_data<float>();
+  float* dst = out.raw_mutable_data<float>();
   for (int64_t i = 0; i < b.numel(); ++i) dst[i] = src[i] * bias_scales[static_cast<size_t>(i)];
   return out;
 }
@@ -354,7 +354,7 @@ namespace {
 
 // PyTorch's dynamic quantization parameters (u8, full range, zero in range).
 QuantParamsPtr dynamic_qparams(const Tensor& x) {
-  const float* p = x.data<float>();
+  const float* p = x.raw_data<float>();
   const int64_t n = x.numel();
   float mn = 0.f, mx = 0.f;  // the range always includes 0; non-finite values are skipped
   simd::minmax_finite(p, n, &mn, &mx);  // AVX-512 chosen at run time (the baseline build's SSE loop was slower)
@@ -418,9 +418,9 @@ Tensor QLinear::run(const Tensor& x, const Tensor* residual, const Tensor* out) 
   if (o_.bias.defined()) {
     if (!bias.defined() || bias.numel() < n) bias = Tensor::empty({n}, DType::kF32);
     const Tensor b = contiguous(o_.bias);
-    const float* src = b.data<float>();
+    const float* src = b.raw_data<float>();
     const float* bias_s = bias_scales.data();
-    float* dst = bias.mutable_data<float>();
+    float* dst = bias.raw_mutable_data<float>();
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * bias_s[i];
   }
@@ -558,7 +558,7 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
     bv = copy(bv, MemoryFormat::kContiguous, DType::kU8);
     b8 = Tensor::empty(s.b, DType::kS8);
   }
-  shift_u8_to_s8(bv.data<uint8_t>(), b8.mutable_data<int8_t>(), b8.numel());
+  shift_u8_to_s8(bv.raw_data<uint8_t>(), b8.raw_mutable_data<int8_t>(), b8.numel());
   const int32_t a_zp = a.q_zero_point(), b_zp = b.q_zero_point() - 128;
   const DType out_dt = dynamic_ ? DType::kF32 : DType::kU8;
   Tensor dst = Tensor::empty(s.out, out_dt);

@@ -21,9 +21,9 @@ Tensor zero_extended(const Tensor& x, std::array<int64_t, 2> extra) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const int64_t h2 = h + extra[0], w2 = w + extra[1];
   Tensor out = Tensor::empty({n, c, h2, w2}, DType::kU8, MemoryFormat::kChannelsLast);
-  uint8_t* dst = out.mutable_data<uint8_t>();
+  uint8_t* dst = out.raw_mutable_data<uint8_t>();
   std::memset(dst, x.q_zero_point(), static_cast<size_t>(out.numel()));
-  const uint8_t* src = x.data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t y = 0; y < h; ++y) {
       std::memcpy(dst + ((i * h2 + y) * w2) * c, src + ((i * h + y) * w) * c, static_cast<size_t>(w * c));
@@ -73,7 +73,7 @@ QConvTranspose2d::QConvTranspose2d(QConvTranspose2dOptions o) : o_(std::move(o))
                 b.shape_string());
     bias_acc_ = Tensor::empty({k}, DType::kF32);
     for (int64_t i = 0; i < k; ++i) {
-      bias_acc_.mutable_data<float>()[i] = b.data<float>()[i] * r.bias_scales[static_cast<size_t>(i)];
+      bias_acc_.raw_mutable_data<float>()[i] = b.raw_data<float>()[i] * r.bias_scales[static_cast<size_t>(i)];
     }
   }
 }

@@ -51,7 +51,7 @@ Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, Me
   // e.g. [T, 1, C] transposed from a batch of one).
   if (x_in.is_non_overlapping_and_dense() &&
       (x_in.strides() == dst.strides() || (x_in.is_contiguous() && dst.is_contiguous()))) {
-    const float* src = x_in.data<float>();
+    const float* src = x_in.raw_data<float>();
     parallel_for(x_in.numel(), kGrain,
                  [&](int64_t lo, int64_t hi) { simd::quantize_u8(src + lo, out + lo, hi - lo, inv, zp); });
     return dst;
@@ -59,7 +59,7 @@ Tensor quantize_to(const Tensor& x_in, const QuantParamsPtr& qp, DType dtype, Me
   if (x_in.dim() == 4 && dst.is_channels_last() && x_in.is_contiguous()) {
     // NCHW f32 -> NHWC u8 in one pass (the first conv's input).
     const int64_t n = x_in.size(0), c = x_in.size(1), hw = x_in.size(2) * x_in.size(3);
-    const float* src = x_in.data<float>();
+    const float* src = x_in.raw_data<float>();
     parallel_for(n * hw, 1024, [&](int64_t lo, int64_t hi) {
       for (int64_t p = lo; p < hi; ++p) {
         const int64_t b = p / hw, s = p % hw;
@@ -79,8 +79,8 @@ Tensor apply_lut(const Tensor& x_in, const Lut& lut, const QuantParamsPtr& out_q
   check_u8("lookup table", x_in);
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(out_qparams);
-  const uint8_t* src = x.data<uint8_t>();
-  uint8_t* out = dst.mutable_data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
+  uint8_t* out = dst.raw_mutable_data<uint8_t>();
   parallel_for(x.numel(), kGrain,
                [&](int64_t lo, int64_t hi) { simd::apply_lut_u8(src + lo, out + lo, hi - lo, lut.data()); });
   return dst;
@@ -119,9 +119,9 @@ Tensor binary_u8(const char* op, const Tensor& a_in, const Tensor& b_in, const Q
     copy_into(bb, b_in);
   }
   Tensor dst = Tensor::empty_strided(a.sizes(), a.strides(), DType::kU8).with_qparams(out);
-  const uint8_t* pa = a.data<uint8_t>();
-  const uint8_t* pb = bb.data<uint8_t>();
-  uint8_t* po = dst.mutable_data<uint8_t>();
+  const uint8_t* pa = a.raw_data<uint8_t>();
+  const uint8_t* pb = bb.raw_data<uint8_t>();
+  uint8_t* po = dst.raw_mutable_data<uint8_t>();
   parallel_for(a.numel(), kGrain, [&](int64_t lo, int64_t hi) { f(pa + lo, pb + lo, po + lo, hi - lo); });
   return dst;
 }
@@ -176,8 +176,8 @@ Tensor qavg_pool2d(const Tensor& x, const Pool2dParams& p) {
   check_u8("quantized avg_pool2d", x);
   const PoolGeometry g = pool2d_geometry("quantized avg_pool2d", x, p);
   Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::kU8, x.suggest_memory_format()).with_qparams(x.qparams_ptr());
-  const uint8_t* src = x.data<uint8_t>();
-  uint8_t* out = dst.mutable_data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
+  uint8_t* out = dst.raw_mutable_data<uint8_t>();
   const int32_t zp = x.q_zero_point();
   const bool nhwc = x.is_channels_last();  // which of PyTorch's two kernels this input would take
   if (nhwc && dst.is_channels_last()) {
@@ -213,8 +213,8 @@ Tensor qadaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> os) {
   DBRQ_ENSURE(os[0] >= 1 && os[1] >= 1, ValueError, "adaptive_avg_pool2d: output_size must be >= 1");
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   Tensor dst = Tensor::empty({n, c, os[0], os[1]}, DType::kU8, x.suggest_memory_format()).with_qparams(x.qparams_ptr());
-  const uint8_t* src = x.data<uint8_t>();
-  uint8_t* out = dst.mutable_data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
+  uint8_t* out = dst.raw_mutable_data<uint8_t>();
   const int32_t zp = x.q_zero_point();
   // PyTorch's NHWC kernel rounds the zero-point-free mean and adds zp back; its NCHW frame rounds
   // the mean of the raw codes (the output shares the input's parameters). They differ on ties.
@@ -311,7 +311,7 @@ QPReLU::QPReLU(QWeightedOptions options) : o_(std::move(options)) {
   for (int64_t c = 0; c < n; ++c) {
     const bool pc = o_.weight_qparams->is_per_channel();
     const float w_s = pc ? o_.weight_qparams->scales[c] : o_.weight_qparams->scale();
-    const int32_t qw = qweight_.data<int8_t>()[c];
+    const int32_t qw = qweight_.raw_data<int8_t>()[c];
     const float neg = i_s * w_s * o_inv;  // PyTorch's multiplier, in its order
     for (int q = 0; q < 256; ++q) {
       const int32_t d = q - i_zp;
@@ -331,8 +331,8 @@ Tensor QPReLU::run(const Tensor& x_in, const Tensor*, const Tensor*) const {
   if (n == 1) return apply_lut(x_in, tables_[0], o_.dst_qparams);
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(o_.dst_qparams);
-  const uint8_t* in = x.data<uint8_t>();
-  uint8_t* out = dst.mutable_data<uint8_t>();
+  const uint8_t* in = x.raw_data<uint8_t>();
+  uint8_t* out = dst.raw_mutable_data<uint8_t>();
   const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
   int64_t inner = 1;
   for (int64_t d = 2; d < x.dim(); ++d) inner *= x.size(d);

@@ -159,7 +159,7 @@ Tensor QChannelAffine::run(const Tensor& x_in) const {
   const Consts k{static_cast<float>(src_->zero_point()),
                  relu_ ? 0.f : static_cast<float>(-dst_->zero_point()),
                  static_cast<float>(255 - dst_->zero_point()), dst_->zero_point()};
-  const uint8_t* in = x.data<uint8_t>();
+  const uint8_t* in = x.raw_data<uint8_t>();
   uint8_t* out = static_cast<uint8_t*>(dst.mutable_data_ptr());
   const float* alpha = a_.alpha.data();
   const float* beta = a_.beta.data();

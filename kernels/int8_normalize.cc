@@ -209,7 +209,7 @@ Tensor qlayer_norm(const Tensor& x_in, IntArrayRef normalized_shape, const Tenso
   const std::vector<float> b = bias.defined() ? bias.to_vector<float>() : std::vector<float>(n, 0.f);
   const float in_scale = x.qparams()->scale();
   const int32_t in_zp = x.qparams()->zero_point();
-  const uint8_t* src = x.data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
   uint8_t* dst = static_cast<uint8_t*>(y.mutable_data_ptr());
   const int64_t m = x.numel() / n;
   parallel_for(m, std::max<int64_t>(1, (1 << 14) / n), [&](int64_t lo, int64_t hi) {
@@ -249,7 +249,7 @@ Tensor qgroup_norm(const char* op, const Tensor& x_in, int64_t num_groups, const
   const std::vector<float> b = bias.defined() ? bias.to_vector<float>() : std::vector<float>(c, 0.f);
   const float in_scale = x.qparams()->scale();
   const int32_t in_zp = x.qparams()->zero_point();
-  const uint8_t* src = x.data<uint8_t>();
+  const uint8_t* src = x.raw_data<uint8_t>();
   uint8_t* dst = static_cast<uint8_t*>(y.mutable_data_ptr());
   parallel_for(batch * num_groups, std::max<int64_t>(1, (1 << 14) / per_group), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {

@@ -821,7 +821,7 @@ class PlaceholderObserver : public Observer {
 Tensor dense_values(const Tensor& t) {
   Tensor out = Tensor::empty(t.sizes(), DType::kF32);
   const std::vector<float> v = t.to_vector<float>();
-  std::copy(v.begin(), v.end(), out.mutable_data<float>());
+  std::copy(v.begin(), v.end(), out.raw_mutable_data<float>());
   return out;
 }
 
@@ -981,7 +981,7 @@ void Observer::observe(const Tensor& x) {
   if (x.numel() == 0) return;
   // Per-channel positions need a layout the stride arithmetic understands: any dense one works.
   const Tensor t = x.is_non_overlapping_and_dense() ? x : dense_values(x);
-  const float* data = t.data<float>();
+  const float* data = t.raw_data<float>();
   const int64_t n = t.numel();
   // Non-finite values have all exponent bits set; count them without branches first.
   int64_t nonfinite = 0;

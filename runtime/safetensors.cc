@@ -345,7 +345,7 @@ NamedTensors parse(std::string_view bytes, const std::string& source, const Safe
     Tensor t = Tensor::empty(e.shape, e.dtype->dtype);
     const char* src = data.data() + e.begin;
     if (std::string(e.dtype->name) == "F16") {
-      float* dst = t.mutable_data<float>();
+      float* dst = t.raw_mutable_data<float>();
       for (int64_t i = 0; i < t.numel(); ++i) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, 2);

@@ -136,11 +136,11 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
         continue;
       }
       const Tensor var = bn->inputs[2].contiguous();
-      const float* pv = var.data<float>();
+      const float* pv = var.raw_data<float>();
       const Tensor gc = gamma.defined() ? gamma.contiguous() : Tensor();
       t.post_scale.resize(static_cast<size_t>(var.numel()));
       for (int64_t o = 0; o < var.numel(); ++o) {
-        const double gm = gc.defined() ? gc.data<float>()[o] : 1.0;
+        const double gm = gc.defined() ? gc.raw_data<float>()[o] : 1.0;
         t.post_scale[static_cast<size_t>(o)] = static_cast<float>(gm / std::sqrt(static_cast<double>(pv[o]) + bn->eps));
       }
       t.param = beta;
@@ -181,7 +181,7 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
 void accumulate(Target& t, const Tensor& x) {
   const Tensor d = t.kind == OpKind::kConv2d ? conv2d(x, t.delta_w, Tensor(), t.conv) : linear(x, t.delta_w);
   const Tensor dc = d.contiguous();
-  const float* p = dc.data<float>();
+  const float* p = dc.raw_data<float>();
   const int64_t channels = static_cast<int64_t>(t.sum.size());
   if (t.kind == OpKind::kConv2d) {
     const int64_t n = dc.size(0), hw = dc.size(2) * dc.size(3);
@@ -314,7 +314,7 @@ BiasCorrectionReport correct_bias(nn::Module& model, const std::vector<std::vect
     l.layer = t.layer;
     l.target = t.target;
     l.channels = static_cast<int64_t>(t.sum.size());
-    float* p = t.param.mutable_data<float>();
+    float* p = t.param.raw_mutable_data<float>();
     for (size_t o = 0; o < t.sum.size(); ++o) {
       double shift = t.count > 0 ? t.sum[o] / static_cast<double>(t.count) : 0.0;
       if (!t.post_scale.empty()) shift *= t.post_scale[o];

@@ -35,12 +35,12 @@ struct Weighted {
   // |gamma_o| / sqrt(var_o + eps): the batch-norm fold's scale of output channel o.
   double fold(int64_t o) const {
     if (bn < 0) return 1.0;
-    const double g = gamma.defined() ? std::abs(static_cast<double>(gamma.data<float>()[o])) : 1.0;
-    return g / std::sqrt(static_cast<double>(var.data<float>()[o]) + eps);
+    const double g = gamma.defined() ? std::abs(static_cast<double>(gamma.raw_data<float>()[o])) : 1.0;
+    return g / std::sqrt(static_cast<double>(var.raw_data<float>()[o]) + eps);
   }
   // Range of output channel o of the folded weights.
   double out_range(int64_t o) const {
-    const float* p = w.data<float>() + o * cpg * kk;
+    const float* p = w.raw_data<float>() + o * cpg * kk;
     double m = 0.0;
     for (int64_t k = 0; k < cpg * kk; ++k) m = std::max(m, std::abs(static_cast<double>(p[k])));
     return m * fold(o);
@@ -48,7 +48,7 @@ struct Weighted {
   // Range of input channel i of the folded weights (over the output channels of its group).
   double in_range(int64_t i) const {
     const int64_t opg = out / groups, g = i / cpg, c = i % cpg;
-    const float* p = w.data<float>();
+    const float* p = w.raw_data<float>();
     double m = 0.0;
     for (int64_t o = g * opg; o < (g + 1) * opg; ++o) {
       double mo = 0.0;
@@ -144,7 +144,7 @@ bool is_relu6_like(const FlowNode& n) {
 }
 
 void scale_rows(Tensor& t, int64_t row, int64_t len, double factor) {
-  float* p = t.mutable_data<float>() + row * len;
+  float* p = t.raw_mutable_data<float>() + row * len;
   for (int64_t k = 0; k < len; ++k) p[k] = static_cast<float>(static_cast<double>(p[k]) * factor);
 }
 
@@ -388,7 +388,7 @@ EqualizeReport equalize(nn::Module& model, const std::vector<std::vector<Tensor>
     save(p.b.w);
   }
   auto restore = [&] {
-    for (auto& [t, copy] : saved) std::memcpy(t.mutable_data<float>(), copy.data<float>(), t.nbytes());
+    for (auto& [t, copy] : saved) std::memcpy(t.raw_mutable_data<float>(), copy.raw_data<float>(), t.nbytes());
   };
 
   for (int round = 0; round < options.max_iterations; ++round) {

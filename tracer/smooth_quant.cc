@@ -178,7 +178,7 @@ class SmoothInterceptor : public Interceptor {
     if (static_cast<int64_t>(g.absmax.size()) != ch) {
       g.bad = "its output's channel count changes between calls";
     } else {
-      const float* p = c.data<float>();
+      const float* p = c.raw_data<float>();
       for (int64_t r = 0; r < n; ++r) {
         for (int64_t j = 0; j < ch; ++j) {
           const float v = std::fabs(p[r * ch + j]);
@@ -215,7 +215,7 @@ std::vector<float> weight_absmax(const Group& g) {
   for (const Layer* l : g.consumer_layers) {
     const Tensor w = l->weight;
     const int64_t rows = w.size(0), cols = w.size(1);
-    const float* p = w.data<float>();
+    const float* p = w.raw_data<float>();
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) m[static_cast<size_t>(j)] = std::max(m[static_cast<size_t>(j)], std::fabs(p[i * cols + j]));
     }
@@ -256,7 +256,7 @@ double simulated_error(const Group& g, const std::vector<float>& s) {
   double err = 0.0;
   std::vector<float> wq(static_cast<size_t>(c));
   for (const Layer* l : g.consumer_layers) {
-    const float* w = l->weight.data<float>();
+    const float* w = l->weight.raw_data<float>();
     const int64_t rows = l->weight.size(0);
     for (int64_t o = 0; o < rows; ++o) {
       float m = 0.f;
@@ -281,7 +281,7 @@ double simulated_error(const Group& g, const std::vector<float>& s) {
 void fold(const Group& g, const std::vector<float>& s) {
   const int64_t c = static_cast<int64_t>(s.size());
   Tensor w = g.weight, b = g.bias;
-  float* pw = w.mutable_data<float>();
+  float* pw = w.raw_mutable_data<float>();
   if (g.linear) {  // rows j of the producer: its output channel j is divided by s_j
     const int64_t k = w.size(1);
     for (int64_t j = 0; j < c; ++j)
@@ -290,12 +290,12 @@ void fold(const Group& g, const std::vector<float>& s) {
     for (int64_t j = 0; j < c; ++j) pw[j] /= s[static_cast<size_t>(j)];
   }
   if (b.defined()) {
-    float* pb = b.mutable_data<float>();
+    float* pb = b.raw_mutable_data<float>();
     for (int64_t j = 0; j < c; ++j) pb[j] /= s[static_cast<size_t>(j)];
   }
   for (const Layer* l : g.consumer_layers) {
     Tensor cw = l->weight;
-    float* p = cw.mutable_data<float>();
+    float* p = cw.raw_mutable_data<float>();
     const int64_t rows = cw.size(0);
     for (int64_t o = 0; o < rows; ++o)
       for (int64_t j = 0; j < c; ++j) p[o * c + j] *= s[static_cast<size_t>(j)];

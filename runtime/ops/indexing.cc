@@ -77,9 +77,9 @@ std::vector<float> ordered_values(const Tensor& x, bool codes) {
 // Writes the value at `src` of x (f32 or u8 codes) to position `at` of out.
 inline void put_value(Tensor& out, int64_t at, const Tensor& x, int64_t src, bool codes) {
   if (codes) {
-    static_cast<uint8_t*>(out.mutable_data_ptr())[at] = x.data<uint8_t>()[src];
+    static_cast<uint8_t*>(out.mutable_data_ptr())[at] = x.raw_data<uint8_t>()[src];
   } else {
-    out.mutable_data<float>()[at] = x.data<float>()[src];
+    out.raw_mutable_data<float>()[at] = x.raw_data<float>()[src];
   }
 }
 
@@ -110,7 +110,7 @@ Tensor run_max_or_argmax(const OpCall& c) {
       if (values) {
         put_value(out, o * s.inner + i, x, o * s.n * s.inner + i + best * s.inner, codes);
       } else {
-        out.mutable_data<int64_t>()[o * s.inner + i] = best;
+        out.raw_mutable_data<int64_t>()[o * s.inner + i] = best;
       }
     }
   }
@@ -151,7 +151,7 @@ Tensor run_topk(const OpCall& c) {
         if (values) {
           put_value(out, at, x, o * s.n * s.inner + i + order[j] * s.inner, codes);
         } else {
-          out.mutable_data<int64_t>()[at] = order[j];
+          out.raw_mutable_data<int64_t>()[at] = order[j];
         }
       }
     }

@@ -103,7 +103,7 @@ Tensor run_where(const OpCall& c) {
   std::vector<Operand> ops = {operand(cond, sizes)};
   for (const Tensor* t : values) ops.push_back(operand(*t, sizes));
   Tensor out = Tensor::empty(sizes, DType::kF32);
-  float* dst = out.mutable_data<float>();
+  float* dst = out.raw_mutable_data<float>();
   const float s = static_cast<float>(c.scalar);
   const bool scalar_a = c.has_scalar && c.scalar_first, scalar_b = c.has_scalar && !c.scalar_first;
   broadcast_for_each(sizes, ops, [&](int64_t i, const int64_t* off) {
@@ -128,7 +128,7 @@ Tensor run_pow(const OpCall& c) {
   }
   for (size_t i = 0; i < c.num_inputs(); ++i) ops.push_back(operand(c.input(i), sizes));
   Tensor out = Tensor::empty(sizes, DType::kF32);
-  float* dst = out.mutable_data<float>();
+  float* dst = out.raw_mutable_data<float>();
   const float s = static_cast<float>(c.scalar);
   broadcast_for_each(sizes, ops, [&](int64_t i, const int64_t* off) {
     const float v = static_cast<float>(read(ops[0], off[0]));
@@ -148,7 +148,7 @@ Tensor run_unary(const OpCall& c) {
   const Tensor& x = c.input(0);
   std::vector<Operand> ops = {operand(x, x.sizes())};
   Tensor out = Tensor::empty(x.sizes(), DType::kF32);
-  float* dst = out.mutable_data<float>();
+  float* dst = out.raw_mutable_data<float>();
   broadcast_for_each(x.sizes(), ops,
                      [&](int64_t i, const int64_t* off) { dst[i] = F(static_cast<float>(read(ops[0], off[0]))); });
   return out;

@@ -196,7 +196,7 @@ Tensor run_dropout(const OpCall& c) {
   thread_local std::mt19937_64 gen(0x5eed);
   std::bernoulli_distribution keep(1.0 - p.p);
   Tensor out = kernels::copy(x, MemoryFormat::kContiguous, DType::kF32);
-  float* d = out.mutable_data<float>();
+  float* d = out.raw_mutable_data<float>();
   const float scale = p.p < 1.0 ? static_cast<float>(1.0 / (1.0 - p.p)) : 0.f;
   for (int64_t i = 0; i < out.numel(); ++i) d[i] = keep(gen) ? d[i] * scale : 0.f;
   return out;

@@ -86,7 +86,7 @@ inline int64_t offset_of_logical(const Tensor& t, int64_t linear) {
 // Writes `codes` (logical row-major order) into t's memory through its strides (any layout,
 // including permuted views), and attaches `qparams`.
 inline Tensor fill_u8(Tensor t, const std::vector<int32_t>& codes, QuantParamsPtr qparams) {
-  uint8_t* p = t.mutable_data<uint8_t>();
+  uint8_t* p = t.raw_mutable_data<uint8_t>();
   for (int64_t i = 0; i < static_cast<int64_t>(codes.size()); ++i) {
     p[offset_of_logical(t, i)] = static_cast<uint8_t>(codes[static_cast<size_t>(i)]);
   }
@@ -162,7 +162,7 @@ inline Tensor make_u8(const std::vector<int64_t>& sizes, const std::vector<int32
 inline Tensor make_f32(const std::vector<int64_t>& sizes, const std::vector<float>& values,
                        MemoryFormat format = MemoryFormat::kContiguous) {
   Tensor t = Tensor::empty(sizes, DType::kF32, format);
-  float* p = t.mutable_data<float>();
+  float* p = t.raw_mutable_data<float>();
   for (int64_t i = 0; i < static_cast<int64_t>(values.size()); ++i) {
     p[offset_of_logical(t, i)] = values[static_cast<size_t>(i)];
   }

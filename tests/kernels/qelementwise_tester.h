@@ -93,7 +93,7 @@ class QuantizeTester {
       } else {
         xt = Tensor::empty_strided(sizes_, strides, DType::kF32);
       }
-      float* p = xt.mutable_data<float>();
+      float* p = xt.raw_mutable_data<float>();
       for (int64_t i = 0; i < n; ++i) p[offset_of_logical(xt, i)] = x[static_cast<size_t>(i)];
     }
     const QuantParamsPtr qp = QuantParams::per_tensor(scale_, zp_);

@@ -289,7 +289,7 @@ TEST(TensorViews, ContiguousBothFormats) {
   EXPECT_EQ(strides_of(cl), (V{12, 1, 6, 3}));
   EXPECT_EQ(cl.to_vector<float>(), x.to_vector<float>());
   // Memory order is NHWC: channel values of pixel (0, 0) come first.
-  const float* raw = cl.data<float>();
+  const float* raw = cl.raw_data<float>();
   EXPECT_EQ((std::vector<float>(raw, raw + 3)), (std::vector<float>{0, 4, 8}));
   EXPECT_EQ(cl.contiguous(MemoryFormat::kChannelsLast).storage(), cl.storage());
   const Tensor back = cl.contiguous();

@@ -201,7 +201,7 @@ struct BranchAfterConv : nn::CallableModule<BranchAfterConv> {
   Tensor forward(const Tensor& x) {
     Tensor y = (*conv)(x);
     if (poke) {
-      float* v = y.mutable_data<float>();
+      float* v = y.raw_mutable_data<float>();  // every element: any order
       for (int64_t i = 0; i < y.numel(); ++i) v[i] += 3.f;
     }
     return bn_branch ? (*relu)((*bn)(y)) : (*relu)(y);

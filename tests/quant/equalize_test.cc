@@ -384,7 +384,7 @@ struct HiddenReader : nn::CallableModule<HiddenReader> {
   Tensor forward(const Tensor& x) {
     Tensor h = relu((*c1)(x));
     double sum = 0;
-    const float* p = h.data<float>();  // raw memory: no op, invisible to the trace
+    const float* p = h.raw_data<float>();  // raw memory (a sum: any order): no op, invisible to the trace
     for (int64_t i = 0; i < h.numel(); ++i) sum += p[i];
     return (*c2)(h) * sum;
   }

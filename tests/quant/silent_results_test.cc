@@ -197,6 +197,30 @@ TEST(ViewAfterConv, MeansTheNchwViewFp32AndInt8) {
   EXPECT_GT(sqnr_of(m(x), expected), 20.0);
 }
 
+// ---- raw memory of a conv output ----
+
+// A libtorch port reading a conv output's elements through a pointer (out.data_ptr<float>() there)
+// assumes NCHW order, which a dbrq activation (channels-last inside) does not have: the typed
+// accessors refuse instead of handing out NHWC memory, and contiguous() gives the NCHW order.
+TEST(ConvOutputMemory, DataOfAChannelsLastOutputRaisesAndContiguousGivesNchwOrder) {
+  manual_seed(5);
+  Conv2d conv(3, 4, 3, 1, 1);
+  const Tensor y = conv(randn({1, 3, 4, 4}, 9));
+  ASSERT_TRUE(y.is_channels_last());
+  EXPECT_THROW_MSG(y.data<float>(), UsageError,
+                   "data<T>() of a tensor that is not contiguous (sizes [1, 4, 4, 4], strides [64, 1, 16, 4]: "
+                   "channels-last, dbrq's layout for 4-D activations): its memory is not in logical row-major order; "
+                   "call contiguous() first for that order, or raw_data<T>() for memory order");
+  Tensor w = y;
+  EXPECT_THROW_MSG(w.mutable_data<float>(), UsageError, "call contiguous() first");
+  const Tensor c = y.contiguous();
+  const float* p = c.data<float>();
+  EXPECT_EQ(std::vector<float>(p, p + c.numel()), y.to_vector<float>());
+  EXPECT_EQ(p[1 * 16 + 2 * 4 + 3], y.at<float>({0, 1, 2, 3})) << "NCHW: channel 1, row 2, column 3";
+  // Memory order on request.
+  EXPECT_EQ(y.raw_data<float>()[(2 * 4 + 3) * 4 + 1], y.at<float>({0, 1, 2, 3})) << "NHWC";
+}
+
 // ---- a view chain on an fp32 buffer sharing a record with the same chain on an int8 activation ----
 
 // select -> narrow on the linear's (int8) output and on a zeros buffer (fp32) are one record each
