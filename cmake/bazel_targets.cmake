@@ -53,6 +53,17 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_binary
+  LABEL //bench:decoder_numerics
+  NAME dbrq_bench_decoder_numerics
+  RUNFILE bench/decoder_numerics
+  SRCS
+    bench/decoder_numerics.cc
+  DEPS
+    dbrq
+    dbrq_samples_zoo
+)
+dbrq_bazel_target(
+  KIND cc_binary
   LABEL //bench:encoder_numerics
   NAME dbrq_bench_encoder_numerics
   RUNFILE bench/encoder_numerics
@@ -751,6 +762,7 @@ dbrq_bazel_target(
     bench/bf16_bench.cc
     bench/cle_bc_table.cc
     bench/dbrq_bench.cc
+    bench/decoder_numerics.cc
     bench/encoder_numerics.cc
     bench/encoder_tune.cc
     bench/gru_numerics.cc

@@ -82,6 +82,14 @@ QConfigMapping& QConfigMapping::set_object_type(OpKind op, QConfigPtr qconfig) {
   return *this;
 }
 
+QConfigMapping& QConfigMapping::set_module_type_object_type(const std::string& module_type, OpKind op,
+                                                            QConfigPtr qconfig) {
+  DBRQ_ENSURE(!module_type.empty(), ValueError, "set_module_type_object_type: module type name is empty");
+  DBRQ_ENSURE(op != OpKind::kNumOpKinds, ValueError, "set_module_type_object_type: invalid op kind");
+  upsert(type_ops_, TypeOp{module_type, op}, std::move(qconfig));
+  return *this;
+}
+
 QConfigMapping& QConfigMapping::set_module_name_regex(const std::string& regex, QConfigPtr qconfig) {
   std::regex compiled;
   try {
@@ -114,12 +122,16 @@ QConfigMapping& QConfigMapping::set_module_name_object_type_order(const std::str
   return *this;
 }
 
-QConfigPtr QConfigMapping::module_qconfig(const std::string& type_name, const std::string& fqn,
-                                          QConfigPtr fallback) const {
-  // object type, then regex, then module name (walking up the parents): each later step wins.
+QConfigPtr QConfigMapping::module_qconfig(const std::string& type_name, const std::string& fqn, QConfigPtr fallback,
+                                          OpKind op) const {
+  // object type, then (object type, op), then regex, then module name (walking up the parents):
+  // each later step wins.
   QConfigPtr q = std::move(fallback);
   for (auto& [t, v] : object_types_) {
     if (t == type_name) q = v;
+  }
+  for (auto& [to, v] : type_ops_) {
+    if (to.op == op && to.module_type == type_name) q = v;
   }
   for (size_t i = 0; i < regexes_.size(); ++i) {
     if (std::regex_search(fqn, compiled_[i], std::regex_constants::match_continuous)) {
@@ -144,7 +156,7 @@ QConfigPtr QConfigMapping::for_op(OpKind op, const std::string& module_type, con
   for (auto& [k, v] : op_types_) {
     if (k == op) function_qconfig = v;
   }
-  return module_qconfig(module_type, module_fqn, function_qconfig);
+  return module_qconfig(module_type, module_fqn, function_qconfig, op);
 }
 
 QConfigPtr QConfigMapping::for_op(OpKind op, const std::string& module_type, const std::string& module_fqn,
@@ -180,12 +192,24 @@ void QConfigMapping::validate(nn::Module& model) const {
                 "Impl, named \"", t, "Impl\": a user module is named after its class, not its holder. Write "
                 "set_object_type<", t, ">(qconfig) or set_object_type(\"", t, "Impl\", qconfig)");
   }
+  for (auto& [to, q] : type_ops_) {
+    const std::string& t = to.module_type;
+    DBRQ_ENSURE(types.count(t) || !types.count(t + "Impl"), ValueError,
+                "QConfigMapping: set_module_type_object_type(\"", t, "\", ", op_name(to.op),
+                ") matches no module of the model (", model.type_name(), "), which has modules of class ", t,
+                "Impl, named \"", t, "Impl\": a user module is named after its class, not its holder. Write "
+                "set_module_type_object_type<", t, ">(op, qconfig) or set_module_type_object_type(\"", t,
+                "Impl\", op, qconfig)");
+  }
 }
 
 std::string QConfigMapping::to_string() const {
   std::string s = absl::StrCat("QConfigMapping(global=", q_str(global_));
   for (auto& [t, q] : object_types_) absl::StrAppend(&s, ", object_type[", t, "]=", q_str(q));
   for (auto& [k, q] : op_types_) absl::StrAppend(&s, ", object_type[", op_name(k), "]=", q_str(q));
+  for (auto& [to, q] : type_ops_) {
+    absl::StrAppend(&s, ", module_type_object_type[", to.module_type, ", ", op_name(to.op), "]=", q_str(q));
+  }
   for (auto& [r, q] : regexes_) absl::StrAppend(&s, ", module_name_regex[", r, "]=", q_str(q));
   for (auto& [n, q] : module_names_) absl::StrAppend(&s, ", module_name[", n, "]=", q_str(q));
   for (auto& [site, q] : op_sites_) {
@@ -211,6 +235,17 @@ QConfigMapping default_qconfig_mapping(const std::string& backend) {
     QConfigPtr f = QConfig::make(ObserverSpec::fixed(d->fixed_scale, d->fixed_zero_point), q->weight);
     m.set_object_type(d->kind, f);
     if (d->layer != nullptr) m.set_object_type(d->layer, f);
+  }
+  // nn::GRU / nn::LSTM: their weight products run int8, their gate arithmetic f32 (as PyTorch's
+  // quantize_dynamic keeps it). Static u8 gates round every activation, sum and product of the
+  // recurrence to 8 bits, and the errors compound over the steps: on the zoo's GRU classifier the
+  // int8 gates cost 5-7 dB of output SQNR (docs/recurrent.md) for a few element-wise ops on
+  // [batch, hidden] rows, which are no faster in int8. A hand-written cell (Linear layers and
+  // functional gates in the user's own module) is not affected; its gates run int8.
+  for (const char* rnn : {"GRU", "LSTM"}) {
+    for (OpKind gate : {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kSigmoid, OpKind::kTanh}) {
+      m.set_module_type_object_type(rnn, gate, nullptr);
+    }
   }
   return m;
 }

@@ -71,6 +71,15 @@ class QConfigMapping {
   }
   // A functional op, wherever it is called.
   QConfigMapping& set_object_type(OpKind op, QConfigPtr qconfig);
+  // A functional op called directly in the forward of modules of one class, e.g. the gate
+  // arithmetic of every GRU layer: set_module_type_object_type("GRU", OpKind::kMul, nullptr). It
+  // wins over set_object_type(op) and set_object_type(module_type); module names, regexes and call
+  // sites win over it.
+  QConfigMapping& set_module_type_object_type(const std::string& module_type, OpKind op, QConfigPtr qconfig);
+  template <typename M>
+  QConfigMapping& set_module_type_object_type(OpKind op, QConfigPtr qconfig) {
+    return set_module_type_object_type(nn::detail::module_type_name<M>(), op, std::move(qconfig));
+  }
   // Matched at the start of the module's fully qualified name (Python's re.match). First match wins.
   QConfigMapping& set_module_name_regex(const std::string& regex, QConfigPtr qconfig);
   // An exact fully qualified module name; applies to the whole subtree unless a descendant has
@@ -99,6 +108,12 @@ class QConfigMapping {
   QConfigPtr global() const { return global_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& object_types() const { return object_types_; }
   const std::vector<std::pair<OpKind, QConfigPtr>>& op_types() const { return op_types_; }
+  struct TypeOp {
+    std::string module_type;
+    OpKind op = OpKind::kNumOpKinds;
+    bool operator==(const TypeOp& o) const { return module_type == o.module_type && op == o.op; }
+  };
+  const std::vector<std::pair<TypeOp, QConfigPtr>>& module_type_object_types() const { return type_ops_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& module_name_regexes() const { return regexes_; }
   const std::vector<std::pair<std::string, QConfigPtr>>& module_names() const { return module_names_; }
   struct OpSite {
@@ -111,11 +126,14 @@ class QConfigMapping {
   std::string to_string() const;
 
  private:
-  QConfigPtr module_qconfig(const std::string& type_name, const std::string& fqn, QConfigPtr fallback) const;
+  // `op`: a functional op's kind (module_type_object_types apply), kNumOpKinds for a module call.
+  QConfigPtr module_qconfig(const std::string& type_name, const std::string& fqn, QConfigPtr fallback,
+                            OpKind op = OpKind::kNumOpKinds) const;
 
   QConfigPtr global_;
   std::vector<std::pair<std::string, QConfigPtr>> object_types_;
   std::vector<std::pair<OpKind, QConfigPtr>> op_types_;
+  std::vector<std::pair<TypeOp, QConfigPtr>> type_ops_;
   std::vector<std::pair<std::string, QConfigPtr>> regexes_;
   std::vector<std::regex> compiled_;
   std::vector<std::pair<std::string, QConfigPtr>> module_names_;

@@ -1380,6 +1380,15 @@ std::string qconfig_mapping_to_json(const QConfigMapping& mapping) {
     }
     doc["module_name_object_type_orders"] = sites;
   }
+  // (module type, op) entries exist since version 3; the same rule.
+  if (!mapping.module_type_object_types().empty()) {
+    doc["version"] = 3;
+    json entries = json::array();
+    for (const auto& [to, q] : mapping.module_type_object_types()) {
+      entries.push_back(json{{"module_type", to.module_type}, {"op", op_name(to.op)}, {"qconfig", qconfig_to_json(q)}});
+    }
+    doc["module_type_object_types"] = entries;
+  }
   return doc.dump(1);
 }
 
@@ -1395,8 +1404,8 @@ QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::str
     DBRQ_ENSURE(doc.is_object() && doc.contains("format") && doc.at("format") == kMappingFormat, FileFormatError,
                 where, " is not a dbrq qconfig mapping (no \"format\": \"", kMappingFormat, "\")");
     const int64_t version = get_integer<int64_t>(doc.at("version"), "version");
-    DBRQ_ENSURE(version == 1 || version == 2, FileFormatError, where, " has version ", version,
-                "; this dbrq reads versions 1 and 2");
+    DBRQ_ENSURE(version >= 1 && version <= 3, FileFormatError, where, " has version ", version,
+                "; this dbrq reads versions 1 to 3");
     QConfigMapping m;
     auto op_kind = [&](const std::string& name, const char* field) {
       for (size_t k = 0; k < static_cast<size_t>(OpKind::kNumOpKinds); ++k) {
@@ -1423,9 +1432,18 @@ QConfigMapping qconfig_mapping_from_json(const std::string& text, const std::str
     for (const json& e : get_array(doc.at("module_names"), "module_names")) {
       m.set_module_name(e.at("name").get<std::string>(), qconfig_from_json(e.at("qconfig")));
     }
-    DBRQ_ENSURE(version == 2 || !doc.contains("module_name_object_type_orders"), FileFormatError, where,
+    DBRQ_ENSURE(version >= 2 || !doc.contains("module_name_object_type_orders"), FileFormatError, where,
                 " has module_name_object_type_orders, which need version 2, but says version 1");
-    if (version == 2) {
+    DBRQ_ENSURE(version >= 3 || !doc.contains("module_type_object_types"), FileFormatError, where,
+                " has module_type_object_types, which need version 3, but says version ", version);
+    if (version >= 3) {
+      for (const json& e : get_array(doc.at("module_type_object_types"), "module_type_object_types")) {
+        m.set_module_type_object_type(e.at("module_type").get<std::string>(),
+                                      op_kind(e.at("op").get<std::string>(), "module_type_object_types"),
+                                      qconfig_from_json(e.at("qconfig")));
+      }
+    }
+    if (version == 2 || (version >= 3 && doc.contains("module_name_object_type_orders"))) {
       for (const json& e : get_array(doc.at("module_name_object_type_orders"), "module_name_object_type_orders")) {
         m.set_module_name_object_type_order(e.at("module_name").get<std::string>(),
                                             op_kind(e.at("op").get<std::string>(), "module_name_object_type_orders"),

@@ -1023,6 +1023,7 @@ QConfigMapping TuneConfig::mapping() const {
     m.set_global(tune(base->global()));
     for (const auto& [t, q] : base->object_types()) m.set_object_type(t, tune(q));
     for (const auto& [k, q] : base->op_types()) m.set_object_type(k, tune(q));
+    for (const auto& [to, q] : base->module_type_object_types()) m.set_module_type_object_type(to.module_type, to.op, tune(q));
     for (const auto& [r, q] : base->module_name_regexes()) m.set_module_name_regex(r, tune(q));
     for (const auto& [n, q] : base->module_names()) m.set_module_name(n, tune(q));
     for (const auto& [site, q] : base->module_name_object_type_orders()) {

@@ -133,19 +133,20 @@ TEST(GruClassifier, StaticInt8AtOtherLengths) {
   dbrq::prepare(*model, {calib[0]}, dbrq::default_qconfig_mapping("onednn"));
   for (const Tensor& ids : calib) (*model)(ids);
   dbrq::convert(*model, strict());
-  for (dbrq::OpKind kind :
-       {dbrq::OpKind::kLinear, dbrq::OpKind::kSigmoid, dbrq::OpKind::kTanh, dbrq::OpKind::kMul, dbrq::OpKind::kAdd}) {
-    const auto [all, int8] = count_int8(*model, kind);
-    EXPECT_GE(all, 1) << dbrq::op_name(kind);
-    EXPECT_EQ(int8, all) << dbrq::op_name(kind);
+  // The GRU's projections and the head run int8; its gate arithmetic fp32 (the default mapping's
+  // entries for "GRU": int8 gates cost 5-7 dB here, docs/recurrent.md).
+  const auto [linears, int8_linears] = count_int8(*model, dbrq::OpKind::kLinear);
+  EXPECT_EQ(linears, 5);
+  EXPECT_EQ(int8_linears, 5);
+  for (dbrq::OpKind kind : {dbrq::OpKind::kSigmoid, dbrq::OpKind::kTanh, dbrq::OpKind::kMul, dbrq::OpKind::kAdd}) {
+    EXPECT_EQ(count_int8(*model, kind).second, 0) << dbrq::op_name(kind);
   }
-  EXPECT_EQ(count_int8(*model, dbrq::OpKind::kLinear).first, 5);
   double worst = 1e9;
   for (int k = 0; k < kBatches; ++k) {
     const Tensor ids = ref("ids", k);
     const double s = sqnr_of((*model)(ids), ref("fp32", k));
     worst = std::min(worst, s);
-    EXPECT_GT(s, 28.0) << ids.shape_string();
+    EXPECT_GT(s, 30.0) << ids.shape_string();
     std::cout << "[ static   ] ids " << ids.shape_string() << ": dbrq vs fp32 " << s << " dB\n";
   }
   for (const Tensor& ids : calib) worst = std::min(worst, sqnr_of((*model)(ids), (*golden_model())(ids)));

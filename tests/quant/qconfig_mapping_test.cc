@@ -5,6 +5,7 @@
 // fp32, over regex and type entries); regex; precedence module name > regex > type > global with
 // parent-name inheritance; validate() naming modules that do not exist.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <vector>
@@ -286,6 +287,95 @@ TEST(QConfigMappingValidate, RejectsUnknownModuleNames) {
   QConfigMapping ok = default_qconfig_mapping();
   ok.set_module_name("c.sub", nullptr).set_module_name("", q_minmax());
   ok.validate(*model);  // "" is the root itself
+}
+
+// set_module_type_object_type: a functional op inside modules of one class. It wins over the op's
+// own entry and the module class's; module names and regexes win over it.
+TEST(QConfigMappingLookup, ModuleTypeObjectType) {
+  QConfigPtr g = q_minmax(), t = q_mavg(), r = q_pct(), f = q_entropy();
+  QConfigMapping m;
+  m.set_global(g).set_object_type(K::kMul, f).set_object_type("Cell", t);
+  m.set_module_type_object_type("Cell", K::kMul, nullptr).set_module_type_object_type("Cell", K::kTanh, r);
+  EXPECT_EQ(m.for_op(K::kMul, "Cell", "rnn"), nullptr);    // beats set_object_type(kMul) and ("Cell")
+  EXPECT_EQ(m.for_op(K::kTanh, "Cell", "rnn"), r);
+  EXPECT_EQ(m.for_op(K::kAdd, "Cell", "rnn"), t);          // other ops in Cell: the class's entry
+  EXPECT_EQ(m.for_op(K::kMul, "Block", "b"), f);           // mul elsewhere: the op's entry
+  EXPECT_EQ(m.for_module("Cell", "rnn"), t);               // the module call itself is not an op
+  m.set_module_name("rnn", g);
+  EXPECT_EQ(m.for_op(K::kMul, "Cell", "rnn"), g);          // a module name beats it
+  m.set_module_name_regex("rn.", f);
+  EXPECT_EQ(m.for_op(K::kMul, "Cell", "rnx"), f);          // so does a regex
+  // Setting it again replaces it; the typed form names the class as set_object_type<> does.
+  m.set_module_type_object_type("Cell", K::kTanh, g);
+  EXPECT_EQ(m.for_op(K::kTanh, "Cell", "x"), g);
+  m.set_module_type_object_type<nn::GRU>(K::kAdd, r);
+  EXPECT_EQ(m.for_op(K::kAdd, "GRU", "gru"), r);
+  EXPECT_NE(m.to_string().find("module_type_object_type[Cell, mul]=None"), std::string::npos) << m.to_string();
+  EXPECT_THROW_MSG(m.set_module_type_object_type("", K::kAdd, g), ValueError,
+                   "set_module_type_object_type: module type name is empty");
+  EXPECT_THROW_MSG(m.set_module_type_object_type("Cell", K::kNumOpKinds, g), ValueError, "invalid op kind");
+}
+
+TEST(QConfigMappingLookup, DefaultKeepsTheGateArithmeticOfGruAndLstmFp32) {
+  const QConfigMapping m = default_qconfig_mapping("onednn");
+  for (const char* rnn : {"GRU", "LSTM"}) {
+    for (K gate : {K::kAdd, K::kSub, K::kMul, K::kSigmoid, K::kTanh}) {
+      EXPECT_EQ(m.for_op(gate, rnn, "rnn"), nullptr) << rnn << " " << op_name(gate);
+      EXPECT_NE(m.for_op(gate, "Cell", "cell"), nullptr) << "a hand-written cell's " << op_name(gate);
+    }
+    EXPECT_NE(m.for_op(K::kLinear, rnn, "rnn"), nullptr) << rnn << "'s products";
+  }
+}
+
+TEST(QConfigMappingJson, ModuleTypeObjectTypesNeedVersion3) {
+  QConfigMapping m;
+  m.set_global(q_minmax()).set_module_type_object_type("Cell", K::kMul, nullptr);
+  m.set_module_type_object_type("Cell", K::kSigmoid, q_pct());
+  const std::string text = qconfig_mapping_to_json(m);
+  nlohmann::json doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc.at("version"), 3);
+  ASSERT_EQ(doc.at("module_type_object_types").size(), 2u);
+  const QConfigMapping back = qconfig_mapping_from_json(text, "v3");
+  EXPECT_EQ(back.to_string(), m.to_string());
+  EXPECT_EQ(qconfig_mapping_to_json(back), text);
+  EXPECT_EQ(back.for_op(K::kMul, "Cell", "c"), nullptr);
+  // The default mapping round-trips too.
+  const QConfigMapping d = default_qconfig_mapping("onednn");
+  EXPECT_EQ(qconfig_mapping_from_json(qconfig_mapping_to_json(d), "d").to_string(), d.to_string());
+  doc["version"] = 2;  // a version 2 reader would drop them: refused
+  EXPECT_THROW_MSG(qconfig_mapping_from_json(doc.dump(), "w.json"), FileFormatError,
+                   "qconfig mapping w.json has module_type_object_types, which need version 3, but says version 2");
+  doc = nlohmann::json::parse(text);
+  doc["module_type_object_types"][0]["op"] = "mull";
+  EXPECT_THROW_MSG(qconfig_mapping_from_json(doc.dump(), "w.json"), FileFormatError,
+                   "unknown op \"mull\" in module_type_object_types");
+}
+
+// A user module's class is named with its Impl suffix: an entry written after the holder's name
+// would match nothing, which validate refuses (as for set_object_type).
+struct CellImpl : nn::Module {
+  Tensor forward(const Tensor& x) { return x * 2.0; }
+};
+DBRQ_MODULE(Cell);
+
+struct HasCell : nn::CallableModule<HasCell> {
+  HasCell() { cell = register_module("cell", Cell()); }
+  Tensor forward(const Tensor& x) { return cell(x); }
+  Cell cell{nullptr};
+};
+
+TEST(QConfigMappingValidate, ModuleTypeObjectTypeByHolderNameIsRefused) {
+  HasCell model;
+  QConfigMapping m = default_qconfig_mapping();
+  m.set_module_type_object_type("Cell", K::kMul, nullptr);
+  EXPECT_THROW_MSG(m.validate(model), ValueError,
+                   "set_module_type_object_type(\"Cell\", mul) matches no module of the model (HasCell), which has "
+                   "modules of class CellImpl");
+  QConfigMapping ok = default_qconfig_mapping();
+  ok.set_module_type_object_type<Cell>(K::kMul, nullptr);
+  ok.validate(model);
+  prepare(model, {randn({2, 3}, 1)}, ok);
+  EXPECT_TRUE(seen_kinds(state_of(*model.cell.ptr())).empty()) << "the mul in CellImpl stays fp32";
 }
 
 }  // namespace

@@ -270,9 +270,11 @@ TEST(Bf16Mapping, BadDocumentsAreFileFormatErrors) {
   EXPECT_THROW_MSG(qconfig_mapping_from_json("{\"format\": \"x\"}", "a.json"), FileFormatError,
                    "is not a dbrq qconfig mapping");
   std::string doc = qconfig_mapping_to_json(with_fc1(QConfig::bf16()));
-  std::string v3 = doc;  // version 2 exists since call-site entries (callsite_mapping_test)
-  v3.replace(v3.find("\"version\": 1"), 12, "\"version\": 3");
-  EXPECT_THROW_MSG(qconfig_mapping_from_json(v3, "a.json"), FileFormatError, "has version 3");
+  // Version 2 exists since call-site entries (callsite_mapping_test), 3 since (module type, op)
+  // entries (the default mapping has some: qconfig_mapping_test).
+  std::string v4 = doc;
+  v4.replace(v4.find("\"version\": 3"), 12, "\"version\": 4");
+  EXPECT_THROW_MSG(qconfig_mapping_from_json(v4, "a.json"), FileFormatError, "has version 4");
   std::string int4 = doc;
   int4.replace(int4.find("\"bf16\""), 6, "\"int4\"");
   EXPECT_THROW_MSG(qconfig_mapping_from_json(int4, "a.json"), FileFormatError, "a qconfig must be null, \"bf16\"");
