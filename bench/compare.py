@@ -594,7 +594,10 @@ def main():
                 d32 = DbrqSide(server, "dbrq fp32", mode="fp32", **setup)
                 d8 = DbrqSide(server, "dbrq int8", mode="int8", **setup)
                 d8o = DbrqSide(server, "dbrq int8 int8_outputs", mode="int8", int8_outputs=True, **setup)
-                for d in (d32, d8, d8o):
+                # The transformer recipe (transformer_qconfig_mapping: residual adds fp32, softmax
+                # observed; float outputs for float readers), as for the encoder (issue 13).
+                d8t = DbrqSide(server, "dbrq int8 transformer", mode="int8", recipe="transformer", **setup)
+                for d in (d32, d8, d8o, d8t):
                     d.setup()
                 ex = d8.info.get("executors", {})
                 n_linear = sum(isinstance(m, torch.nn.Linear) for m in models[name].modules())
@@ -608,29 +611,38 @@ def main():
                         ref_tokens, ref_logits = fp32_v["nn.Linear"](x)
                         dyn_tokens, dyn_logits = dyn_v["dynamic"](x)
                     out = {lbl: dbrq_output(server, d, key=None) for lbl, d in (("fp32", d32), ("int8", d8),
-                                                                               ("int8_outputs", d8o))}
+                                                                               ("int8_outputs", d8o),
+                                                                               ("transformer", d8t))}
                     notes["fp32"] = generation_note("parity: dbrq fp32", out["fp32"]["tokens"].tolist(),
                                                     out["fp32"]["output"], ref_tokens, ref_logits) + "; "
                     notes["int8"] += ("; " + generation_note("dbrq static int8", out["int8"]["tokens"].tolist(),
                                                              out["int8"]["output"], ref_tokens, ref_logits) +
                                       "; " + generation_note("int8_outputs", out["int8_outputs"]["tokens"].tolist(),
                                                              out["int8_outputs"]["output"], ref_tokens, ref_logits) +
+                                      "; " + generation_note("transformer recipe",
+                                                             out["transformer"]["tokens"].tolist(),
+                                                             out["transformer"]["output"], ref_tokens, ref_logits) +
                                       "; " + generation_note("torch dynamic", dyn_tokens, dyn_logits, ref_tokens,
                                                              ref_logits))
                 ts32 = pick_fastest([TorchSide(k, m, x, t) for k, m in fp32_v.items()], probe)
                 tsd = pick_fastest([TorchSide("torch " + k, m, x, t) for k, m in dyn_v.items()], probe)
                 n, c = gen_iters
                 b = before("dbrq before int8", model=name, mode="int8", threads=t, new_tokens=n_new, **files[name])
-                res = interleave([d8, d8o, d32] + b + ts32 + tsd, n, c, 1, monitor, t)
+                res = interleave([d8, d8o, d8t, d32] + b + ts32 + tsd, n, c, 1, monitor, t)
                 best32 = min((s.label for s in ts32), key=lambda k: res[k])
                 bestd = min((s.label for s in tsd), key=lambda k: res[k])
                 tok_s = lambda ms: n_new / (ms / 1e3)  # noqa: E731
-                rates = (f"tokens/s: dbrq int8 {tok_s(res['dbrq int8']):.0f}, int8_outputs "
+                rates = (f"tokens/s: dbrq int8 {tok_s(res['dbrq int8']):.0f}, transformer recipe "
+                         f"{tok_s(res['dbrq int8 transformer']):.0f}, int8_outputs "
                          f"{tok_s(res['dbrq int8 int8_outputs']):.0f}, dbrq fp32 {tok_s(res['dbrq fp32']):.0f}, "
                          f"torch fp32 {tok_s(res[best32]):.0f} ({best32}), torch dynamic {tok_s(res[bestd]):.0f} "
                          f"({bestd.replace('torch ', '')})")
                 report.add("decoder", f"{key}_int8_vs_dbrq_fp32", res["dbrq int8"], res["dbrq fp32"], "ms",
                            notes["int8"] + "; " + rates + "; torch column = dbrq fp32", goal=0.5, busy=res["busy"])
+                report.add("decoder", f"{key}_int8_transformer_vs_dbrq_fp32", res["dbrq int8 transformer"],
+                           res["dbrq fp32"], "ms", "transformer recipe (transformer_qconfig_mapping, float outputs for "
+                           "float readers); per-token logits: bench/decoder_numerics.py; torch column = dbrq fp32",
+                           goal=0.5, busy=res["busy"])
                 report.add("decoder", f"{key}_int8_outputs_vs_dbrq_fp32", res["dbrq int8 int8_outputs"],
                            res["dbrq fp32"], "ms", "ConvertOptions::int8_outputs (the cache stays int8 between calls; "
                            "logits u8); torch column = dbrq fp32", busy=res["busy"])
@@ -642,6 +654,7 @@ def main():
                            f"dbrq static int8 vs torch quantize_dynamic ({bestd.replace('torch ', '')})",
                            busy=res["busy"])
                 for label, k in (("dbrq int8", "dbrq_int8"), ("dbrq int8 int8_outputs", "dbrq_int8_outputs"),
+                                 ("dbrq int8 transformer", "dbrq_int8_transformer"),
                                  ("dbrq fp32", "dbrq_fp32"), (best32, "torch_fp32"), (bestd, "torch_dynamic_int8")):
                     report.absolute[f"{key}_{k}_tok_per_s"] = json_num(tok_s(res[label]), 1)
                 report_before("decoder", f"{key}_int8", res, "dbrq int8", "dbrq before int8")

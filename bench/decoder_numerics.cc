@@ -10,6 +10,8 @@
 //
 //   /usr/bin/python3 bench/decoder_numerics.py      # builds this, exports, runs it
 //   bazel run -c opt //bench:decoder_numerics -- --weights=W --inputs=I [--mapping=default|transformer]
+// (transformer: the benchmark's transformer recipe, transformer_qconfig_mapping with
+// PrepareOptions::float_outputs_for_float_readers)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -69,9 +71,14 @@ int main(int argc, char** argv) {
   };
   auto fp32 = load(), q = load();
   const int64_t new_tokens = in.at("new_tokens").item<int64_t>();
+  // The benchmark's recipes (bench/dbrq_bench.cc): "transformer" is transformer_qconfig_mapping with
+  // PrepareOptions::float_outputs_for_float_readers.
+  dbrq::PrepareOptions options;
+  options.float_outputs_for_float_readers = recipe == "transformer";
   dbrq::prepare(
       *q, [&] { (*q)(in.at("ids_example")); },
-      recipe == "transformer" ? dbrq::transformer_qconfig_mapping("onednn") : dbrq::default_qconfig_mapping("onednn"));
+      recipe == "transformer" ? dbrq::transformer_qconfig_mapping("onednn") : dbrq::default_qconfig_mapping("onednn"),
+      dbrq::BackendConfig::onednn(), options);
   for (int i = 0; in.count("ids_calib" + std::to_string(i)) != 0; ++i) {
     q->generate(in.at("ids_calib" + std::to_string(i)).to_vector<int64_t>(), new_tokens);
   }

@@ -2,7 +2,7 @@
 // its scalar twin does: multiply in f32, clamp in f32 (so huge values and NaN saturate instead of
 // overflowing), round half to even.
 //
-// A portable build (--config=portable: x86-64-v2, .bazelrc) must not assume AVX-512, so the
+// The default build (x86-64-v2, .bazelrc; --config=native is -march=native) must not assume AVX-512, so the
 // AVX-512 loops are compiled with a target attribute in every build and chosen at run time: once
 // per process, from the CPU (AVX512F + AVX512BW, and the OS saving the AVX-512 state:
 // kernels/cpu_features.h), unless DBRQ_PORTABLE_KERNELS=1 is set or a test

@@ -1,6 +1,6 @@
 // The portable loops of kernels/simd.h against its AVX-512 loops: bit-identical results for every
 // function, on lengths around the vector widths (tails), on every rounding tie, and on values that
-// saturate (huge, +-inf, NaN). A portable build (--config=portable: x86-64-v2) picks the
+// saturate (huge, +-inf, NaN). The default build (x86-64-v2; --config=native is -march=native) picks the
 // AVX-512 loops at run time; a CPU without AVX-512 (or DBRQ_PORTABLE_KERNELS=1) runs the portable
 // ones. The int8 model-level check (a converted CNN bit-identical both ways) is in
 // tests/int8/int8_e2e_test.cc.
