@@ -74,7 +74,9 @@ class QConfigMapping {
   // A functional op called directly in the forward of modules of one class, e.g. the gate
   // arithmetic of every GRU layer: set_module_type_object_type("GRU", OpKind::kMul, nullptr). It
   // wins over set_object_type(op) and set_object_type(module_type); module names, regexes and call
-  // sites win over it.
+  // sites win over it, including a module name set for an ancestor (set_module_name("encoder", q)
+  // applies q to everything under "encoder", the gates of a GRU inside it too: add the
+  // (module type, op) entries again under a module name of the GRU itself to keep them).
   QConfigMapping& set_module_type_object_type(const std::string& module_type, OpKind op, QConfigPtr qconfig);
   template <typename M>
   QConfigMapping& set_module_type_object_type(OpKind op, QConfigPtr qconfig) {

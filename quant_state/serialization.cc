@@ -337,12 +337,17 @@ struct Document {
 using RecordKey = std::tuple<int, int64_t, OpKind, ProducerTags>;
 // Whether a part of a parameter read from a file lies inside the model's parameter `param`.
 bool view_fits(const WeightView& v, const Tensor& param) {
+  // [lo, hi]: the first and last element the geometry reaches; false when it is not a valid one
+  // (negative, or overflowing: a crafted file).
   auto extent = [](int64_t offset, IntArrayRef sizes, IntArrayRef strides, int64_t* lo, int64_t* hi) {
     *lo = *hi = offset;
     for (size_t d = 0; d < sizes.size(); ++d) {
       if (sizes[d] < 0 || strides[d] < 0) return false;
       if (sizes[d] == 0) return true;  // no elements
-      *hi += (sizes[d] - 1) * strides[d];
+      int64_t span = 0;
+      if (__builtin_mul_overflow(sizes[d] - 1, strides[d], &span) || __builtin_add_overflow(*hi, span, hi)) {
+        return false;
+      }
     }
     return true;
   };

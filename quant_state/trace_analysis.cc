@@ -97,6 +97,14 @@ class Analyzer {
           ok = n.kind == pattern[p] && n.qconfig != nullptr && !n.has_scalar &&
                (!n.fusion.fused() || (n.fusion.pattern == pattern && n.fusion.position == static_cast<int>(p)));
           if (!ok) break;
+          // A batch norm folds into the weights only when its statistics and affine parameters are
+          // the model's own tensors: computed ones (`batch_norm(y, mean, var * s, ...)`) may change
+          // from call to call, which folded weights cannot follow. It runs on its own (int8 on the
+          // call's statistics), as calibration computes it.
+          if (op_def(n.kind).fold != nullptr) {
+            for (const WeightInfo& w : n.weights) ok = ok && (w.fqn != "" || (!w.tensor.defined() && !w.missing));
+            if (!ok) break;
+          }
           const int pos = c->input;
           // The chain tensor must be the first input of a batch_norm / activation; for an add it
           // may be either, the other one being the residual.

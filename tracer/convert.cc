@@ -170,7 +170,10 @@ class Converter {
         weighted->set_residual_spec(input_spec(s, op, op.fusion.residual_input));
         return std::make_unique<ResidualAddExec>(weighted, op.fusion.residual_input, base.fusion.name());
       }
-      return std::make_unique<FollowerExec>(base.fusion.name());
+      // A batch norm folded into the base's weights checks that each call hands the tensors it
+      // was folded from.
+      return std::make_unique<FollowerExec>(base.fusion.name(),
+                                            def.fold != nullptr ? tensors_of(op) : std::vector<Tensor>{});
     }
     switch (op.role) {
       case QuantRole::kWeighted:

@@ -216,6 +216,20 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+Tensor FollowerExec::run(const OpCall& call) {
+  for (size_t k = 0; k < folded_.size() && k + 1 < call.inputs.size(); ++k) {
+    const Tensor& t = *call.inputs[k + 1];
+    const Tensor& f = folded_[k];
+    if (t.defined() != f.defined()) continue;  // (an input left out is not a value)
+    if (!t.defined() || (t.storage() == f.storage() && same_geometry(t, f)) || same_bits(t, f)) continue;
+    DBRQ_THROW(ControlFlowError, "fused into ", chain_, ": input ", k + 1, " (sizes ", t.shape_string(),
+               ") is another tensor than the one folded into the weights at convert, with other values; a "
+               "folded batch norm must read the tensors it was converted with: write new values into them "
+               "(copy_, load_state_dict), or keep it unfused (a qconfig of nullptr for the batch norm)");
+  }
+  return call.input(0);
+}
+
 void KernelSources::reset(Span ts) {
   sources_.clear();
   for (const Tensor* t : ts) sources_.push_back({*t, t->defined() ? t->storage()->version() : 0});
@@ -322,6 +336,7 @@ QuantParamsPtr WeightedExec::weight_qparams() {
 }
 
 std::string WeightedExec::describe() const {
+  std::lock_guard<std::mutex> lock(mu_);  // a weight computed per call rebuilds kernel_ while serving
   return kernel_->describe() + (deferred_ ? " (waits for its residual)" : "");
 }
 

@@ -90,14 +90,20 @@ class KernelSources {
 };
 
 // A member of a fused chain after its base: the base already produced the chain's result.
+// folded: for a batch norm folded into the base's weights, the tensors it was converted with (its
+// inputs after the activation, as recorded). The base rebuilds when they are written to; a call
+// handing other tensors with other values (a statistic replaced instead of written in place) would
+// run with the old ones, so it raises ControlFlowError instead.
 class FollowerExec : public ConvertedOp {
  public:
-  explicit FollowerExec(std::string chain) : chain_(std::move(chain)) {}
-  Tensor run(const OpCall& call) override { return call.input(0); }
+  explicit FollowerExec(std::string chain, std::vector<Tensor> folded = {})
+      : chain_(std::move(chain)), folded_(std::move(folded)) {}
+  Tensor run(const OpCall& call) override;
   std::string describe() const override { return "fused into " + chain_; }
 
  private:
   std::string chain_;
+  std::vector<Tensor> folded_;
 };
 
 // A weighted op (conv2d, linear; + folded batch norm, + activation post-ops, + a residual add
@@ -139,7 +145,7 @@ class WeightedExec : public ConvertedOp {
   InputSpec residual_;
   bool deferred_;
   bool folded_into_linear_ = false;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::shared_ptr<kernels::QWeighted> kernel_;
   KernelSources sources_;  // of kernel_: weight, bias, folded statistics
   bool warned_ = false;    // about re-quantizing (once: a weight computed per call rebuilds each call)

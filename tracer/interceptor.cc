@@ -151,14 +151,15 @@ int64_t QuantInterceptor::op_tag(const OpCall& call, const LeafQuantInfo* leaf, 
     // A functional op with weights: which parameters (a computed weight is "computed").
     for (size_t i = n_act; i < call.inputs.size(); ++i) {
       const Tensor& w = *call.inputs[i];
-      auto it = w.defined() ? params_.find(w.storage().get()) : params_.end();
-      if (it == params_.end()) {
+      bool whole = false;
+      const Param* p = param_of(w, &whole);
+      if (p == nullptr) {
         h = tag_weight(h, 1u, nullptr);
-      } else if (same_geometry(w, it->second.tensor)) {
-        h = tag_weight(h, it->second.fingerprint, nullptr);
+      } else if (whole) {
+        h = tag_weight(h, p->fingerprint, nullptr);
       } else {
         const WeightView v = view_of(w);
-        h = tag_weight(h, it->second.fingerprint, &v);
+        h = tag_weight(h, p->fingerprint, &v);
       }
     }
   }
@@ -215,7 +216,7 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
-    params_[t.storage().get()] = Param{name, name_fingerprint(name), t};
+    params_[t.storage().get()].push_back(Param{name, name_fingerprint(name), t});
   }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
@@ -237,14 +238,29 @@ void QuantInterceptor::convert(bool int8_outputs) {
   model_->set_phase(Phase::kConverted);
 }
 
+const QuantInterceptor::Param* QuantInterceptor::param_of(const Tensor& w, bool* whole) const {
+  *whole = false;
+  auto it = w.defined() ? params_.find(w.storage().get()) : params_.end();
+  if (it == params_.end()) return nullptr;
+  // Exact matches: the last registration (state_dict order), as one name per storage always was.
+  const Param* exact = nullptr;
+  const Param* largest = nullptr;
+  for (const Param& p : it->second) {
+    if (same_geometry(w, p.tensor)) exact = &p;
+    if (largest == nullptr || p.tensor.numel() > largest->tensor.numel()) largest = &p;
+  }
+  *whole = exact != nullptr;
+  return exact != nullptr ? exact : largest;
+}
+
 WeightInfo QuantInterceptor::weight_info(const Tensor& t) const {
   WeightInfo w;
   w.tensor = t;
-  if (!t.defined()) return w;
-  auto it = params_.find(t.storage().get());
-  if (it == params_.end()) return w;
-  w.fqn = it->second.fqn;
-  if (!same_geometry(t, it->second.tensor)) {
+  bool whole = false;
+  const Param* p = param_of(t, &whole);
+  if (p == nullptr) return w;
+  w.fqn = p->fqn;
+  if (!whole) {
     w.has_view = true;
     w.view = view_of(t);
   }

@@ -172,7 +172,12 @@ class QuantInterceptor : public Interceptor {
     uint64_t fingerprint;  // name_fingerprint(fqn)
     Tensor tensor;         // as registered: a weight with other geometry is a part of it
   };
-  std::unordered_map<const void*, Param> params_;  // storage -> parameter or buffer
+  // storage -> every parameter or buffer on it (usually one; a child may register a view of its
+  // parent's parameter).
+  std::unordered_map<const void*, std::vector<Param>> params_;
+  // The registration a functional op's weight names: one with the weight's exact geometry, else
+  // the largest one on its storage (a view is named as a part of it). Null for a computed tensor.
+  const Param* param_of(const Tensor& w, bool* whole) const;
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the

@@ -157,9 +157,10 @@ TEST(CalibrationFold, GroupedConvTransposeFoldsAlongItsOutputChannels) {
   expect_bitwise(m(x), relu_of(kernels::conv_transpose2d(x, fw, fb, m.deconv->params())), "calibrating call");
 }
 
-// A functional batch norm that receives other statistic tensors than the ones recorded (here made
-// afresh on every call) cannot take the folded result: the unfused chain is recomputed, never a
-// value folded with the wrong statistics.
+// A functional batch norm whose statistics are not the model's own tensors (here made afresh on
+// every call) is not folded into the conv: folded weights could not follow statistics that change
+// from call to call. The batch norm runs on its own (with the relu), and the calibrating call
+// computes the fp32 chain (the conv's sums in PyTorch's order while observing: within rounding).
 struct FreshStats : nn::CallableModule<FreshStats> {
   FreshStats() {
     conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(2, 4, 3).padding(1)));
@@ -183,8 +184,9 @@ TEST(CalibrationFold, OtherStatisticsThanRecordedRecomputeTheUnfusedChain) {
   const Tensor x = dbrq::randn({2, 2, 6, 6}, 8);
   const Tensor fp32 = m(x);
   dbrq::prepare(m, {x}, minmax_mapping());
-  ASSERT_EQ(chain_of(m, 0), "conv2d+batch_norm+relu");
-  expect_bitwise(m(x), fp32, "calibrating call");
+  ASSERT_EQ(chain_of(m, 0), "conv2d");
+  ASSERT_EQ(chain_of(m, 1), "batch_norm+relu");
+  dbrq::testing::expect_close(m(x), fp32, 1e-5, "calibrating call");
 }
 
 // A fused conv -> batch_norm whose conv output is also read elsewhere: by another branch's op on

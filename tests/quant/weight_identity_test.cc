@@ -210,6 +210,17 @@ TEST(WeightIdentity, PartsOfAParameterRoundTripThroughAQuantStateFile) {
   EXPECT_NE(text.find("\"offset\": 64"), std::string::npos) << "k's rows start at row 8 of 8 columns";
   prepare(b, {x});
   load_quant_state(b, path);
+  // The loaded records hold b's rows 0-7 and 8-15 (a wrong part would still compute right after
+  // convert, rebuilt from the call's weights, so the geometry is checked here).
+  std::vector<int64_t> offsets;
+  for (const SeenOpInfo& op : testing::state_of(b).seen_ops()) {
+    if (op.kind != OpKind::kLinear) continue;
+    ASSERT_TRUE(op.weights[0].has_view);
+    EXPECT_EQ(op.weights[0].tensor.storage(), b.w.storage());
+    offsets.push_back(op.weights[0].tensor.storage_offset());
+    testing::expect_equal(op.weights[0].tensor, b.w.narrow(0, op.weights[0].tensor.storage_offset() / 8, 8));
+  }
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, 64}));
   convert(a);
   convert(b);
   for (uint64_t seed : {19, 20}) {
@@ -238,6 +249,123 @@ TEST(WeightIdentity, AFileWhosePartLiesOutsideTheParameterIsRefused) {
   write_text(path, text);
   prepare(b, {x});
   EXPECT_THROW_MSG(load_quant_state(b, path), FileFormatError, "module \"\" op 1 fails its check");
+}
+
+// ---- batch norm statistics that are not the model's own tensors ----
+
+// A functional batch norm after a conv: on the module's buffers it folds into the conv's weights;
+// on a statistic computed per call it never folds and runs on the call's values.
+struct FunctionalBn : nn::CallableModule<FunctionalBn> {
+  FunctionalBn() {
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 3, 1, 1));
+    mean = register_buffer("mean", randn({4}, 31) * 0.1);
+    var = register_buffer("var", rand_uniform({4}, 0.5, 2.0, 32));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor y = (*conv)(x);
+    return relu(batch_norm(y, mean, computed ? var * var_scale : var));
+  }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  Tensor mean, var;
+  bool computed = false;
+  double var_scale = 1.0;
+};
+
+// Replacing a statistic with a new tensor (not a write into the buffer) after convert: the folded
+// weights cannot know; the call is refused, not run with the old statistics. A layer's member
+// (BatchNorm2d::running_var) is checked by the fused batch norm; a functional op's statistic is
+// part of the op's identity, so a replaced one is another op, which the fused chain cannot run.
+TEST(WeightIdentity, AReplacedStatisticOfAFoldedBatchNormIsRefused) {
+  manual_seed(33);
+  ConvBn m;
+  const Tensor x = randn({2, 3, 8, 8}, 34);
+  prepare(m, {x});
+  EXPECT_EQ(testing::display_kinds(testing::state_of(m))[0], "conv2d+batch_norm+relu") << "folded";
+  calibrate(m, x, 4, 100);
+  convert(m);
+  manual_seed(33);
+  ConvBn ref;
+  EXPECT_GT(sqnr_of(m(x), ref(x)), kMinSqnr);
+  const Tensor var = m.bn->running_var;
+  m.bn->running_var = var * 4.0;  // a new tensor: the folded weights hold the old statistics
+  EXPECT_THROW_MSG(m(x), ControlFlowError,
+                   "is another tensor than the one folded into the weights at convert, with other values");
+  // The same values in another tensor are fine (a statistic computed the same way on every call).
+  m.bn->running_var = var.clone();
+  EXPECT_GT(sqnr_of(m(x), ref(x)), kMinSqnr);
+
+  manual_seed(39);
+  FunctionalBn f;
+  prepare(f, {x});
+  EXPECT_EQ(testing::display_kinds(testing::state_of(f))[0], "conv2d+batch_norm+relu") << "folded";
+  calibrate(f, x, 2, 130);
+  convert(f);
+  f.var = f.var * 4.0;
+  EXPECT_THROW_MSG(f(x), ControlFlowError, "has no output of its own; calibrate this path before convert");
+}
+
+TEST(WeightIdentity, AComputedStatisticDoesNotFoldAndIsFollowed) {
+  manual_seed(35);
+  FunctionalBn m;
+  manual_seed(35);
+  FunctionalBn ref;
+  m.computed = ref.computed = true;
+  const Tensor x = randn({2, 3, 6, 6}, 36);
+  prepare(m, {x});
+  for (const std::string& k : testing::display_kinds(testing::state_of(m))) {
+    EXPECT_EQ(k.find("conv2d+batch_norm"), std::string::npos) << k;
+  }
+  calibrate(m, x, 4, 110);
+  convert(m);
+  EXPECT_GT(sqnr_of(m(x), ref(x)), kMinSqnr);
+  m.var_scale = ref.var_scale = 1.5;
+  EXPECT_GT(sqnr_of(m(x), ref(x)), 20.0);
+}
+
+// A child registers a part of its parent's parameter (q_w = qkv_w.narrow(0, 0, d)): a functional
+// op on another part of the parent's parameter is named after the parent's, and the quant-state
+// file loads into a fresh copy.
+struct Child : nn::CallableModule<Child> {
+  explicit Child(const Tensor& q) { q_w = register_parameter("q_w", q); }
+  Tensor forward(const Tensor& x) { return linear(x, q_w); }
+  Tensor q_w;
+};
+
+struct Parent : nn::CallableModule<Parent> {
+  Parent() {
+    qkv_w = register_parameter("qkv_w", randn({12, 6}, 37));
+    child = register_module("child", std::make_shared<Child>(qkv_w.narrow(0, 0, 4)));
+  }
+  Tensor forward(const Tensor& x) { return cat({(*child)(x), linear(x, qkv_w.narrow(0, 4, 4))}, 1); }
+  Tensor qkv_w;
+  std::shared_ptr<Child> child;
+};
+
+TEST(WeightIdentity, APartOfAParameterAChildAlsoRegistersRoundTrips) {
+  Parent a, b;
+  const Tensor x = randn({3, 6}, 38);
+  prepare(a, {x});
+  calibrate(a, x, 3, 120);
+  const std::string path = temp_file("parent.qstate.json");
+  save_quant_state(a, path);
+  EXPECT_NE(read_text(path).find("\"of\": \"qkv_w\""), std::string::npos) << read_text(path);
+  prepare(b, {x});
+  load_quant_state(b, path);
+  // The loaded record holds the same part of b's parameter.
+  const AutoQuantizationState& sb = testing::state_of(b);
+  bool found = false;
+  for (const SeenOpInfo& op : sb.seen_ops()) {
+    if (op.kind != OpKind::kLinear) continue;
+    found = true;
+    ASSERT_TRUE(op.weights[0].has_view);
+    EXPECT_EQ(op.weights[0].tensor.storage(), b.qkv_w.storage());
+    EXPECT_EQ(op.weights[0].tensor.storage_offset(), 24);
+    testing::expect_equal(op.weights[0].tensor, b.qkv_w.narrow(0, 4, 4), "the loaded part");
+  }
+  EXPECT_TRUE(found);
+  convert(a);
+  convert(b);
+  testing::expect_equal(b(x), a(x), "loaded vs calibrated");
 }
 
 }  // namespace

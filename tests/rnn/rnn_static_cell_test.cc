@@ -137,6 +137,8 @@ void expect_roles(const nn::Module& model, Gates gates) {
       EXPECT_GE(all, 1) << op_name(kind);
       EXPECT_EQ(int8, all) << op_name(kind);
     } else {
+      // (An op the mapping keeps fp32 is not recorded at all, so `all` is 0 here; any int8 record
+      // of a gate op would be a mapping that did not apply.)
       EXPECT_EQ(int8, 0) << op_name(kind) << " runs fp32 in an nn::GRU / nn::LSTM under the default mapping";
     }
   }
