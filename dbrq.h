@@ -27,6 +27,7 @@
 #include "quant_state/qparams.h"
 #include "quant_state/save_options.h"
 #include "runtime/dispatcher.h"
+#include "runtime/functional.h"
 #include "runtime/init.h"
 #include "runtime/module.h"
 #include "runtime/nn.h"

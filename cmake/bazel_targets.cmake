@@ -287,6 +287,7 @@ dbrq_bazel_target(
     runtime/safetensors.cc
   HDRS
     runtime/dispatcher.h
+    runtime/functional.h
     runtime/init.h
     runtime/module.h
     runtime/nn.h
@@ -487,6 +488,7 @@ dbrq_bazel_target(
     core/tensor_inl.h
     core/threading.h
     runtime/dispatcher.h
+    runtime/functional.h
     runtime/init.h
     runtime/module.h
     runtime/nn.h
@@ -842,6 +844,7 @@ dbrq_bazel_target(
     quant_state/trace_analysis.cc
     runtime/dispatcher.cc
     runtime/dispatcher.h
+    runtime/functional.h
     runtime/init.cc
     runtime/init.h
     runtime/module.cc
@@ -1256,6 +1259,20 @@ dbrq_bazel_target(
   RUNFILE tests/porting/fire_port_test
   SRCS
     tests/porting/fire_port_test.cc
+  DEPS
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tests_quant_quant_test_util
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/porting:functional_test
+  NAME dbrq_tests_porting_functional_test
+  RUNFILE tests/porting/functional_test
+  SRCS
+    tests/porting/functional_test.cc
   DEPS
     dbrq
     dbrq_tests_test_util

@@ -326,10 +326,23 @@ class ELUImpl : public Layer<ELUImpl> {
   double alpha_;
 };
 
+struct PReLUOptions {
+  using Self = PReLUOptions;
+  DBRQ_OPTION(int64_t, num_parameters) = 1;
+  DBRQ_OPTION(double, init) = 0.25;
+};
+
+struct SoftplusOptions {
+  using Self = SoftplusOptions;
+  DBRQ_OPTION(double, beta) = 1.0;
+  DBRQ_OPTION(double, threshold) = 20.0;
+};
+
 // weight: num_parameters values (1, or the input's channels), initialized to `init`.
 class PReLUImpl : public Layer<PReLUImpl> {
  public:
   explicit PReLUImpl(int64_t num_parameters = 1, double init = 0.25);
+  explicit PReLUImpl(const PReLUOptions& o) : PReLUImpl(o.num_parameters(), o.init()) {}
   Tensor forward(const Tensor& x) { return prelu(x, weight); }
   int64_t num_parameters() const { return num_parameters_; }
   std::string extra_repr() const override { return absl::StrCat("num_parameters=", num_parameters_); }
@@ -344,6 +357,7 @@ class SoftplusImpl : public Layer<SoftplusImpl> {
  public:
   explicit SoftplusImpl(double beta = 1.0, double threshold = 20.0)
       : Layer("Softplus"), beta_(beta), threshold_(threshold) {}
+  explicit SoftplusImpl(const SoftplusOptions& o) : SoftplusImpl(o.beta(), o.threshold()) {}
   Tensor forward(const Tensor& x) { return softplus(x, beta_, threshold_); }
   std::string extra_repr() const override { return absl::StrCat("beta=", beta_, ", threshold=", threshold_); }
 
@@ -520,11 +534,40 @@ class Conv1dImpl : public Layer<Conv1dImpl> {
   Conv1dParams params_;
 };
 
+// Options of the 1-D pools (libtorch's MaxPool1dOptions(3).stride(2), ...); stride 0: the kernel size.
+struct MaxPool1dOptions {
+  using Self = MaxPool1dOptions;
+  MaxPool1dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(int64_t, dilation) = 1;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+};
+
+struct AvgPool1dOptions {
+  using Self = AvgPool1dOptions;
+  AvgPool1dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, kernel_size);
+  DBRQ_OPTION(int64_t, stride) = 0;
+  DBRQ_OPTION(int64_t, padding) = 0;
+  DBRQ_OPTION(bool, ceil_mode) = false;
+  DBRQ_OPTION(bool, count_include_pad) = true;
+};
+
+struct AdaptiveAvgPool1dOptions {
+  using Self = AdaptiveAvgPool1dOptions;
+  AdaptiveAvgPool1dOptions(int64_t output_size) : output_size_(output_size) {}  // NOLINT
+  DBRQ_OPTION(int64_t, output_size);
+};
+
 class MaxPool1dImpl : public Layer<MaxPool1dImpl> {
  public:
   // stride 0: the kernel size (PyTorch's default).
   explicit MaxPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
                      bool ceil_mode = false);
+  explicit MaxPool1dImpl(const MaxPool1dOptions& o)
+      : MaxPool1dImpl(o.kernel_size(), o.stride(), o.padding(), o.dilation(), o.ceil_mode()) {}
   Tensor forward(const Tensor& x) { return max_pool1d(x, kernel_size_, stride_, padding_, dilation_, ceil_mode_); }
   std::string extra_repr() const override;
 
@@ -537,6 +580,8 @@ class AvgPool1dImpl : public Layer<AvgPool1dImpl> {
  public:
   explicit AvgPool1dImpl(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0, bool ceil_mode = false,
                      bool count_include_pad = true);
+  explicit AvgPool1dImpl(const AvgPool1dOptions& o)
+      : AvgPool1dImpl(o.kernel_size(), o.stride(), o.padding(), o.ceil_mode(), o.count_include_pad()) {}
   Tensor forward(const Tensor& x) {
     return avg_pool1d(x, kernel_size_, stride_, padding_, ceil_mode_, count_include_pad_);
   }
@@ -550,6 +595,7 @@ class AvgPool1dImpl : public Layer<AvgPool1dImpl> {
 class AdaptiveAvgPool1dImpl : public Layer<AdaptiveAvgPool1dImpl> {
  public:
   explicit AdaptiveAvgPool1dImpl(int64_t output_size);
+  explicit AdaptiveAvgPool1dImpl(const AdaptiveAvgPool1dOptions& o) : AdaptiveAvgPool1dImpl(o.output_size()) {}
   Tensor forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size_); }
   std::string extra_repr() const override { return absl::StrCat("output_size=", output_size_); }
 
@@ -607,10 +653,33 @@ class UpsampleImpl : public Layer<UpsampleImpl> {
   UpsampleOptions o_;
 };
 
+struct GroupNormOptions {
+  using Self = GroupNormOptions;
+  GroupNormOptions(int64_t num_groups, int64_t num_channels) : num_groups_(num_groups), num_channels_(num_channels) {}
+  DBRQ_OPTION(int64_t, num_groups);
+  DBRQ_OPTION(int64_t, num_channels);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  DBRQ_OPTION(bool, affine) = true;
+};
+
+// libtorch's InstanceNormOptions (PyTorch's defaults: affine and track_running_stats off).
+struct InstanceNormOptions {
+  using Self = InstanceNormOptions;
+  InstanceNormOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT
+  DBRQ_OPTION(int64_t, num_features);
+  DBRQ_OPTION(double, eps) = 1e-5;
+  // Only training updates the running statistics with it; kept for ports and printing.
+  DBRQ_OPTION(double, momentum) = 0.1;
+  DBRQ_OPTION(bool, affine) = false;
+  DBRQ_OPTION(bool, track_running_stats) = false;
+};
+using InstanceNorm2dOptions = InstanceNormOptions;
+
 // nn.GroupNorm: weight (ones) and bias (zeros) [C] when affine.
 class GroupNormImpl : public Layer<GroupNormImpl> {
  public:
   GroupNormImpl(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  explicit GroupNormImpl(const GroupNormOptions& o) : GroupNormImpl(o.num_groups(), o.num_channels(), o.eps(), o.affine()) {}
   Tensor forward(const Tensor& x) { return group_norm(x, num_groups_, weight, bias, eps_); }
   std::string extra_repr() const override;
 
@@ -628,6 +697,8 @@ class InstanceNorm2dImpl : public Layer<InstanceNorm2dImpl> {
  public:
   explicit InstanceNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = false,
                           bool track_running_stats = false);
+  explicit InstanceNorm2dImpl(const InstanceNorm2dOptions& o)
+      : InstanceNorm2dImpl(o.num_features(), o.eps(), o.momentum(), o.affine(), o.track_running_stats()) {}
   Tensor forward(const Tensor& x);
   std::string extra_repr() const override;
 
