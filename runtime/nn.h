@@ -618,6 +618,12 @@ struct UpsampleOptions {
     scalar_ = scalar;
     return *this;
   }
+  // libtorch's forms: a std::vector (size(std::vector<int64_t>({h, w}))) or a braced list, of one
+  // value or one per spatial dim.
+  Self& size(const std::vector<int64_t>& s) { return size(two(s, "size"), s.size() == 1); }
+  Self& size(std::initializer_list<int64_t> s) { return size(std::vector<int64_t>(s)); }
+  Self& scale_factor(const std::vector<double>& f) { return scale_factor(two(f, "scale_factor"), f.size() == 1); }
+  Self& scale_factor(std::initializer_list<double> f) { return scale_factor(std::vector<double>(f)); }
   Self& mode(std::string m) {
     mode_ = std::move(m);
     return *this;
@@ -633,6 +639,12 @@ struct UpsampleOptions {
   bool scalar() const { return scalar_; }  // given as one value (printing)
 
  private:
+  template <typename T>
+  static std::array<T, 2> two(const std::vector<T>& v, const char* what) {
+    DBRQ_ENSURE(v.size() == 1 || v.size() == 2, ValueError, "Upsample: ", what,
+                " must have 1 value or 2 (one per spatial dim), got ", v.size());
+    return {v.front(), v.back()};
+  }
   std::optional<Int2> size_;
   std::optional<std::array<double, 2>> scale_factor_;
   std::string mode_ = "nearest";

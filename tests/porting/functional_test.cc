@@ -187,7 +187,7 @@ TEST(Functional, DropoutFollowsLibtorchsTrainingDefault) {
   expect_equal(F::dropout(x, F::DropoutFuncOptions().p(0.5).training(false)), x);
 }
 
-TEST(LayerOptions, OneDPoolsNormsPReLUSoftplus) {
+TEST(LayerOptions, OneDPoolsNormsPReLUSoftplusUpsample) {
   const Tensor& y = x3();
   expect_equal(nn::MaxPool1dImpl(nn::MaxPool1dOptions(3).stride(2).padding(1).dilation(2).ceil_mode(true))(y),
                nn::MaxPool1dImpl(3, 2, 1, 2, true)(y));
@@ -215,6 +215,25 @@ TEST(LayerOptions, OneDPoolsNormsPReLUSoftplus) {
   // Holders take the options too.
   nn::PReLU holder(nn::PReLUOptions().num_parameters(4));
   EXPECT_EQ(holder->weight.sizes(), (std::vector<int64_t>{4}));
+
+  // Upsample with libtorch's vector forms and mode constants.
+  nn::UpsampleImpl up(nn::UpsampleOptions().scale_factor(std::vector<double>({2, 2})).mode(kBilinear).align_corners(false));
+  expect_equal(up(x), interpolate(x, std::nullopt, std::array<double, 2>{2.0, 2.0}, "bilinear", false));
+  EXPECT_EQ(up.extra_repr(), "scale_factor=(2.0, 2.0), mode='bilinear'");
+  nn::UpsampleImpl up_size(nn::UpsampleOptions().size(std::vector<int64_t>({5, 7})).mode(kNearest));
+  expect_equal(up_size(x), interpolate(x, std::array<int64_t, 2>{5, 7}));
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().size(std::vector<int64_t>({6}))).extra_repr(), "size=6, mode='nearest'");
+  EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor({2.0, 3.0})).extra_repr(),
+            "scale_factor=(2.0, 3.0), mode='nearest'");
+  try {
+    nn::UpsampleOptions().scale_factor(std::vector<double>({2, 2, 2}));
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("Upsample: scale_factor must have 1 value or 2 (one per spatial dim), got 3"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(nn::UpsampleOptions().size(std::vector<int64_t>{}), ValueError);
 
   EXPECT_THROW(nn::GroupNormImpl(nn::GroupNormOptions(3, 4)), ValueError);
   EXPECT_THROW(nn::PReLUImpl(nn::PReLUOptions().num_parameters(0)), ValueError);
