@@ -37,7 +37,7 @@
 //
 //   {"cmd":"setup","model":"resnet18","mode":"int8","batch":1,"threads":1,"weights":..,"inputs":..}
 //       (mode fp32, int8 or dynamic; decoder_lm also takes "new_tokens" and "int8_outputs"; int8
-//       takes "recipe": "default" or "transformer", see DataSpec::recipe)
+//       takes "recipe": "default", "transformer" or "transformer_bc", see DataSpec::recipe)
 //       -> {"ok":true,"setup_s":..,"input":"[1, 3, 224, 224]","quantize_s":..,"executors":{..}}
 //          (quantize_s only when this setup converted the model; executors, for int8, counts what
 //          convert() chose per op, e.g. {"int8 conv2d":20,..}). A model is cached per model, mode,
@@ -107,8 +107,10 @@ struct DataSpec {
   std::vector<std::string> calib_keys;
   int64_t new_tokens = 96;    // decoder_lm: tokens generated per timed run and per calibration prompt
   bool int8_outputs = false;  // convert with ConvertOptions::int8_outputs
-  // int8 qconfig recipe: "default" (default_qconfig_mapping) or "transformer"
-  // (transformer_qconfig_mapping + PrepareOptions::float_outputs_for_float_readers, issue 13).
+  // int8 qconfig recipe: "default" (default_qconfig_mapping), "transformer"
+  // (transformer_qconfig_mapping + PrepareOptions::float_outputs_for_float_readers, issue 13), or
+  // "transformer_bc": the same after dbrq::correct_bias on the calibration batches (not decoder_lm,
+  // whose calibration is generation).
   std::string recipe = "default";
 
   static DataSpec from(const json& c) {
@@ -120,8 +122,12 @@ struct DataSpec {
     d.new_tokens = c.value("new_tokens", int64_t{96});
     d.int8_outputs = c.value("int8_outputs", false);
     d.recipe = c.value("recipe", std::string("default"));
-    if (d.recipe != "default" && d.recipe != "transformer") {
-      throw std::runtime_error("recipe must be default or transformer, got " + d.recipe);
+    if (d.recipe != "default" && d.recipe != "transformer" && d.recipe != "transformer_bc") {
+      throw std::runtime_error("recipe must be default, transformer or transformer_bc, got " + d.recipe);
+    }
+    if (d.recipe == "transformer_bc" && is_decoder(d.model)) {
+      throw std::runtime_error("recipe transformer_bc: bias correction needs forward calibration batches, decoder_lm "
+                               "calibrates by generating");
     }
     const std::string p = uses_token_ids(d.model) ? "ids_" : "";
     const std::string input = is_decoder(d.model) ? "prompt" : (is_bert(d.model) || is_gru(d.model) ? "bs" : "x_bs") + std::to_string(d.batch);
@@ -190,12 +196,17 @@ Timings quantize(dbrq::nn::Module& m, const DataSpec& d, bool dynamic = false) {
   Timings t;
   auto t0 = Clock::now();
   dbrq::PrepareOptions prepare_options;
-  prepare_options.float_outputs_for_float_readers = d.recipe == "transformer";
-  dbrq::prepare(m, {example},
-                dynamic                        ? dbrq::default_dynamic_qconfig_mapping()
-                : d.recipe == "transformer" ? dbrq::transformer_qconfig_mapping("onednn")
-                                               : dbrq::default_qconfig_mapping("onednn"),
-                dbrq::BackendConfig::onednn(), prepare_options);
+  const bool transformer = d.recipe == "transformer" || d.recipe == "transformer_bc";
+  prepare_options.float_outputs_for_float_readers = transformer;
+  const dbrq::QConfigMapping mapping = dynamic       ? dbrq::default_dynamic_qconfig_mapping()
+                                       : transformer ? dbrq::transformer_qconfig_mapping("onednn")
+                                                     : dbrq::default_qconfig_mapping("onednn");
+  if (!dynamic && d.recipe == "transformer_bc") {
+    std::vector<std::vector<Tensor>> batches;
+    for (const Tensor& batch : calib) batches.push_back({batch});
+    dbrq::correct_bias(m, batches, mapping);
+  }
+  dbrq::prepare(m, {example}, mapping, dbrq::BackendConfig::onednn(), prepare_options);
   t.prepare_s = ms_since(t0) / 1e3;
   t0 = Clock::now();
   for (const Tensor& batch : calib) {

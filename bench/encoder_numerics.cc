@@ -5,6 +5,11 @@
 //
 //   bazel build -c opt //bench:encoder_numerics
 //   bazel-bin/bench/encoder_numerics W.safetensors IN.safetensors [recipe ...]
+//
+// A recipe is parts joined by "+" (recipe() lists them): mapping changes such as add_fp32,
+// softmax_hist, mse; float_out (PrepareOptions::float_outputs_for_float_readers); sq and bc run
+// dbrq::smooth_quant / dbrq::correct_bias on the calibration batches before prepare (VERBOSE=1
+// prints their reports). IN must hold ref_bs1 (PyTorch's fp32 output for ids_bs1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,7 +51,10 @@ dbrq::QConfigMapping recipe(const std::string& name) {
     p = e + 1;
     if (part == "default") continue;
     if (part == "float_out") continue;  // PrepareOptions, see main
+    if (part == "bc" || part == "sq") continue;  // bias correction / SmoothQuant before prepare, see main
     if (part == "minmax") mapping.set_global(minmax);
+    else if (part == "mse") mapping.set_global(dbrq::QConfig::make(dbrq::ObserverSpec::mse(), dbrq::ObserverSpec::per_channel_min_max()));
+    else if (part == "softmax_mse") mapping.set_object_type(dbrq::OpKind::kSoftmax, dbrq::QConfig::make(dbrq::ObserverSpec::mse(), dbrq::ObserverSpec::per_channel_min_max()));
     else if (part == "softmax_fp32") fp32(dbrq::OpKind::kSoftmax);
     else if (part == "gelu_fp32") { fp32(dbrq::OpKind::kGelu); mapping.set_object_type("GELU", nullptr); }
     else if (part == "ln_fp32") { fp32(dbrq::OpKind::kLayerNorm); mapping.set_object_type("LayerNorm", nullptr); }
@@ -108,7 +116,18 @@ int main(int argc, char** argv) {
     auto q = load(w);
     dbrq::PrepareOptions options;
     options.float_outputs_for_float_readers = r.find("float_out") != std::string::npos;
-    dbrq::prepare(*q, {get(in, "ids_example")}, recipe(r), dbrq::BackendConfig::onednn(), options);
+    const dbrq::QConfigMapping mapping = recipe(r);
+    const std::vector<std::vector<Tensor>> calibration = {{get(in, "ids_calib0")}, {get(in, "ids_calib1")}};
+    auto has = [&](const std::string& part) { return ("+" + r + "+").find("+" + part + "+") != std::string::npos; };
+    if (has("sq")) {
+      const dbrq::SmoothQuantReport sq = dbrq::smooth_quant(*q, calibration, dbrq::SmoothQuantOptions{});
+      if (verbose) std::cout << sq.to_string() << "\n";
+    }
+    if (has("bc")) {
+      const dbrq::BiasCorrectionReport bc = dbrq::correct_bias(*q, calibration, mapping);
+      if (verbose) std::cout << bc.to_string() << "\n";
+    }
+    dbrq::prepare(*q, {get(in, "ids_example")}, mapping, dbrq::BackendConfig::onednn(), options);
     (*q)(get(in, "ids_calib0"));
     (*q)(get(in, "ids_calib1"));
     dbrq::convert(*q);

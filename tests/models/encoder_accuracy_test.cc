@@ -74,12 +74,19 @@ struct Quantized {
   double sqnr_db = 0.0;
 };
 
-Quantized quantize(const QConfigMapping& mapping, bool float_outputs) {
+// bias_correction: dbrq::correct_bias on the calibration batches before prepare (the best static
+// recipe of docs/encoder_accuracy.md). The reference stays the uncorrected fp32 model.
+Quantized quantize(const QConfigMapping& mapping, bool float_outputs, bool bias_correction = false) {
   Quantized q{model()};
   PrepareOptions options;
   options.float_outputs_for_float_readers = float_outputs;
+  const std::vector<std::vector<Tensor>> calibration = {{ids(4, 100)}, {ids(4, 101)}};
+  if (bias_correction) {
+    const BiasCorrectionReport r = correct_bias(*q.model, calibration, mapping);
+    EXPECT_EQ(r.layers.size(), 6u * small_config().num_layers) << r.to_string();
+  }
   prepare(*q.model, {ids(1, 1)}, mapping, BackendConfig::onednn(), options);
-  for (uint64_t s = 0; s < 2; ++s) (*q.model)(ids(4, 100 + s));
+  for (const auto& batch : calibration) (*q.model)(batch[0]);
   convert(*q.model);
   auto ref = model();
   const Tensor x = ids(2, 200);
@@ -103,6 +110,15 @@ TEST(EncoderAccuracy, TransformerRecipeBeatsTheDefaultByFar) {
   }
   EXPECT_EQ(linears, 6 * small_config().num_layers);
   EXPECT_EQ(matmuls, 2 * small_config().num_layers);
+}
+
+// Bias correction on top of the recipe: the full-size encoder goes from 40.92 to 41.26 dB on the
+// benchmark's weights (41.11 -> 41.74 and 41.77 -> 42.22 on two other seeds).
+TEST(EncoderAccuracy, BiasCorrectionOnTopOfTheRecipeGains) {
+  const double recipe = quantize(transformer_qconfig_mapping("onednn"), true).sqnr_db;
+  const double corrected = quantize(transformer_qconfig_mapping("onednn"), true, true).sqnr_db;
+  std::cout << "recipe " << recipe << " dB, recipe + bias correction " << corrected << " dB\n";
+  EXPECT_GT(corrected - recipe, 0.2) << recipe << " vs " << corrected;  // measured +0.48 dB
 }
 
 TEST(EncoderAccuracy, EachPartOfTheRecipeCounts) {
