@@ -224,7 +224,8 @@ QConfigMapping default_qconfig_mapping(const std::string& backend) {
   QConfigMapping m;
   m.set_global(q);
   // Fixed output ranges, as PyTorch's defaults ([0, 1) for sigmoid-like ops, [-1, 1) for tanh), for
-  // the function and its layer class. Ordered by range, then op, as PyTorch lists them.
+  // the function and its layer class (softmax: the layer class only, as PyTorch 1.13 FX keys it on
+  // nn.Softmax; OpDef::fixed_qparams_layer_only). Ordered by range, then op, as PyTorch lists them.
   std::vector<const OpDef*> fixed;
   for (const OpDef& d : op_registry().all()) {
     if (d.role == QuantRole::kFixedQParams) fixed.push_back(&d);
@@ -233,7 +234,7 @@ QConfigMapping default_qconfig_mapping(const std::string& backend) {
                    [](const OpDef* a, const OpDef* b) { return a->fixed_scale < b->fixed_scale; });
   for (const OpDef* d : fixed) {
     QConfigPtr f = QConfig::make(ObserverSpec::fixed(d->fixed_scale, d->fixed_zero_point), q->weight);
-    m.set_object_type(d->kind, f);
+    if (!d->fixed_qparams_layer_only) m.set_object_type(d->kind, f);
     if (d->layer != nullptr) m.set_object_type(d->layer, f);
   }
   // nn::GRU / nn::LSTM: their weight products run int8, their gate arithmetic f32 (as PyTorch's

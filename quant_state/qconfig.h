@@ -143,15 +143,19 @@ class QConfigMapping {
 };
 
 // The default mapping for a backend: "onednn" (dbrq's backend); also accepts "x86"/"fbgemm" and
-// "qnnpack" for their PyTorch defaults. Throws ValueError for other names.
+// "qnnpack" for their PyTorch defaults. Throws ValueError for other names. As PyTorch 1.13 FX's:
+// the global QConfig, fixed output ranges for sigmoid, hardsigmoid and tanh (function and layer)
+// and for the nn::Softmax layer (a functional softmax's output is observed), and the gate
+// arithmetic of nn::GRU / nn::LSTM kept fp32.
 QConfigMapping default_qconfig_mapping(const std::string& backend = "onednn");
 // Dynamic quantization of linear and matmul only; everything else fp32.
 QConfigMapping default_dynamic_qconfig_mapping();
 // For transformer encoders / decoders (post- or pre-LayerNorm): the backend's default, except
 //   - add stays fp32: the residual stream (and the layer norm it feeds) keeps f32 values; a u8
 //     residual stream rounded at every layer cost the BERT encoder 16 dB;
-//   - softmax's output is observed (the default activation observer) instead of the fixed 1/256
-//     steps, which flatten attention probabilities of long sequences (2 dB).
+//   - softmax's output is observed (the default activation observer) for the nn::Softmax layer too
+//     (the default observes the functional softmax's, as PyTorch FX; the layer's has the fixed 1/256
+//     steps, which flatten attention probabilities of long sequences: 2 dB on the BERT encoder).
 // Use it with PrepareOptions::float_outputs_for_float_readers (the projections before the fp32
 // adds then write f32). Evidence and limits: docs/encoder_accuracy.md.
 QConfigMapping transformer_qconfig_mapping(const std::string& backend = "onednn");

@@ -143,6 +143,11 @@ struct OpDef {
   bool dynamic = false;                 // also dynamic quantization (activation parameters per call)
   float fixed_scale = 0.f;              // kFixedQParams
   int32_t fixed_zero_point = 0;
+  // kFixedQParams for the layer only: default_qconfig_mapping fixes the output range of the layer
+  // class (`layer`) and leaves the functional op's output to the global (observing) QConfig, as
+  // PyTorch 1.13 FX does for softmax (its fixed [0, 1) range is keyed on nn.Softmax; F.softmax /
+  // torch.softmax / x.softmax() outputs are observed where an int8 op reads them).
+  bool fixed_qparams_layer_only = false;
   uint8_t fusion_site = 0;              // kWeighted / kBinary: the FusionSite of a post-op after it
   uint8_t fuses_after = 0;              // activations: FusionSites where it can be a post-op
   FoldFn fold = nullptr;                // batch_norm: folded into the weighted op before it

@@ -261,6 +261,7 @@ void register_activation_ops(OpRegistry& r) {
   softmax.run = run_softmax;
   softmax.infer_sizes = same_sizes;
   fixed_qparams(softmax, 1.f / 256.f, 0, "Softmax");
+  softmax.fixed_qparams_layer_only = true;
   softmax.int8_requant = int8_softmax;
 
   OpDef& log_softmax = r.define(OpKind::kLogSoftmax, "log_softmax").with_params<DimParams>();

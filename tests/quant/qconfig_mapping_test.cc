@@ -327,6 +327,61 @@ TEST(QConfigMappingLookup, DefaultKeepsTheGateArithmeticOfGruAndLstmFp32) {
   }
 }
 
+// PyTorch 1.13 FX fixes softmax's output range for the nn.Softmax module only; a functional
+// softmax's output is observed. sigmoid / tanh / hardsigmoid are fixed in both forms.
+TEST(QConfigMappingLookup, DefaultFixesTheSoftmaxLayerAndObservesTheFunctionalSoftmax) {
+  const QConfigMapping m = default_qconfig_mapping("onednn");
+  const QConfigPtr functional = m.for_op(K::kSoftmax, "Block", "b");
+  ASSERT_NE(functional, nullptr);
+  EXPECT_EQ(functional->activation.kind, ObserverKind::kHistogram);
+  const QConfigPtr layer = m.for_module("Softmax", "b.softmax");
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->activation.kind, ObserverKind::kFixedQParams);
+  EXPECT_FLOAT_EQ(layer->activation.fixed_scale, 1.f / 256.f);
+  for (K k : {K::kSigmoid, K::kTanh, K::kHardsigmoid}) {
+    EXPECT_EQ(m.for_op(k, "Block", "b")->activation.kind, ObserverKind::kFixedQParams) << op_name(k);
+  }
+  EXPECT_EQ(m.for_module("Sigmoid", "b.s")->activation.kind, ObserverKind::kFixedQParams);
+}
+
+struct SoftmaxBoth : nn::CallableModule<SoftmaxBoth> {
+  SoftmaxBoth() {
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(8, 8));
+    sm = register_module("sm", std::make_shared<nn::SoftmaxImpl>(-1));
+    out = register_module("out", std::make_shared<nn::LinearImpl>(8, 4));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor h = (*fc)(x);
+    return (*out)(softmax(h, -1)) + (*out)((*sm)(h));
+  }
+  std::shared_ptr<nn::LinearImpl> fc, out;
+  std::shared_ptr<nn::SoftmaxImpl> sm;
+};
+
+TEST(DefaultMapping, FunctionalSoftmaxObservedSoftmaxLayerFixedAsPyTorchFx) {
+  manual_seed(3);
+  SoftmaxBoth m;
+  m.eval();
+  prepare(m, {randn({4, 8}, 1)});
+  for (uint64_t s = 0; s < 3; ++s) m(randn({4, 8}, 10 + s) * 3.0);
+  convert(m);
+  int functional = 0, layer = 0;
+  for (const QuantizedOpInfo& op : quantized_ops(m)) {
+    if (op.kind != K::kSoftmax) continue;
+    ASSERT_NE(op.output_qparams, nullptr) << op.fqn;
+    if (op.fqn == "sm") {
+      ++layer;
+      EXPECT_FLOAT_EQ(op.output_qparams->scale(), 1.f / 256.f);
+    } else {
+      ++functional;
+      EXPECT_NE(op.output_qparams->scale(), 1.f / 256.f) << "an observed range, not the fixed one";
+    }
+    EXPECT_EQ(op.output_qparams->zero_point(), 0) << op.fqn;
+  }
+  EXPECT_EQ(functional, 1);
+  EXPECT_EQ(layer, 1);
+}
+
 TEST(QConfigMappingJson, ModuleTypeObjectTypesNeedVersion3) {
   QConfigMapping m;
   m.set_global(q_minmax()).set_module_type_object_type("Cell", K::kMul, nullptr);
