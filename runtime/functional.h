@@ -24,15 +24,6 @@
 #include "runtime/nn.h"
 #include "runtime/ops.h"
 
-// runtime/nn.h's option accessor (it undefines its own at its end).
-#define DBRQ_OPTION(Type, name)                \
-  Self& name(Type v) {                         \
-    name##_ = std::move(v);                    \
-    return *this;                              \
-  }                                            \
-  const Type& name() const { return name##_; } \
-  Type name##_
-
 namespace dbrq {
 
 // Modes of interpolate and pad (libtorch: torch::kBilinear, torch::kReflect, ...).
@@ -268,51 +259,32 @@ inline Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bi
 struct Conv2dFuncOptions {
   using Self = Conv2dFuncOptions;
   DBRQ_OPTION(Tensor, bias);
-  Self& stride(detail::Expanding2 v) { return set(stride_, v); }
-  Self& padding(detail::Expanding2 v) { return set(padding_, v); }
-  Self& dilation(detail::Expanding2 v) { return set(dilation_, v); }
+  DBRQ_OPTION(detail::Expanding2, stride) = 1;
+  DBRQ_OPTION(detail::Expanding2, padding) = 0;
+  DBRQ_OPTION(detail::Expanding2, dilation) = 1;
   DBRQ_OPTION(int64_t, groups) = 1;
-  const std::array<int64_t, 2>& stride() const { return stride_; }
-  const std::array<int64_t, 2>& padding() const { return padding_; }
-  const std::array<int64_t, 2>& dilation() const { return dilation_; }
-
- private:
-  Self& set(std::array<int64_t, 2>& field, const detail::Expanding2& v) {
-    field = v.value;
-    return *this;
-  }
-  std::array<int64_t, 2> stride_{1, 1}, padding_{0, 0}, dilation_{1, 1};
 };
 
 inline Tensor conv2d(const Tensor& input, const Tensor& weight, const Conv2dFuncOptions& o = {}) {
-  return dbrq::conv2d(input, weight, o.bias(), Conv2dParams{o.stride(), o.padding(), o.dilation(), o.groups()});
+  return dbrq::conv2d(input, weight, o.bias(),
+                      Conv2dParams{o.stride().value, o.padding().value, o.dilation().value, o.groups()});
 }
 
 struct ConvTranspose2dFuncOptions {
   using Self = ConvTranspose2dFuncOptions;
   DBRQ_OPTION(Tensor, bias);
-  Self& stride(detail::Expanding2 v) { return set(stride_, v); }
-  Self& padding(detail::Expanding2 v) { return set(padding_, v); }
-  Self& output_padding(detail::Expanding2 v) { return set(output_padding_, v); }
-  Self& dilation(detail::Expanding2 v) { return set(dilation_, v); }
+  DBRQ_OPTION(detail::Expanding2, stride) = 1;
+  DBRQ_OPTION(detail::Expanding2, padding) = 0;
+  DBRQ_OPTION(detail::Expanding2, output_padding) = 0;
+  DBRQ_OPTION(detail::Expanding2, dilation) = 1;
   DBRQ_OPTION(int64_t, groups) = 1;
-  const std::array<int64_t, 2>& stride() const { return stride_; }
-  const std::array<int64_t, 2>& padding() const { return padding_; }
-  const std::array<int64_t, 2>& output_padding() const { return output_padding_; }
-  const std::array<int64_t, 2>& dilation() const { return dilation_; }
-
- private:
-  Self& set(std::array<int64_t, 2>& field, const detail::Expanding2& v) {
-    field = v.value;
-    return *this;
-  }
-  std::array<int64_t, 2> stride_{1, 1}, padding_{0, 0}, output_padding_{0, 0}, dilation_{1, 1};
 };
 
 inline Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const ConvTranspose2dFuncOptions& o = {}) {
   return dbrq::conv_transpose2d(
       input, weight, o.bias(),
-      ConvTranspose2dParams{o.stride(), o.padding(), o.output_padding(), o.dilation(), o.groups()});
+      ConvTranspose2dParams{o.stride().value, o.padding().value, o.output_padding().value, o.dilation().value,
+                            o.groups()});
 }
 
 struct Conv1dFuncOptions {
@@ -375,5 +347,3 @@ inline Tensor pad(const Tensor& input, const PadFuncOptions& o) { return dbrq::p
 
 }  // namespace nn::functional
 }  // namespace dbrq
-
-#undef DBRQ_OPTION

@@ -94,26 +94,33 @@ struct BatchNormOptions {
 using BatchNorm1dOptions = BatchNormOptions;
 using BatchNorm2dOptions = BatchNormOptions;
 
-// Square windows (the layers' int arguments); stride 0: the kernel size.
-struct MaxPool2dOptions {
-  using Self = MaxPool2dOptions;
-  MaxPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+// Options of the 1-D and 2-D pools, one type per dimension as libtorch's MaxPoolOptions<D>:
+// square windows (the layers' int arguments); stride 0: the kernel size.
+template <int D>
+struct MaxPoolOptions {
+  using Self = MaxPoolOptions;
+  MaxPoolOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
   DBRQ_OPTION(int64_t, kernel_size);
   DBRQ_OPTION(int64_t, stride) = 0;
   DBRQ_OPTION(int64_t, padding) = 0;
   DBRQ_OPTION(int64_t, dilation) = 1;
   DBRQ_OPTION(bool, ceil_mode) = false;
 };
+using MaxPool1dOptions = MaxPoolOptions<1>;
+using MaxPool2dOptions = MaxPoolOptions<2>;
 
-struct AvgPool2dOptions {
-  using Self = AvgPool2dOptions;
-  AvgPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
+template <int D>
+struct AvgPoolOptions {
+  using Self = AvgPoolOptions;
+  AvgPoolOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
   DBRQ_OPTION(int64_t, kernel_size);
   DBRQ_OPTION(int64_t, stride) = 0;
   DBRQ_OPTION(int64_t, padding) = 0;
   DBRQ_OPTION(bool, ceil_mode) = false;
   DBRQ_OPTION(bool, count_include_pad) = true;
 };
+using AvgPool1dOptions = AvgPoolOptions<1>;
+using AvgPool2dOptions = AvgPoolOptions<2>;
 
 struct AdaptiveAvgPool2dOptions {
   using Self = AdaptiveAvgPool2dOptions;
@@ -532,27 +539,6 @@ class Conv1dImpl : public Layer<Conv1dImpl> {
  private:
   Conv1dOptions options_;
   Conv1dParams params_;
-};
-
-// Options of the 1-D pools (libtorch's MaxPool1dOptions(3).stride(2), ...); stride 0: the kernel size.
-struct MaxPool1dOptions {
-  using Self = MaxPool1dOptions;
-  MaxPool1dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
-  DBRQ_OPTION(int64_t, kernel_size);
-  DBRQ_OPTION(int64_t, stride) = 0;
-  DBRQ_OPTION(int64_t, padding) = 0;
-  DBRQ_OPTION(int64_t, dilation) = 1;
-  DBRQ_OPTION(bool, ceil_mode) = false;
-};
-
-struct AvgPool1dOptions {
-  using Self = AvgPool1dOptions;
-  AvgPool1dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}  // NOLINT
-  DBRQ_OPTION(int64_t, kernel_size);
-  DBRQ_OPTION(int64_t, stride) = 0;
-  DBRQ_OPTION(int64_t, padding) = 0;
-  DBRQ_OPTION(bool, ceil_mode) = false;
-  DBRQ_OPTION(bool, count_include_pad) = true;
 };
 
 struct AdaptiveAvgPool1dOptions {
@@ -1078,7 +1064,7 @@ DBRQ_MODULE(Functional);
 DBRQ_MODULE(ModuleList);
 DBRQ_MODULE(ModuleDict);
 
-#undef DBRQ_OPTION
+// DBRQ_OPTION stays defined: runtime/functional.h's FuncOptions use it too.
 
 }  // namespace nn
 }  // namespace dbrq
