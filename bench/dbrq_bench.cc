@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "bench/bench_util.h"
 #include "dbrq.h"
 #include "nlohmann/json.hpp"
 #include "samples/zoo/zoo.h"
@@ -112,6 +113,9 @@ struct DataSpec {
   // "transformer_bc": the same after dbrq::correct_bias on the calibration batches (not decoder_lm,
   // whose calibration is generation).
   std::string recipe = "default";
+  // Activation observer of the default recipe: "" (the mapping's, Histogram), an ObserverKind name
+  // ("Mse", "Percentile", ...) or "Histogram+torch_edges" (PyTorch 1.13's observer exactly).
+  std::string observer;
 
   static DataSpec from(const json& c) {
     DataSpec d;
@@ -122,6 +126,10 @@ struct DataSpec {
     d.new_tokens = c.value("new_tokens", int64_t{96});
     d.int8_outputs = c.value("int8_outputs", false);
     d.recipe = c.value("recipe", std::string("default"));
+    d.observer = c.value("observer", std::string());
+    if (!d.observer.empty() && d.recipe != "default") {
+      throw std::runtime_error("observer: only with recipe default, got recipe " + d.recipe);
+    }
     if (d.recipe != "default" && d.recipe != "transformer" && d.recipe != "transformer_bc") {
       throw std::runtime_error("recipe must be default, transformer or transformer_bc, got " + d.recipe);
     }
@@ -200,7 +208,7 @@ Timings quantize(dbrq::nn::Module& m, const DataSpec& d, bool dynamic = false) {
   prepare_options.float_outputs_for_float_readers = transformer;
   const dbrq::QConfigMapping mapping = dynamic       ? dbrq::default_dynamic_qconfig_mapping()
                                        : transformer ? dbrq::transformer_qconfig_mapping("onednn")
-                                                     : dbrq::default_qconfig_mapping("onednn");
+                                                     : bench::default_mapping_with_observer(d.observer);
   if (!dynamic && d.recipe == "transformer_bc") {
     std::vector<std::vector<Tensor>> batches;
     for (const Tensor& batch : calib) batches.push_back({batch});
@@ -247,7 +255,7 @@ class Bench {
     dbrq::set_num_threads(c.value("threads", 1));
     json reply = {{"ok", true}};
     const std::string key = data_.model + "/" + mode + (data_.int8_outputs ? "/int8_outputs" : "") + "/" +
-                            data_.recipe + "/" +
+                            data_.recipe + "/" + data_.observer + "/" +
                             data_.weights + "/" + data_.inputs + "/" + std::to_string(data_.new_tokens);
     auto it = models_.find(key);
     if (it == models_.end()) {

@@ -19,19 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "dbrq.h"
 #include "samples/zoo/zoo.h"
 
 namespace {
-
-std::string flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-  }
-  return fallback;
-}
 
 dbrq::Tensor ids_tensor(const std::vector<int64_t>& ids) {
   return dbrq::from_vector(ids, {1, static_cast<int64_t>(ids.size())});
@@ -54,8 +46,8 @@ dbrq::Tensor teacher_forced(zoo::DecoderLM& lm, const std::vector<int64_t>& prom
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string weights = flag(argc, argv, "weights", ""), inputs_path = flag(argc, argv, "inputs", "");
-  const std::string recipe = flag(argc, argv, "mapping", "default");
+  const std::string weights = bench::flag(argc, argv, "weights", ""), inputs_path = bench::flag(argc, argv, "inputs", "");
+  const std::string recipe = bench::flag(argc, argv, "mapping", "default");
   if (weights.empty() || inputs_path.empty() || (recipe != "default" && recipe != "transformer")) {
     std::fprintf(stderr, "usage: decoder_numerics --weights=W --inputs=I [--mapping=default|transformer]\n");
     return 2;

@@ -16,20 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "dbrq.h"
 #include "samples/zoo/zoo.h"
 
 namespace {
-
-std::string flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-    if (a == "--" + name) return "1";
-  }
-  return fallback;
-}
 
 std::shared_ptr<zoo::GruClassifier> load(const std::string& weights) {
   auto m = std::make_shared<zoo::GruClassifier>(zoo::gru_classifier_config(zoo::Variant::kFull));
@@ -41,39 +32,39 @@ std::shared_ptr<zoo::GruClassifier> load(const std::string& weights) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string weights = flag(argc, argv, "weights", ""), inputs_path = flag(argc, argv, "inputs", "");
+  const std::string weights = bench::flag(argc, argv, "weights", ""), inputs_path = bench::flag(argc, argv, "inputs", "");
   if (weights.empty() || inputs_path.empty()) {
     std::fprintf(stderr, "usage: gru_numerics --weights=W --inputs=I [--calib=K,..] [--eval=K,..] [--ops=N] [--state]\n");
     return 2;
   }
   std::map<std::string, dbrq::Tensor> inputs;
   for (auto& [k, v] : dbrq::load_safetensors(inputs_path)) inputs[k] = v;
-  const std::vector<std::string> calib = absl::StrSplit(flag(argc, argv, "calib", "ids_calib0,ids_calib1"), ',');
-  const std::vector<std::string> eval = absl::StrSplit(flag(argc, argv, "eval", "ids_bs1,ids_bs8"), ',');
-  const int ops = std::stoi(flag(argc, argv, "ops", "12"));
+  const std::vector<std::string> calib = absl::StrSplit(bench::flag(argc, argv, "calib", "ids_calib0,ids_calib1"), ',');
+  const std::vector<std::string> eval = absl::StrSplit(bench::flag(argc, argv, "eval", "ids_bs1,ids_bs8"), ',');
+  const int ops = std::stoi(bench::flag(argc, argv, "ops", "12"));
   dbrq::set_num_threads(1);
 
   auto ref = load(weights);
   auto q = load(weights);
-  const dbrq::Tensor example = inputs.at(flag(argc, argv, "example", "ids_example"));
+  const dbrq::Tensor example = inputs.at(bench::flag(argc, argv, "example", "ids_example"));
   dbrq::QConfigMapping mapping = dbrq::default_qconfig_mapping("onednn");
-  const std::string obs = flag(argc, argv, "observer", "histogram");
+  const std::string obs = bench::flag(argc, argv, "observer", "histogram");
   dbrq::ObserverSpec act = obs == "minmax" ? dbrq::ObserverSpec::min_max()
                            : obs == "mse"  ? dbrq::ObserverSpec::mse()
                            : obs == "p9999" ? dbrq::ObserverSpec::percentile_of(99.99)
                                            : dbrq::ObserverSpec::histogram();
   mapping.set_global(dbrq::QConfig::make(act, dbrq::ObserverSpec::per_channel_min_max()));
-  const std::string fp32 = flag(argc, argv, "fp32", "");
+  const std::string fp32 = bench::flag(argc, argv, "fp32", "");
   if (fp32.find("add") != std::string::npos) mapping.set_object_type(dbrq::OpKind::kAdd, nullptr);
   if (fp32.find("mul") != std::string::npos) mapping.set_object_type(dbrq::OpKind::kMul, nullptr);
   if (fp32.find("sigmoid") != std::string::npos) mapping.set_object_type(dbrq::OpKind::kSigmoid, nullptr);
   if (fp32.find("tanh") != std::string::npos) mapping.set_object_type(dbrq::OpKind::kTanh, nullptr);
   dbrq::PrepareOptions prepare_options;
-  prepare_options.float_outputs_for_float_readers = flag(argc, argv, "float_out", "0") == "1";
+  prepare_options.float_outputs_for_float_readers = bench::flag(argc, argv, "float_out", "0") == "1";
   dbrq::prepare(*q, std::vector<dbrq::Tensor>{example}, mapping, dbrq::BackendConfig::onednn(), prepare_options);
   for (const std::string& k : calib) (*q)(inputs.at(k));
   dbrq::convert(*q);
-  if (flag(argc, argv, "state", "") == "1") std::cout << dbrq::quant_state_to_string(*q) << "\n";
+  if (bench::flag(argc, argv, "state", "") == "1") std::cout << dbrq::quant_state_to_string(*q) << "\n";
 
   for (const std::string& k : eval) {
     const dbrq::Tensor x = inputs.at(k);

@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 
+#include "bench/bench_util.h"
 #include "dbrq.h"
 #include "samples/zoo/zoo.h"
 
@@ -29,21 +30,6 @@ Tensor find(const dbrq::NamedTensors& t, const std::string& name) {
     if (n == name) return v;
   }
   return Tensor();
-}
-
-dbrq::QConfigMapping mapping_for(const std::string& act) {
-  dbrq::QConfigMapping m = dbrq::default_qconfig_mapping("onednn");
-  if (act == "default") return m;
-  const dbrq::QConfigPtr d = dbrq::default_qconfig("onednn");
-  dbrq::ObserverSpec spec = d->activation;
-  if (act == "Histogram+torch_edges") {
-    spec.kind = dbrq::ObserverKind::kHistogram;
-    spec.torch_integer_edges = true;
-  } else {
-    spec.kind = dbrq::observer_kind_from_name(act);
-  }
-  m.set_global(dbrq::QConfig::make(spec, d->weight));
-  return m;
 }
 
 int run(const std::map<std::string, std::string>& args) {
@@ -75,7 +61,7 @@ int run(const std::map<std::string, std::string>& args) {
     out.emplace_back("fp32_" + std::to_string(k), spec.run(*model, e).clone());
   }
   const Tensor example = find(data, "example");
-  dbrq::prepare(*model, [&] { spec.run(*model, example); }, mapping_for(arg("act")));
+  dbrq::prepare(*model, [&] { spec.run(*model, example); }, bench::default_mapping_with_observer(arg("act")));
   for (int k = 0;; ++k) {
     Tensor c = find(data, "calib" + std::to_string(k));
     if (!c.defined()) break;

@@ -28,6 +28,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=16, help="weights seed (inputs: seed + 10)")
     ap.add_argument("--dbrq_bench", default="bazel-out/k8-opt/bin/bench/dbrq_bench")
+    ap.add_argument("--observers", default="",
+                    help="comma-separated activation observers to add as rows of the default recipe: an "
+                         "ObserverKind name (Mse, Percentile, ...) or Histogram+torch_edges")
+    ap.add_argument("--recipes", default="default,transformer,transformer_bc")
+    ap.add_argument("--eval_batches", type=int, default=8,
+                    help="held-out batches of 8 images (own generator) for the pooled row; 0: none")
     args = ap.parse_args()
     torch.backends.quantized.engine = "onednn"
     torch.set_num_threads(1)
@@ -35,6 +41,12 @@ def main():
     model = tm.make_model(name, seed=args.seed)
     inputs = tm.make_inputs(name, seed=args.seed + 10)
     calib = tm.calibration(inputs, name)
+    # Held out: batch 1 is one image's logits and batch 8 eight, so those rows move by a dB with
+    # the images drawn; the pooled row is SQNR over every held-out image's logits at once.
+    g = torch.Generator().manual_seed(args.seed + 1000)
+    hw = tm.VIT_FULL["image_size"]
+    held_out = [torch.randn(8, 3, hw, hw, generator=g) for _ in range(args.eval_batches)]
+    inputs.update({f"x_eval{k}": x for k, x in enumerate(held_out)})
     work = tempfile.TemporaryDirectory(prefix="dbrq_vit_")
     w, i, out = (os.path.join(work.name, f) for f in ("w.safetensors", "in.safetensors", "y.safetensors"))
     tm.write_safetensors(w, model.state_dict().items())
@@ -54,16 +66,27 @@ def main():
         return reply
 
     print(f"vit seed {args.seed}: int8 output SQNR vs PyTorch fp32 (dB)")
-    for bs in (1, 8):
-        x = tm.timed_input(inputs, name, bs)
+    runs = [(r, "") for r in args.recipes.split(",") if r]
+    runs += [("default", o) for o in args.observers.split(",") if o]
+    rows = [(f"batch {bs}:", bs, [tm.timed_input(inputs, name, bs)], [None]) for bs in (1, 8)]
+    if held_out:
+        rows.append((f"{8 * len(held_out)} held-out images:", 8, held_out, [f"x_eval{k}" for k in range(len(held_out))]))
+    with torch.inference_mode():
+        fx_model = tm.fx_int8(model, tm.example(inputs, name), calib)
+    for label, bs, xs, keys in rows:
         with torch.inference_mode():
-            ref = model(x)
-            fx = tm.fx_int8(model, x, calib)(x)
-        row = [f"batch {bs}:", f"FX {sqnr_db(fx, ref):.2f}"]
-        for recipe in ("default", "transformer", "transformer_bc"):
-            call(cmd="setup", model=name, mode="int8", batch=bs, threads=1, weights=w, inputs=i, recipe=recipe)
-            call(cmd="save_output", path=out)
-            row.append(f"dbrq {recipe} {sqnr_db(tm.read_safetensors(out)['output'], ref):.2f}")
+            ref = torch.cat([model(x) for x in xs])
+            fx = torch.cat([fx_model(x) for x in xs])
+        row = [label, f"FX {sqnr_db(fx, ref):.2f}"]
+        for recipe, observer in runs:
+            ys = []
+            for key in keys:
+                extra = {"input_key": key} if key else {}
+                call(cmd="setup", model=name, mode="int8", batch=bs, threads=1, weights=w, inputs=i, recipe=recipe,
+                     observer=observer, **extra)
+                call(cmd="save_output", path=out)
+                ys.append(tm.read_safetensors(out)["output"])
+            row.append(f"dbrq {observer or recipe} {sqnr_db(torch.cat(ys), ref):.2f}")
         print("  ".join(row), flush=True)
     server.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
     server.stdin.close()

@@ -15,6 +15,16 @@ dbrq_bazel_target(
     dbrq_tracer
 )
 dbrq_bazel_target(
+  KIND cc_library
+  LABEL //bench:bench_util
+  NAME dbrq_bench_bench_util
+  RUNFILE bench/bench_util
+  HDRS
+    bench/bench_util.h
+  DEPS
+    dbrq
+)
+dbrq_bazel_target(
   KIND cc_binary
   LABEL //bench:bf16_bench
   NAME dbrq_bench_bf16_bench
@@ -45,6 +55,7 @@ dbrq_bazel_target(
   SRCS
     bench/dbrq_bench.cc
   DEPS
+    dbrq_bench_bench_util
     dbrq
     dbrq_samples_zoo
   SYSTEM
@@ -59,6 +70,7 @@ dbrq_bazel_target(
   SRCS
     bench/decoder_numerics.cc
   DEPS
+    dbrq_bench_bench_util
     dbrq
     dbrq_samples_zoo
 )
@@ -92,6 +104,7 @@ dbrq_bazel_target(
   SRCS
     bench/gru_numerics.cc
   DEPS
+    dbrq_bench_bench_util
     dbrq
     dbrq_samples_zoo
   SYSTEM
@@ -120,6 +133,7 @@ dbrq_bazel_target(
   SRCS
     bench/qconfig_table.cc
   DEPS
+    dbrq_bench_bench_util
     dbrq
     dbrq_samples_zoo
 )
@@ -761,6 +775,7 @@ dbrq_bazel_target(
     tests/layers/check_layers_test.sh
   DATA
     dbrq.h
+    bench/bench_util.h
     bench/bf16_bench.cc
     bench/cle_bc_table.cc
     bench/dbrq_bench.cc

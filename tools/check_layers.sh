@@ -11,8 +11,8 @@
 #   distributed  core, runtime, quant_state, tracer, distributed   (optional MPI layer, issue 15:
 #                                                    the only folder that includes <mpi.h>)
 #
-# and samples/ and bench/ use the public API only ("dbrq.h" and samples' own headers; the
-# overhead benchmark, which times kernels directly, may include kernels/). Prints every
+# and samples/ and bench/ use the public API only ("dbrq.h", samples' own headers and, in bench/,
+# bench's; the overhead benchmark, which times kernels directly, may include kernels/). Prints every
 # violation as file:line: include, and exits 1 when there is one.
 #
 #   tools/check_layers.sh [root]     # root defaults to the repository
@@ -78,7 +78,8 @@ for dir in samples bench; do
   [ -d "$dir" ] || continue
   while IFS= read -r f; do
     case "$f" in
-      bench/overhead_bench.cc) check_file "$f" "dbrq.h samples kernels" ;;
+      bench/overhead_bench.cc) check_file "$f" "dbrq.h samples bench kernels" ;;
+      bench/*) check_file "$f" "dbrq.h samples bench" ;;
       *) check_file "$f" "dbrq.h samples" ;;
     esac
   done < <(find "$dir" -name '*.h' -o -name '*.cc' | sort)

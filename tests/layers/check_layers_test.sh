@@ -32,6 +32,8 @@ tree() {
   printf '#include "quant_state/state.h"\n#include "kernels/int8.h"\n' >"$d/tracer/convert.cc"
   printf '#include <mpi.h>\n#include "tracer/convert.h"\n' >"$d/distributed/calibrate.cc"
   printf '#include "dbrq.h"\n' >"$d/samples/demo.cc"
+  printf '#include "dbrq.h"\n' >"$d/bench/bench_util.h"
+  printf '#include "bench/bench_util.h"\n#include "samples/demo.h"\n' >"$d/bench/bench.cc"
   printf '#include "tracer/quantize.h"\n' >"$d/dbrq.h"
   echo "$d"
 }
@@ -57,6 +59,8 @@ expect_violation runtime_includes_quant_state runtime/ops.h '#include "quant_sta
 expect_violation quant_state_includes_kernels quant_state/state.h '#include "kernels/int8.h"' 'quant_state/ may include only from'
 expect_violation onednn_outside_kernels runtime/ops.h '#include <dnnl.hpp>' 'only kernels/ may use oneDNN'
 expect_violation sample_includes_internals samples/demo.cc '#include "quant_state/state.h"' 'samples/demo.cc:2'
+expect_violation sample_includes_bench samples/demo.cc '#include "bench/bench_util.h"' 'samples/ may include only from'
+expect_violation bench_includes_internals bench/bench.cc '#include "tracer/internal.h"' 'bench/bench.cc:3'
 expect_violation tracer_includes_distributed tracer/convert.cc '#include "distributed/calibrate.h"' 'tracer/ may include only from'
 expect_violation distributed_includes_kernels distributed/calibrate.cc '#include "kernels/int8.h"' 'distributed/ may include only from'
 expect_violation mpi_outside_distributed tracer/convert.cc '#include <mpi.h>' 'only distributed/ may use MPI'
