@@ -105,22 +105,24 @@ __attribute__((optimize("-ffp-contract=off"))) Tensor linear_torch_order(const T
   const float* xs = xc.raw_data<float>();
   const float* ws = w.raw_data<float>();
   const std::vector<float> bias = b.defined() ? contiguous(b).to_vector<float>() : std::vector<float>();
-  // Weight transposed to [k][n] so the loop over outputs is contiguous (each output's own sum
-  // still runs over k in order).
-  std::vector<float> wt(static_cast<size_t>(k * n));
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t l = 0; l < k; ++l) wt[static_cast<size_t>(l * n + j)] = ws[j * k + l];
-  }
   float* out = dst.raw_mutable_data<float>();
-  // Rows are independent; each output's sum still runs over k in order (simd::axpy_unfused is
-  // bit-identical on every path), so the thread count never changes a value.
-  parallel_for(m, 4, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(n));
-    for (int64_t i = begin; i < end; ++i) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t l = 0; l < k; ++l) simd::axpy_unfused(xs[i * k + l], wt.data() + l * n, acc.data(), n);
-      float* o = out + i * n;
-      for (int64_t j = 0; j < n; ++j) o[j] = b.defined() ? acc[static_cast<size_t>(j)] + bias[static_cast<size_t>(j)] : acc[static_cast<size_t>(j)];
+  // Blocks of sixteen output features; each output's sum still runs over k in order
+  // (simd::dot16_unfused is bit-identical on every path), so neither the blocking nor the thread
+  // count ever changes a value.
+  const int64_t blocks = (n + 15) / 16;
+  // Serial below about 256K multiply-adds (16K per row and block).
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, m * k));
+  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel(static_cast<size_t>(k * 16));
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t j0 = blk * 16, nj = std::min<int64_t>(16, n - j0);
+      simd::dot16_unfused(xs, m, k, ws + j0 * k, nj, panel.data(), out + j0, n);
+      if (!bias.empty()) {
+        for (int64_t i = 0; i < m; ++i) {
+          float* o = out + i * n + j0;
+          for (int64_t jj = 0; jj < nj; ++jj) o[jj] = o[jj] + bias[static_cast<size_t>(j0 + jj)];
+        }
+      }
     }
   });
   return dst.raw_view(out_sizes);

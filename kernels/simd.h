@@ -210,6 +210,69 @@ DBRQ_TARGET_AVX512 inline int64_t average_u8(const int32_t* acc, uint8_t* out, i
   return i;
 }
 
+// dst[c * 16 + r] = src[r * ld + c] for r, c < 16: a 16x16 tile transposed in registers
+// (interleave pairs of rows, then pairs of pairs, then gather the 128-bit lanes).
+DBRQ_TARGET_AVX512 inline void transpose16(const float* src, int64_t ld, float* dst) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = _mm512_loadu_ps(src + (2 * i) * ld), b = _mm512_loadu_ps(src + (2 * i + 1) * ld);
+    t[2 * i] = _mm512_unpacklo_ps(a, b);  // per 128-bit lane q: a[4q] b[4q] a[4q+1] b[4q+1]
+    t[2 * i + 1] = _mm512_unpackhi_ps(a, b);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c], lane q: column 4q + c of rows 4i .. 4i+3
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+    const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    _mm512_storeu_ps(dst + c * 16, _mm512_shuffle_f32x4(a, e, 0x88));
+    _mm512_storeu_ps(dst + (c + 8) * 16, _mm512_shuffle_f32x4(a, e, 0xDD));
+    _mm512_storeu_ps(dst + (c + 4) * 16, _mm512_shuffle_f32x4(b, f, 0x88));
+    _mm512_storeu_ps(dst + (c + 12) * 16, _mm512_shuffle_f32x4(b, f, 0xDD));
+  }
+}
+
+// Sixteen output features of a linear layer summed in PyTorch's reference order (see
+// dot16_unfused below): out[i * ldo + jj] = sum over l = 0..k-1, in order, of x[i * k + l] *
+// w[jj * k + l], each product rounded before its add, for i < m and jj < 16. `panel` (k * 16
+// floats) receives w's sixteen rows transposed (16x16 tiles in registers, a gather per column of
+// the last partial tile), so each of the m rows then runs k vector steps.
+DBRQ_TARGET_AVX512 __attribute__((optimize("-ffp-contract=off"))) inline void dot16_unfused(
+    const float* x, int64_t m, int64_t k, const float* w, float* panel, float* out, int64_t ldo) {
+  int64_t l = 0;
+  for (; l + 16 <= k; l += 16) transpose16(w + l, k, panel + l * 16);
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int32_t>(k)));
+  for (; l < k; ++l) _mm512_storeu_ps(panel + l * 16, _mm512_i32gather_ps(idx, w + l, 4));
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {  // four rows share each panel load
+    const float *x0 = x + i * k, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t l = 0; l < k; ++l) {
+      const __m512 p = _mm512_loadu_ps(panel + l * 16);
+      a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(x0[l]), p));
+      a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(x1[l]), p));
+      a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(x2[l]), p));
+      a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(x3[l]), p));
+    }
+    _mm512_storeu_ps(out + i * ldo, a0);
+    _mm512_storeu_ps(out + (i + 1) * ldo, a1);
+    _mm512_storeu_ps(out + (i + 2) * ldo, a2);
+    _mm512_storeu_ps(out + (i + 3) * ldo, a3);
+  }
+  for (; i < m; ++i) {
+    const float* xi = x + i * k;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t l = 0; l < k; ++l) a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(xi[l]), _mm512_loadu_ps(panel + l * 16)));
+    _mm512_storeu_ps(out + i * ldo, a);
+  }
+}
+
 }  // namespace avx512
 #pragma GCC diagnostic pop
 #endif
@@ -291,6 +354,36 @@ __attribute__((optimize("-ffp-contract=off"))) inline void axpy_unfused(float x,
   for (; j < n; ++j) {
     const float prod = x * w[j];
     acc[j] = acc[j] + prod;
+  }
+}
+
+// out[i * ldo + jj] = sum over l = 0..k-1, in order, of x[i * k + l] * w[jj * k + l], starting from
+// 0, each product rounded before its add (never a fused multiply-add), for i < m and jj < nj <= 16:
+// a reference BLAS's dot-product form, one output feature's sum independent of every other's.
+// `panel` holds k * 16 floats of scratch. The AVX-512 path transposes the sixteen weight rows once
+// and steps sixteen outputs per instruction; the result is the same bit for bit.
+__attribute__((optimize("-ffp-contract=off"))) inline void dot16_unfused(const float* x, int64_t m, int64_t k,
+                                                                       const float* w, int64_t nj, float* panel,
+                                                                       float* out, int64_t ldo) {
+#ifdef DBRQ_AVX512
+  if (nj == 16 && k <= INT32_MAX / 16 && use_avx512()) {  // gather offsets are int32
+    avx512::dot16_unfused(x, m, k, w, panel, out, ldo);
+    return;
+  }
+#endif
+  for (int64_t l = 0; l < k; ++l) {
+    for (int64_t jj = 0; jj < 16; ++jj) panel[l * 16 + jj] = jj < nj ? w[jj * k + l] : 0.f;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    float acc[16] = {};
+    for (int64_t l = 0; l < k; ++l) {
+      const float xl = x[i * k + l];
+      for (int64_t jj = 0; jj < 16; ++jj) {  // lanes past nj compute and are dropped
+        const float prod = xl * panel[l * 16 + jj];
+        acc[jj] = acc[jj] + prod;
+      }
+    }
+    for (int64_t jj = 0; jj < nj; ++jj) out[i * ldo + jj] = acc[jj];
   }
 }
 

@@ -177,6 +177,54 @@ TEST_F(SimdDispatch, AccumulateIsBitIdentical) {
   }
 }
 
+// dot16_unfused (linear_torch_order's inner kernel): each output the in-order sum of rounded
+// products, from 0. Against a scalar reference (volatile: no fusing or reordering) on both paths,
+// bit for bit, with k around the 16x16 tile (the last columns come from gathers), every row count
+// of the four-row loop and its tail, fewer than 16 outputs (the portable loop on both paths), and
+// values whose products overflow, vanish or are NaN in a few outputs.
+TEST_F(SimdDispatch, InOrderDotProductsAreBitIdentical) {
+  for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100}) {
+    for (int64_t m : {1, 3, 4, 5, 9}) {
+      for (int64_t nj : {16, 5}) {
+        std::normal_distribution<float> normal(0.f, 3.f);
+        std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(16 * k));
+        for (float& v : x) v = normal(rng_);
+        for (float& v : w) v = normal(rng_);
+        for (size_t i = 0; i < w.size(); i += 7) w[i] = 1e-30f;  // products below the smallest normal
+        // A few outputs see a special value; the others stay finite, so a wrong lane shows.
+        const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                  -std::numeric_limits<float>::infinity(), 3e38f, -0.f};
+        x[static_cast<size_t>((m - 1) * k + k / 2)] = specials[static_cast<size_t>(k % 5)];
+        w[static_cast<size_t>(3 * k)] = specials[static_cast<size_t>(m % 5)];
+        w[static_cast<size_t>(9 * k + k - 1)] = 3e38f;
+        std::vector<float> want(static_cast<size_t>(m * 16), -1.f);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < nj; ++j) {
+            volatile float acc = 0.f;
+            for (int64_t l = 0; l < k; ++l) {
+              volatile float prod = x[static_cast<size_t>(i * k + l)] * w[static_cast<size_t>(j * k + l)];
+              acc = acc + prod;
+            }
+            want[static_cast<size_t>(i * 16 + j)] = acc;
+          }
+        }
+        for (bool portable : {false, true}) {
+          force_portable(portable);
+          std::vector<float> got(static_cast<size_t>(m * 16), -1.f), panel(static_cast<size_t>(k * 16));
+          dot16_unfused(x.data(), m, k, w.data(), nj, panel.data(), got.data(), 16);
+          // Bit for bit, except that a NaN's sign and payload are not defined: C++ lets the compiler
+          // commute `acc + prod`, and x86 returns the first operand's NaN when both are NaN.
+          for (size_t q = 0; q < got.size(); ++q) {
+            const bool same = std::memcmp(&got[q], &want[q], 4) == 0 || (std::isnan(got[q]) && std::isnan(want[q]));
+            ASSERT_TRUE(same) << (portable ? "portable" : "avx512") << " k=" << k << " m=" << m << " nj=" << nj
+                              << " at " << q << ": " << got[q] << " vs " << want[q];
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(SimdDispatch, MinMaxFiniteIsBitIdentical) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t n : lengths_) {

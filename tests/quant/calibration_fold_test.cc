@@ -314,30 +314,39 @@ TEST(TorchOrderKernels, ZeroInFeaturesGiveTheBiasInEveryRow) {
 // linear_torch_order: each output is the dot product summed over k in order, one rounding per
 // step, then + bias (the reference BLAS through PyTorch's addmm). Volatile keeps the compiler from
 // fusing or reordering the reference's steps.
+// Output counts below, at and past the 16-feature blocks (5, 16, 37 = 16 + 16 + 5), so both the
+// vector and the remainder path run; with 2 threads the blocks are split between them.
 TEST(TorchOrderKernels, LinearSumsInOrderThenAddsBias) {
-  const Tensor x = dbrq::randn({3, 2, 37}, 11);
-  const Tensor w = dbrq::randn({5, 37}, 12);
-  const Tensor b = dbrq::randn({5}, 13);
-  const Tensor got = kernels::linear_torch_order(x, w, b);
-  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{3, 2, 5}));
-  const std::vector<float> xv = x.to_vector<float>(), wv = w.to_vector<float>(), bv = b.to_vector<float>();
-  std::vector<float> want;
-  for (int64_t i = 0; i < 6; ++i) {
-    for (int64_t j = 0; j < 5; ++j) {
-      volatile float acc = 0.f;
-      for (int64_t l = 0; l < 37; ++l) {
-        volatile float prod = xv[i * 37 + l] * wv[j * 37 + l];
-        acc = acc + prod;
+  for (const int threads : {1, 2}) {
+    dbrq::set_num_threads(threads);
+    for (const int64_t n : {5, 16, 37}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " threads=" << threads);
+      const Tensor x = dbrq::randn({3, 2, 37}, 11);
+      const Tensor w = dbrq::randn({n, 37}, 12);
+      const Tensor b = dbrq::randn({n}, 13);
+      const Tensor got = kernels::linear_torch_order(x, w, b);
+      ASSERT_EQ(got.sizes(), (std::vector<int64_t>{3, 2, n}));
+      const std::vector<float> xv = x.to_vector<float>(), wv = w.to_vector<float>(), bv = b.to_vector<float>();
+      std::vector<float> want;
+      for (int64_t i = 0; i < 6; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          volatile float acc = 0.f;
+          for (int64_t l = 0; l < 37; ++l) {
+            volatile float prod = xv[i * 37 + l] * wv[j * 37 + l];
+            acc = acc + prod;
+          }
+          volatile float out = acc + bv[j];
+          want.push_back(static_cast<float>(out));
+        }
       }
-      volatile float out = acc + bv[j];
-      want.push_back(static_cast<float>(out));
+      EXPECT_EQ(got.to_vector<float>(), want);
+      // Without bias: the sum alone; against oneDNN's eager linear: the same function.
+      const Tensor nob = kernels::linear_torch_order(x, w, Tensor());
+      dbrq::testing::expect_close(nob, kernels::linear(x, w, Tensor()), 1e-5, "no bias");
+      dbrq::testing::expect_close(got, kernels::linear(x, w, b), 1e-5, "vs eager linear");
     }
   }
-  EXPECT_EQ(got.to_vector<float>(), want);
-  // Without bias: the sum alone; against oneDNN's eager linear: the same function.
-  const Tensor nob = kernels::linear_torch_order(x, w, Tensor());
-  dbrq::testing::expect_close(nob, kernels::linear(x, w, Tensor()), 1e-5, "no bias");
-  dbrq::testing::expect_close(got, kernels::linear(x, w, b), 1e-5, "vs eager linear");
+  dbrq::set_num_threads(1);
 }
 
 TEST(TorchOrderKernels, Conv2dComputesTheConvolution) {
