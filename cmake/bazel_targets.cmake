@@ -1170,6 +1170,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/ops:lazy_storage_test
+  NAME dbrq_tests_ops_lazy_storage_test
+  RUNFILE tests/ops/lazy_storage_test
+  SRCS
+    tests/ops/lazy_storage_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_eager
+  SYSTEM
+    gtest_main
+  TAGS
+    tsan
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/ops:op_errors_test
   NAME dbrq_tests_ops_op_errors_test
   RUNFILE tests/ops/op_errors_test

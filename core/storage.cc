@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 
 namespace dbrq {
 namespace {
@@ -117,6 +118,32 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::function<
   s->release_ = std::move(release);
   s->owned_ = false;
   return s;
+}
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, LazyFill fill) {
+  std::shared_ptr<Storage> s = allocate(nbytes);
+  s->fill_ = std::make_unique<LazyFill>(std::move(fill));
+  s->lazy_state_.store(kPending, std::memory_order_release);
+  return s;
+}
+
+void Storage::materialize() const {
+  for (;;) {
+    int state = kPending;
+    if (lazy_state_.compare_exchange_strong(state, kFilling, std::memory_order_acq_rel)) {
+      try {
+        fill_->fn(*fill_, data_);
+      } catch (...) {
+        lazy_state_.store(kPending, std::memory_order_release);  // the next access tries again
+        throw;
+      }
+      fill_->source.reset();  // the source is no longer needed
+      lazy_state_.store(kReady, std::memory_order_release);
+      return;
+    }
+    if (state == kReady) return;
+    std::this_thread::yield();  // another thread is filling
+  }
 }
 
 Storage::Storage() {

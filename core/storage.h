@@ -23,12 +23,23 @@ class Storage {
   static std::shared_ptr<Storage> allocate(size_t nbytes);
   // Wraps memory owned elsewhere; `release` runs when the storage dies (may be empty).
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, std::function<void()> release);
+  // Allocates like allocate(), with contents computed on first access: `fill.fn(fill, data)` runs
+  // once, when data() is first called (from any thread; the others wait), and never if nobody
+  // reads the storage. A converted model's f32 outputs are filled this way (kernels::dequantize_lazy),
+  // so an output the caller only hands back to the model (a key / value cache) is never dequantized.
+  struct LazyFill;
+  static std::shared_ptr<Storage> allocate(size_t nbytes, LazyFill fill);
 
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const {
+    if (__builtin_expect(lazy_state_.load(std::memory_order_acquire) != kReady, 0)) materialize();
+    return data_;
+  }
+  // False while a lazily filled storage has not run its fill.
+  bool materialized() const { return lazy_state_.load(std::memory_order_acquire) == kReady; }
   size_t nbytes() const { return nbytes_; }
 
   // Bumped by every write through dbrq's API (in-place ops, copies, load_state_dict, mutable data
@@ -39,7 +50,9 @@ class Storage {
   uint64_t id() const { return id_; }
 
  private:
+  enum : int { kReady = 0, kPending = 1, kFilling = 2 };
   Storage();
+  void materialize() const;
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   bool cached_ = false;  // came from the caching allocator
@@ -47,6 +60,23 @@ class Storage {
   std::function<void()> release_;
   std::atomic<uint64_t> version_{0};
   uint64_t id_;
+  mutable std::atomic<int> lazy_state_{kReady};
+  std::unique_ptr<LazyFill> fill_;  // lazy storages only; read by the one thread that fills
+};
+
+// What a lazily filled storage runs on first access: fn(*this, data). Plain data and a function
+// pointer, so that describing the fill allocates nothing of its own (a converted call's outputs
+// allocate only their storage). The fields describe a source range of another storage, kept alive
+// until the fill has run.
+struct Storage::LazyFill {
+  void (*fn)(const LazyFill& fill, void* data) = nullptr;
+  std::shared_ptr<Storage> source;
+  uint64_t source_version = 0;  // the source's version when the fill was described
+  int64_t offset = 0;           // in elements of the source's dtype
+  int64_t numel = 0;
+  int dtype = 0;                // the source's DType
+  double scale = 0;
+  int64_t zero_point = 0;
 };
 
 struct AllocatorStats {

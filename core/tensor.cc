@@ -123,6 +123,17 @@ Tensor Tensor::empty(IntArrayRef sizes, DType dtype, MemoryFormat format) {
   return t;
 }
 
+Tensor Tensor::empty_lazy(IntArrayRef sizes, DType dtype, Storage::LazyFill fill) {
+  check_sizes(sizes);
+  Tensor t;
+  t.storage_ = Storage::allocate(static_cast<size_t>(product(sizes)) * dtype_size(dtype), std::move(fill));
+  t.dtype_ = dtype;
+  int64_t st[kMaxDims];
+  strides_into(sizes, MemoryFormat::kContiguous, st);
+  t.set_sizes_strides(sizes, IntArrayRef(st, sizes.size()));
+  return t;
+}
+
 Tensor Tensor::empty_strided(IntArrayRef sizes, IntArrayRef strides, DType dtype) {
   check_sizes(sizes);
   DBRQ_ENSURE(sizes.size() == strides.size(), ShapeError, "empty_strided: ", sizes.size(), " sizes but ",

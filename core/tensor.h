@@ -74,6 +74,9 @@ class Tensor {
   // An uninitialized tensor with `like`'s sizes and, when `like` is dense, its layout.
   static Tensor empty_like(const Tensor& like, DType dtype);
   static Tensor empty_like(const Tensor& like) { return empty_like(like, like.dtype()); }
+  // A contiguous tensor whose contents `fill` computes on first data access (Storage::allocate
+  // with a LazyFill). Metadata (sizes, dtype, storage identity) needs no access.
+  static Tensor empty_lazy(IntArrayRef sizes, DType dtype, Storage::LazyFill fill);
   // Wraps external memory (contiguous); `release` runs when the last view dies.
   static Tensor from_blob(void* data, IntArrayRef sizes, DType dtype,
                           std::function<void()> release = nullptr);

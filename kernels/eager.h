@@ -131,5 +131,8 @@ void fill(Tensor& dst, double value);
 // Affine quantization of f32 to s8/u8 (round half to even, saturate), per tensor or per channel.
 Tensor quantize(const Tensor& x, const QuantParamsPtr& qparams, DType dtype);
 Tensor dequantize(const Tensor& x);
+// dequantize(x), computed on first access to the result's data (Tensor::empty_lazy). The codes
+// must not change before then: reading a result whose codes were written since raises UsageError.
+Tensor dequantize_lazy(const Tensor& x);
 
 }  // namespace dbrq::kernels

@@ -591,6 +591,42 @@ Tensor dequantize(const Tensor& x_in) {
   return dst;
 }
 
+namespace {
+
+// Storage::LazyFill::fn of dequantize_lazy: the source's codes as a tensor again, dequantized as
+// dequantize() does.
+void fill_dequantized(const Storage::LazyFill& f, void* data) {
+  DBRQ_ENSURE(f.source->version() == f.source_version, UsageError,
+              "reading a converted model's returned output whose int8 codes were overwritten after the call "
+              "returned (dequantize_lazy); this is a dbrq bug, please report it");
+  const DType dtype = static_cast<DType>(f.dtype);
+  const char* codes = static_cast<const char*>(f.source->data()) + f.offset * static_cast<int64_t>(dtype_size(dtype));
+  const Tensor x = Tensor::from_blob(const_cast<char*>(codes), {f.numel}, dtype)
+                       .with_qparams(QuantParams::per_tensor(static_cast<float>(f.scale), static_cast<int32_t>(f.zero_point)));
+  Tensor dst = Tensor::from_blob(data, {f.numel}, DType::kF32);
+  if (dtype == DType::kU8) dequantize_loop<uint8_t>(x, dst, *x.qparams());
+  else dequantize_loop<int8_t>(x, dst, *x.qparams());
+}
+
+}  // namespace
+
+Tensor dequantize_lazy(const Tensor& x) {
+  check_defined("dequantize", "input", x);
+  DBRQ_ENSURE(x.is_quantized(), DTypeError, "dequantize: input must be a quantized s8/u8 tensor, got dtype ",
+              dtype_name(x.dtype()), x.dtype() == DType::kF32 ? "" : " without quantization parameters");
+  if (!x.is_contiguous() || x.qparams()->is_per_channel()) return dequantize(x);
+  Storage::LazyFill fill;
+  fill.fn = &fill_dequantized;
+  fill.source = x.storage();
+  fill.source_version = x.storage()->version();
+  fill.offset = x.storage_offset();
+  fill.numel = x.numel();
+  fill.dtype = static_cast<int>(x.dtype());
+  fill.scale = x.qparams()->scales[0];
+  fill.zero_point = x.qparams()->zero_points[0];
+  return Tensor::empty_lazy(x.sizes(), DType::kF32, std::move(fill));
+}
+
 }  // namespace dbrq::kernels
 
 namespace dbrq::kernels {

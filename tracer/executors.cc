@@ -47,7 +47,8 @@ Tensor quantize_memoized(const Tensor& t, const InputSpec& spec) {
 // rounding error, relative 2^-24 twice, stays below 1e-4 of a code step), so the codes are reused
 // as they are. An entry serves only while its f32 storage is alive and unwritten (its version) and
 // only the very tensor returned (offset, sizes, strides); each entry keeps its codes alive, a
-// quarter of the f32 output's bytes, until the output dies (pruned at the next return).
+// quarter of the f32 output's bytes, until the output dies (pruned at the next return). The f32
+// output itself is filled from the codes when first read (kernels::dequantize_lazy).
 struct ReturnedOutput {
   std::weak_ptr<Storage> storage;  // of the f32 output
   uint64_t storage_id = 0;
@@ -80,16 +81,18 @@ Tensor reuse_returned_codes(const Tensor& t, const InputSpec& spec) {
 
 }  // namespace
 
-Tensor dequantize_returned_output(const Tensor& q) {
-  Tensor f = dbrq::dequantize(q);
+Tensor dequantize_returned_output(Tensor q) {
   // Forget the outputs that died since the last return.
   tls_returned.erase(std::remove_if(tls_returned.begin(), tls_returned.end(),
                                     [](const ReturnedOutput& r) { return r.storage.expired(); }),
                      tls_returned.end());
-  if (q.dtype() != DType::kU8 || q.qparams()->is_per_channel() || !q.is_contiguous() || !f.is_contiguous() ||
-      f.storage() == nullptr) {
-    return f;
-  }
+  if (q.dtype() != DType::kU8 || q.qparams()->is_per_channel() || !q.is_contiguous()) return dbrq::dequantize(q);
+  // Dequantized when first read: a cache that is only handed back to the model is never
+  // dequantized (its codes are reused below), so a decoding step no longer costs O(cache length).
+  // Only codes nobody else holds (`q`, moved out of the output slot it replaces, is the one
+  // owner): no one can write them before the f32 output is read. Shared ones (a module member, the
+  // same codes returned twice, a caller keeping its copy) are dequantized now.
+  Tensor f = q.storage().use_count() == 1 ? kernels::dequantize_lazy(q) : dbrq::dequantize(q);
   if (tls_returned.size() >= kMaxReturned) tls_returned.erase(tls_returned.begin());
   tls_returned.push_back(ReturnedOutput{f.storage(), f.storage()->id(), f.storage()->version(), f.storage_offset(),
                                         DimVector(f.sizes().begin(), f.sizes().end()),

@@ -38,7 +38,9 @@ Tensor prepare_input(const Tensor& t, const InputSpec& spec);
 // The calling thread remembers the u8 codes with the f32 result, so that prepare_input given that
 // very f32 tensor again, unwritten, for the same parameters (a key / value cache returned by one
 // call and passed to the next), returns the codes instead of quantizing: the same values, exactly.
-Tensor dequantize_returned_output(const Tensor& q);
+// When nothing but `q` holds the codes (the caller moved them in), the f32 result is filled from
+// them when first read (kernels::dequantize_lazy): a cache passed back unread is never dequantized.
+Tensor dequantize_returned_output(Tensor q);
 struct ReturnedStats {
   uint64_t remembered = 0;  // outputs dequantized with their codes kept
   uint64_t reused = 0;      // prepare_input calls that returned kept codes

@@ -834,7 +834,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   if (!int8_outputs_ && phase == Phase::kConverted) {
     InterceptorScope none(nullptr);
     for (Tensor* t : outputs) {
-      if (t->defined() && t->is_quantized()) *t = dequantize_returned_output(*t);
+      if (t->defined() && t->is_quantized()) *t = dequantize_returned_output(std::move(*t));
     }
   }
 }

@@ -5,7 +5,8 @@
 // and a wide range of scales), that it is used by greedy decoding and gives bit-identical results to
 // a cache that is copied before every call (which never reuses codes), and that it never serves a
 // stale or different tensor: written in place, a view of it, other parameters, or codes written in
-// place.
+// place. Codes that only the returned output holds are dequantized when that output is first read
+// (kernels::dequantize_lazy): a cache handed back unread is never dequantized.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -140,8 +141,26 @@ TEST_F(ReturnedCodesPrepare, ViewsOfTheOutputQuantizeAfresh) {
   EXPECT_EQ(returned_output_stats().reused, 0u);
 }
 
+// Codes that only the returned slot holds: the f32 output is filled when first read, not at the
+// return, and handing it back to the model reuses the codes without reading it.
+TEST_F(ReturnedCodesPrepare, UnsharedCodesAreDequantizedWhenFirstRead) {
+  Tensor q = dbrq::kernels::quantize_to(dbrq::dequantize(codes_), qp_, DType::kU8, MemoryFormat::kPreserve);
+  ASSERT_EQ(q.storage().use_count(), 1);
+  const Tensor want = dbrq::dequantize(q);
+  const void* code_bytes = q.data_ptr();
+  const Tensor f = dequantize_returned_output(std::move(q));  // as the model's return does
+  EXPECT_FALSE(f.storage()->materialized());
+  EXPECT_EQ(prepare_input(f, spec()).data_ptr(), code_bytes);
+  EXPECT_FALSE(f.storage()->materialized());
+  EXPECT_TRUE(same_bytes(f, want));
+  EXPECT_TRUE(f.storage()->materialized());
+}
+
 TEST_F(ReturnedCodesPrepare, CodesWrittenInPlaceAreNotReused) {
   const Tensor f = dequantize_returned_output(codes_);
+  // The caller keeps the codes (a copy went in): dequantized at the return, so the write below
+  // cannot reach f.
+  EXPECT_TRUE(f.storage()->materialized());
   Tensor codes = codes_;
   std::memset(codes.mutable_data_ptr(), 7, static_cast<size_t>(codes.numel()));  // bumps the codes' version
   const Tensor p = prepare_input(f, spec());
@@ -262,6 +281,38 @@ TEST(ReturnedCodesDecoder, GreedyStepsReuseTheCacheCodesBitIdentically) {
   ASSERT_EQ(reference.size(), reused.size());
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(same_bytes(reference[i], reused[i])) << "tensor " << i;
   EXPECT_EQ(dbrq::uncalibrated_ops(*lm), 0);
+  forget_returned_outputs();
+}
+
+// Greedy steps that never read the cache: no step's returned keys and values are ever
+// dequantized (each was handed back, its codes reused), while the logits read by the caller are.
+TEST(ReturnedCodesDecoder, ACacheHandedBackUnreadIsNeverDequantized) {
+  auto lm = int8_decoder();
+  forget_returned_outputs();
+  zoo::DecoderOutput o = (*lm)(ids({4, 8, 15, 16, 23}));
+  std::vector<Tensor> handed_back;
+  for (int64_t t : {42, 7, 1, 19}) {
+    for (const zoo::LayerKV& l : o.cache.layers) {
+      handed_back.push_back(l.key);
+      handed_back.push_back(l.value);
+    }
+    o = (*lm)(ids({t}), o.cache);
+    EXPECT_EQ(o.logits.to_vector<float>().size(), static_cast<size_t>(o.logits.numel()));
+    EXPECT_TRUE(o.logits.storage()->materialized());
+  }
+  ASSERT_EQ(handed_back.size(), static_cast<size_t>(4 * 2 * lm->config().num_layers));
+  // The prompt call's cache comes from other records than the one-token steps' (their parameters
+  // may differ, and then the first step quantizes it afresh, reading it); every later step's cache
+  // is handed back as it came.
+  const size_t per_step = static_cast<size_t>(2 * lm->config().num_layers);
+  for (size_t i = 0; i < handed_back.size(); ++i) {
+    EXPECT_EQ(handed_back[i].dtype(), DType::kF32);
+    if (i >= per_step) EXPECT_FALSE(handed_back[i].storage()->materialized()) << "cache tensor " << i;
+  }
+  // Read now, they hold their codes' values (GreedyStepsReuseTheCacheCodesBitIdentically compares
+  // them with a run that never reuses codes).
+  for (const Tensor& c : handed_back) EXPECT_TRUE(std::isfinite(c.to_vector<float>()[0]));
+  EXPECT_GE(returned_output_stats().reused, handed_back.size() - 2 * lm->config().num_layers);
   forget_returned_outputs();
 }
 
