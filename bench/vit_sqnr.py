@@ -1,10 +1,12 @@
 """The full-size ViT's int8 output SQNR vs PyTorch fp32: PyTorch FX (onednn default) against dbrq's
 default mapping, its transformer recipe and the recipe after bias correction, on the same weights
 and calibration images (bench/torch_models.py; the benchmark's calibration). Drives
-bench/dbrq_bench --serve as bench/compare.py does; prints one line per batch size.
+bench/dbrq_bench --serve as bench/compare.py does; prints one line for the benchmark's batch-1 and
+batch-8 inputs and one pooled over 64 held-out images (the row to rank by: docs/default_qconfig.md).
 
     bazel build -c opt //bench:dbrq_bench
     /usr/bin/python3 bench/vit_sqnr.py [--seed 16]   # 16: the ViT's seed in compare.sh --only=...,vit
+    /usr/bin/python3 bench/vit_sqnr.py --recipes default --observers Histogram+torch_edges,Mse
 """
 import argparse
 import json
