@@ -580,10 +580,19 @@ Tensor quantize(const Tensor& x_in, const QuantParamsPtr& qparams, DType dtype) 
   return dst;
 }
 
+namespace {
+
+// dequantize's and dequantize_lazy's input: a defined quantized tensor.
+void check_dequantize_input(const Tensor& x) {
+  check_defined("dequantize", "input", x);
+  DBRQ_ENSURE(x.is_quantized(), DTypeError, "dequantize: input must be a quantized s8/u8 tensor, got dtype ",
+              dtype_name(x.dtype()), x.dtype() == DType::kF32 ? "" : " without quantization parameters");
+}
+
+}  // namespace
+
 Tensor dequantize(const Tensor& x_in) {
-  check_defined("dequantize", "input", x_in);
-  DBRQ_ENSURE(x_in.is_quantized(), DTypeError, "dequantize: input must be a quantized s8/u8 tensor, got dtype ",
-              dtype_name(x_in.dtype()), x_in.dtype() == DType::kF32 ? "" : " without quantization parameters");
+  check_dequantize_input(x_in);
   const Tensor x = dense(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kF32);
   if (x.dtype() == DType::kU8) dequantize_loop<uint8_t>(x, dst, *x.qparams());
@@ -611,9 +620,7 @@ void fill_dequantized(const Storage::LazyFill& f, void* data) {
 }  // namespace
 
 Tensor dequantize_lazy(const Tensor& x) {
-  check_defined("dequantize", "input", x);
-  DBRQ_ENSURE(x.is_quantized(), DTypeError, "dequantize: input must be a quantized s8/u8 tensor, got dtype ",
-              dtype_name(x.dtype()), x.dtype() == DType::kF32 ? "" : " without quantization parameters");
+  check_dequantize_input(x);
   if (!x.is_contiguous() || x.qparams()->is_per_channel()) return dequantize(x);
   Storage::LazyFill fill;
   fill.fn = &fill_dequantized;

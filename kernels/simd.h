@@ -145,18 +145,6 @@ DBRQ_TARGET_AVX512 inline int64_t accumulate_u8(const uint8_t* in, int32_t* acc,
   return i;
 }
 
-// acc[j] = acc[j] + x * w[j]: a multiply and an add, each rounded (no FMA: -ffp-contract=off, or
-// GCC would fuse the two intrinsics), so it equals the portable loop bit for bit.
-DBRQ_TARGET_AVX512 __attribute__((optimize("-ffp-contract=off"))) inline int64_t axpy_unfused(
-    float x, const float* w, float* acc, int64_t n) {
-  int64_t j = 0;
-  const __m512 vx = _mm512_set1_ps(x);
-  for (; j + 16 <= n; j += 16) {
-    _mm512_storeu_ps(acc + j, _mm512_add_ps(_mm512_loadu_ps(acc + j), _mm512_mul_ps(vx, _mm512_loadu_ps(w + j))));
-  }
-  return j;
-}
-
 // Running min and max of the finite values of in[0, n) (non-finite ones count as 0), folded into
 // *mn and *mx. The exponent test is AVX512F (fpclass would need DQ).
 DBRQ_TARGET_AVX512 inline int64_t minmax_finite(const float* in, int64_t n, float* mn, float* mx) {
@@ -341,20 +329,6 @@ inline void accumulate_u8(const uint8_t* in, int32_t* acc, int64_t n) {
   if (use_avx512()) i = avx512::accumulate_u8(in, acc, n);
 #endif
   for (; i < n; ++i) acc[i] += in[i];
-}
-
-// acc[j] = acc[j] + x * w[j], the product rounded before the add (never a fused multiply-add, on
-// any build or CPU): one step of a dot product summed in order, as a reference BLAS does.
-__attribute__((optimize("-ffp-contract=off"))) inline void axpy_unfused(float x, const float* w, float* acc,
-                                                                      int64_t n) {
-  int64_t j = 0;
-#ifdef DBRQ_AVX512
-  if (use_avx512()) j = avx512::axpy_unfused(x, w, acc, n);
-#endif
-  for (; j < n; ++j) {
-    const float prod = x * w[j];
-    acc[j] = acc[j] + prod;
-  }
 }
 
 // out[i * ldo + jj] = sum over l = 0..k-1, in order, of x[i * k + l] * w[jj * k + l], starting from

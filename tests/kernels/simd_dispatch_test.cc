@@ -323,33 +323,5 @@ TEST_F(SimdDispatch, WindowSumAndAverageAreBitIdentical) {
   }
 }
 
-// The reference step, rounded twice: the volatile product cannot be fused into the add.
-float unfused_step(float acc, float x, float w) {
-  volatile float prod = x * w;
-  return acc + prod;
-}
-
-TEST_F(SimdDispatch, UnfusedAxpyIsBitIdenticalAndNeverFused) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (int64_t n : lengths_) {
-    std::vector<float> w(static_cast<size_t>(n)), acc0(static_cast<size_t>(n));
-    for (auto& v : w) v = u(rng_);
-    for (auto& v : acc0) v = u(rng_) * 1e3f;
-    std::vector<float> a = acc0, b = acc0, ref = acc0;
-    // Products whose fused and unfused sums differ (0.1f * w is inexact for most w).
-    for (int step = 0; step < 3; ++step) {
-      const float x = 0.1f + static_cast<float>(step);
-      force_portable(false);
-      axpy_unfused(x, w.data(), a.data(), n);
-      force_portable(true);
-      axpy_unfused(x, w.data(), b.data(), n);
-      for (int64_t j = 0; j < n; ++j) ref[static_cast<size_t>(j)] = unfused_step(ref[static_cast<size_t>(j)], x, w[static_cast<size_t>(j)]);
-    }
-    // Finite values only: == is bitwise here.
-    EXPECT_EQ(a, ref) << "avx512 n=" << n;
-    EXPECT_EQ(b, ref) << "portable n=" << n;
-  }
-}
-
 }  // namespace
 }  // namespace dbrq::kernels::simd
