@@ -174,12 +174,15 @@ struct SeenOpInfo {
   bool read_twice = false;    // twice by one op (x + x)
   bool model_output = false;  // returned by the model's outermost call (read by the user)
   // Fusion across a module boundary (analysis, docs/architecture.md "Fusion across modules"): an
-  // activation recorded in another module that is the sole reader of this op's output, on every
-  // path seen, runs inside this op's fused kernel as if both were in one module. `absorbs` is on
-  // the producer (the last op of its module's chain, or an unfused op): the activation's global
-  // index; `absorbed_by` on the activation: the producer's global index. -1: none.
+  // activation or a residual add recorded in another module that is the sole reader of this op's
+  // output, on every path seen, runs inside this op's fused kernel as if both were in one module
+  // (an add with the relu of its own module's chain, if it has one). `absorbs` is on the producer
+  // (the last op of its module's chain, or an unfused op): the absorbed op's global index;
+  // `absorbed_by` on the absorbed op: the producer's global index, and `absorbed_input` which of
+  // its inputs reads the producer (an add's other input is the residual). -1: none.
   int absorbs = -1;
   int absorbed_by = -1;
+  int absorbed_input = -1;
   // Observer slots (in ModelQuantState) this op feeds during calibration; -1 for none.
   std::vector<int> input_observers;  // per input: observed here (first consumer of an fp32 tensor)
   int output_observer = -1;          // observed at this op's output

@@ -54,6 +54,7 @@ class Analyzer {
       op.fusion = FusionInfo{};
       op.absorbs = -1;
       op.absorbed_by = -1;
+      op.absorbed_input = -1;
       op.input_observers.assign(op.inputs.size(), -1);
       op.output_observer = -1;
       for (QTensorInfo& t : op.inputs) t.inf_dtype = DType::kF32;
@@ -151,48 +152,70 @@ class Analyzer {
   }
 
   // Fusion across a module boundary. A chain (or a lone op) that ends in one module and whose
-  // output is returned to another module, where an activation reads it, fuses that activation as
-  // if both were in one module (DenseNet: norm5 in the `features` Sequential, F.relu in the root's
-  // forward). Sound only when, over every path seen:
-  //  - the activation is the producer's only reader: one consumer record, no op that is not
+  // output is returned to another module, where an activation or a residual add reads it, fuses
+  // that op as if both were in one module (DenseNet: norm5 in the `features` Sequential, F.relu in
+  // the root's forward; MobileNetV2: `x + conv(x)`, the Sequential `conv` ending in conv + batch
+  // norm; `relu(x + body(x))`: the add with its relu). Sound only when, over every path seen:
+  //  - the absorbed op is the producer's only reader: one consumer record, no op that is not
   //    recorded (read_by_fp32: an fp32 op, an untraced module), not read twice, not a model
   //    output (model_output: the user reads it);
-  //  - the activation reads nothing else at that input (one origin), so it always follows;
-  //  - the backend fuses the chain extended by the activation (a pattern of BackendConfig).
-  // Only relu for now: the ONNX exporter writes the activation as its own node after the chain's
-  // quantize, which is exact for relu (a quantize with zero point 0 already clamps at 0) but
-  // would clip the input of an activation with negative outputs (hardswish, gelu, leaky_relu).
+  //  - the absorbed op reads nothing else at that input (one origin), so it always follows;
+  //  - the backend fuses the chain extended by the absorbed op and, for an add, by the relu its
+  //    own module fused after it (a pattern of BackendConfig).
+  // Activations: only relu, as the ONNX exporter writes the activation as its own node after the
+  // chain's quantize, which is exact for relu (a quantize with zero point 0 already clamps at 0)
+  // but would clip the input of an activation with negative outputs (hardswish, gelu,
+  // leaky_relu). An add is written as the residual add of the chain (a pending weighted result).
   // After convert, a path never calibrated that reads the producer's output elsewhere is caught
   // by the inner-tensor checks of the interceptor (ControlFlowError, never a wrong value), and an
-  // activation handed another tensor runs it itself, in fp32 (the interceptor checks the origin).
+  // absorbed op handed another tensor computes itself, in fp32 (the interceptor checks the origin).
   void discover_cross_module() {
     const auto& patterns = m_.backend().fusion_patterns();
     for (auto& [cs, ci] : m_.records()) {
       SeenOpInfo& c = cs->seen_ops()[static_cast<size_t>(ci)];
-      if (c.fusion.fused() || c.qconfig == nullptr || c.has_scalar || c.inputs.empty() ||
-          c.inputs[0].num_origins() != 1 || c.kind != OpKind::kRelu) {
-        continue;
+      const bool add = op_def(c.kind).residual_add;
+      if (c.qconfig == nullptr || c.has_scalar || c.inputs.empty() || !(add || c.kind == OpKind::kRelu)) continue;
+      // An activation on its own; an add may start its module's chain (add + relu).
+      if (c.fusion.fused() && (!add || c.fusion.position != 0)) continue;
+      if (add && (c.inputs.size() != 2 || !quantizable(c))) continue;
+      for (size_t pos = 0; pos < (add ? 2u : 1u); ++pos) {
+        if (c.inputs[pos].num_origins() != 1) continue;
+        const Record* r = m_.tensor(c.inputs[pos].id);
+        if (r == nullptr || r->record < 0) continue;
+        const int pg = r->record;
+        SeenOpInfo& p = rec_op(pg);
+        if (&state_of(pg) == cs || p.absorbs >= 0 || !quantizable(p)) continue;
+        if (p.outputs.size() != 1 || p.consumers.size() != 1 || p.read_by_fp32 || p.read_twice || p.model_output) {
+          continue;
+        }
+        if (!(p.consumers[0] == Consumer{c.global_index, static_cast<int>(pos)})) continue;
+        // The producer ends its module's chain (the last member), or is not in one.
+        if (p.fusion.fused() && p.index != p.fusion.members.back()) continue;
+        std::vector<OpKind> chain = p.fusion.fused() ? p.fusion.pattern : std::vector<OpKind>{p.kind};
+        if (p.fusion.fused() && p.fusion.residual_input >= 0) continue;  // a chain with its add already
+        const SeenOpInfo& base = chain_base(pg);
+        if (!quantizable(base)) continue;
+        if (c.fusion.fused()) {
+          chain.insert(chain.end(), c.fusion.pattern.begin(), c.fusion.pattern.end());
+        } else {
+          chain.push_back(c.kind);
+        }
+        if (std::find(patterns.begin(), patterns.end(), chain) == patterns.end()) continue;
+        p.absorbs = c.global_index;
+        c.absorbed_by = pg;
+        c.absorbed_input = static_cast<int>(pos);
+        break;
       }
-      const Record* r = m_.tensor(c.inputs[0].id);
-      if (r == nullptr || r->record < 0) continue;
-      const int pg = r->record;
-      SeenOpInfo& p = rec_op(pg);
-      if (&state_of(pg) == cs || p.absorbs >= 0 || !quantizable(p)) continue;
-      if (p.outputs.size() != 1 || p.consumers.size() != 1 || p.read_by_fp32 || p.read_twice || p.model_output) {
-        continue;
-      }
-      if (!(p.consumers[0] == Consumer{c.global_index, 0})) continue;
-      // The producer ends its module's chain (the last member), or is not in one.
-      if (p.fusion.fused() && p.index != p.fusion.members.back()) continue;
-      std::vector<OpKind> chain = p.fusion.fused() ? p.fusion.pattern : std::vector<OpKind>{p.kind};
-      if (p.fusion.fused() && p.fusion.residual_input >= 0) continue;  // add chains: not here
-      const SeenOpInfo& base = chain_base(pg);
-      if (!quantizable(base)) continue;
-      chain.push_back(c.kind);
-      if (std::find(patterns.begin(), patterns.end(), chain) == patterns.end()) continue;
-      p.absorbs = c.global_index;
-      c.absorbed_by = pg;
     }
+  }
+
+  // The op ending the fused chain that `last` (a chain's last op, or an unfused op) ends in its
+  // module: itself, or the op it absorbs from another module, or that op's own chain's last.
+  const SeenOpInfo& chain_end(const SeenOpInfo& last) {
+    if (last.absorbs < 0) return last;
+    const SeenOpInfo& a = rec_op(last.absorbs);
+    if (!a.fusion.fused()) return a;
+    return state_of(a.global_index).seen_ops()[static_cast<size_t>(a.fusion.members.back())];
   }
 
   bool any_input_u8(const SeenOpInfo& op, size_t k) {
@@ -384,13 +407,16 @@ class Analyzer {
     if (op.role == QuantRole::kNone) return set_output(op, DType::kF32, -1);
     const std::string& owner = s.fqn();
     if (op.absorbed_by >= 0) {
-      // Fused across a module boundary: the chain's output, observed here.
+      // Fused across a module boundary: the chain's output, observed here (or at the end of this
+      // op's own chain: an add's relu). An add's other input is the residual, brought to u8.
       const SeenOpInfo& base = chain_base(op.absorbed_by);
-      op.inputs[0].inf_dtype = rec(op.inputs[0].id).inf_dtype;
+      const size_t k = static_cast<size_t>(op.absorbed_input);
+      op.inputs[k].inf_dtype = rec(op.inputs[k].id).inf_dtype;
+      if (op_def(op.kind).residual_add) require_u8(g, 1 - k);
       if (base.qconfig && base.qconfig->is_dynamic()) return set_output(op, DType::kF32, -1);
       const int slot = rec(base.outputs[0].id).slot;
       set_output(op, DType::kU8, slot);
-      op.output_observer = slot;
+      if (!op.fusion.fused()) op.output_observer = slot;
       return;
     }
     if (op.fusion.fused() && op.fusion.position > 0) {
@@ -499,12 +525,9 @@ class Analyzer {
     // Named after the tensor users see, and owned by the op producing it: the end of the fused
     // chain, if any (chains of a loop's iterations ending in one record share it).
     const SeenOpInfo* last = op.fusion.fused() ? &s.seen_ops()[static_cast<size_t>(op.fusion.members.back())] : &op;
-    const std::string* owner = &s.fqn();
-    if (last->absorbs >= 0) {  // the chain ends with an activation in another module
-      owner = &state_of(last->absorbs).fqn();
-      last = &rec_op(last->absorbs);
-    }
-    const int slot = m_.ensure_slot(last->global_index, -1, op.qconfig->activation, last->outputs[0].id, *owner);
+    last = &chain_end(*last);  // the chain may end with an op of another module
+    const int slot = m_.ensure_slot(last->global_index, -1, op.qconfig->activation, last->outputs[0].id,
+                                    state_of(last->global_index).fqn());
     set_output(op, DType::kU8, slot);
     if (!op.fusion.fused() && op.absorbs < 0) op.output_observer = slot;  // else the chain's last op observes
   }

@@ -31,7 +31,7 @@ class Converter {
     ConvertedProgram program(m_.execution_order().size());
     for (auto& [state, index] : m_.execution_order()) {
       SeenOpInfo& op = state->seen_ops()[index];
-      program[op.program_index] = build(*state, op, program);
+      program[op.program_index] = build(*state, op);
     }
     // What each op chose, for printing and introspection (every parameter is known by now).
     for (auto& [state, index] : m_.execution_order()) {
@@ -96,11 +96,9 @@ class Converter {
   }
 
   // The tensor a fused chain produces (its last op's output).
-  // (An activation fused across a module boundary ends it: SeenOpInfo::absorbs.)
   int64_t chain_output(const AutoQuantizationState& s, const SeenOpInfo& base) {
-    const SeenOpInfo& last = base.fusion.fused() ? s.seen_ops()[static_cast<size_t>(base.fusion.members.back())] : base;
-    if (last.absorbs >= 0) return m_.record(last.absorbs).outputs[0].id;
-    return last.outputs[0].id;
+    const std::vector<const SeenOpInfo*> f = followers(s, base);
+    return (f.empty() ? base : *f.back()).outputs[0].id;
   }
 
   // The parameters input k is brought to: its origin's, or (several origins: paths, loop
@@ -126,8 +124,27 @@ class Converter {
       out.push_back(&s.seen_ops()[static_cast<size_t>(base.fusion.members[p])]);
     }
     const SeenOpInfo& last = out.empty() ? base : *out.back();
-    if (last.absorbs >= 0) out.push_back(&m_.record(last.absorbs));  // in another module
+    if (last.absorbs >= 0) {  // an op of another module (SeenOpInfo::absorbs), with its own chain
+      const SeenOpInfo& a = m_.record(last.absorbs);
+      out.push_back(&a);
+      const AutoQuantizationState& as = state_of(a);
+      for (size_t p = 1; a.fusion.fused() && p < a.fusion.members.size(); ++p) {
+        out.push_back(&as.seen_ops()[static_cast<size_t>(a.fusion.members[p])]);
+      }
+    }
     return out;
+  }
+
+  const AutoQuantizationState& state_of(const SeenOpInfo& op) {
+    return *m_.records()[static_cast<size_t>(op.global_index)].first;
+  }
+
+  // A residual add fused into the weighted op `base`'s kernel (in its module's chain, or absorbed
+  // from another module): which of its inputs is the residual; -1 if `m` is not one.
+  static int residual_of(const SeenOpInfo& m) {
+    if (m.fusion.residual_input >= 0) return m.fusion.residual_input;
+    if (m.absorbed_by >= 0 && op_def(m.kind).residual_add) return 1 - m.absorbed_input;
+    return -1;
   }
 
   // The chain's activations, as post-ops in order.
@@ -140,7 +157,7 @@ class Converter {
     return post;
   }
 
-  std::unique_ptr<ConvertedOp> build(AutoQuantizationState& s, SeenOpInfo& op, ConvertedProgram& program) {
+  std::unique_ptr<ConvertedOp> build(AutoQuantizationState& s, SeenOpInfo& op) {
     if (op.role == QuantRole::kNone) {
       return std::make_unique<Fp32Exec>(op.unsupported.empty() ? "not quantized" : op.unsupported);
     }
@@ -156,20 +173,19 @@ class Converter {
     const OpDef& def = op_def(op.kind);
     if (op.absorbed_by >= 0) {
       const SeenOpInfo& p = m_.record(op.absorbed_by);
-      const AutoQuantizationState& ps = *m_.records()[static_cast<size_t>(op.absorbed_by)].first;
+      const AutoQuantizationState& ps = state_of(p);
       const SeenOpInfo& base = p.fusion.fused() ? ps.seen_ops()[static_cast<size_t>(p.fusion.base)] : p;
-      return std::make_unique<FollowerExec>(absl::StrCat(base.fusion.fused() ? base.fusion.name() : op_name(base.kind),
-                                                         "+", op_name(op.kind), " (", op_name(base.kind), " in module \"",
-                                                         ps.fqn(), "\")"));
+      std::string chain = base.fusion.fused() ? base.fusion.name() : op_name(base.kind);
+      absl::StrAppend(&chain, "+", op.fusion.fused() ? op.fusion.name() : op_name(op.kind));
+      std::string name = absl::StrCat(chain, " (", op_name(base.kind), " in module \"", ps.fqn(), "\")");
+      if (const int r = residual_of(op); r >= 0) return std::make_unique<ResidualAddExec>(r, std::move(name));
+      return std::make_unique<FollowerExec>(std::move(name));
     }
     if (op.fusion.fused() && op.fusion.position > 0) {
       SeenOpInfo& base = s.seen_ops()[op.fusion.base];
-      if (op.fusion.residual_input >= 0) {
-        auto* weighted = dynamic_cast<WeightedExec*>(program[base.program_index].get());
-        DBRQ_CHECK(weighted != nullptr, "residual add fused into an op that is not weighted");
-        weighted->set_residual_spec(input_spec(s, op, op.fusion.residual_input));
-        return std::make_unique<ResidualAddExec>(weighted, op.fusion.residual_input, base.fusion.name());
-      }
+      // The kernel of whichever record of the weighted op fed it (a layer's records on several
+      // paths may share the add) completes with the sum post-op.
+      if (op.fusion.residual_input >= 0) return std::make_unique<ResidualAddExec>(op.fusion.residual_input, base.fusion.name());
       // A batch norm folded into the base's weights checks that each call hands the tensors it
       // was folded from.
       return std::make_unique<FollowerExec>(base.fusion.name(),
@@ -249,6 +265,7 @@ class Converter {
     };
     std::vector<Fold> folds;
     bool deferred = false;
+    InputSpec residual;  // of a residual add in the chain: the parameters its sum takes
     if (!dynamic) {
       base.src_qparams = input_qparams(s, op, 0);
       // An f32 output (PrepareOptions::float_outputs_for_float_readers): no destination parameters.
@@ -258,8 +275,9 @@ class Converter {
     for (const SeenOpInfo* m : followers(s, op)) {
       const OpDef& md = op_def(m->kind);
       if (md.fold != nullptr) folds.push_back(Fold{md.fold, tensors_of(*m), m->params});
-      if (m->fusion.residual_input >= 0) {
-        base.sum_qparams = input_qparams(s, *m, static_cast<size_t>(m->fusion.residual_input));
+      if (const int r = residual_of(*m); r >= 0) {
+        residual = input_spec(state_of(*m), *m, static_cast<size_t>(r));
+        base.sum_qparams = residual.want;
         deferred = true;
       }
     }
@@ -284,6 +302,7 @@ class Converter {
         def, factory, op.params, dynamic ? InputSpec{} : InputSpec{base.src_qparams, def.int8_input_format}, weight,
         bias, std::move(folded), deferred);
     if (op.kind == OpKind::kLinear && !folds.empty()) exec->set_folded_into_linear();
+    if (deferred) exec->set_residual_spec(std::move(residual));
     return exec;
   }
 

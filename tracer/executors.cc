@@ -126,13 +126,15 @@ Tensor prepare_input(const Tensor& t, const InputSpec& spec) {
 
 namespace {
 
-// Weighted ops whose result waits for their residual (conv -> add fusion), per calling thread.
+// Weighted ops whose result waits for their residual (conv -> add fusion), per calling thread,
+// by the storage of the (unfilled) result they handed out.
 struct Pending {
   Tensor input;
   Tensor output;
   std::shared_ptr<kernels::QWeighted> kernel;  // built for the weights of the call that deferred
+  InputSpec residual;                          // what the kernel's sum takes
 };
-thread_local absl::flat_hash_map<const WeightedExec*, Pending> tls_pending;
+thread_local absl::flat_hash_map<const Storage*, Pending> tls_pending;
 
 bool any_quantized(const OpCall& call) {
   for (const Tensor* t : call.inputs) {
@@ -318,18 +320,18 @@ Tensor WeightedExec::run(const OpCall& call) {
   // Residual fusion: the residual is not known yet. Hand out the (unfilled) output; the add fills
   // it with the sum post-op, with the kernel of this call's weights.
   Tensor out = k->empty_output(x);
-  tls_pending[this] = Pending{std::move(x), out, std::move(k)};
+  tls_pending[out.storage().get()] = Pending{std::move(x), out, std::move(k), residual_};
   return out;
 }
 
-Tensor WeightedExec::finish(const Tensor& pending, const Tensor& residual) {
-  auto it = tls_pending.find(this);
+Tensor WeightedExec::finish(const Tensor& pending, const Tensor& residual, const std::string& chain) {
+  auto it = pending.defined() ? tls_pending.find(pending.storage().get()) : tls_pending.end();
   DBRQ_ENSURE(it != tls_pending.end() && it->second.output.storage() == pending.storage(), ControlFlowError,
-              "fused ", def_.name, " + add: the add received a tensor that is not the fused ", def_.name,
-              "'s result (data flow changed since the first run)");
+              "fused ", chain, ": the add received a tensor that is not its weighted op's result (data flow changed "
+              "since the first run)");
   Pending p = std::move(it->second);
   tls_pending.erase(it);
-  const Tensor r = prepare_input(residual, residual_);
+  const Tensor r = prepare_input(residual, p.residual);
   return p.kernel->run(p.input, &r, &p.output);
 }
 
@@ -344,7 +346,7 @@ std::string WeightedExec::describe() const {
 }
 
 Tensor ResidualAddExec::run(const OpCall& call) {
-  return base_->finish(call.input(1 - residual_input_), call.input(residual_input_));
+  return WeightedExec::finish(call.input(1 - residual_input_), call.input(residual_input_), chain_);
 }
 
 Tensor MatmulExec::run(const OpCall& call) {

@@ -120,8 +120,10 @@ class WeightedExec : public ConvertedOp {
                const Tensor& bias, std::vector<Tensor> folded, bool deferred);
   Tensor run(const OpCall& call) override;
   std::string describe() const override;
-  // The residual add of a deferred chain: runs the kernel with its stored input, summing `residual`.
-  Tensor finish(const Tensor& pending, const Tensor& residual);
+  // The residual add of a deferred chain: runs the kernel of the call that left `pending` (this
+  // thread's, of any weighted op: several records of one layer may feed one add) with its stored
+  // input, summing `residual`.
+  static Tensor finish(const Tensor& pending, const Tensor& residual, const std::string& chain);
   void set_residual_spec(InputSpec s) { residual_ = std::move(s); }
   // Of the kernel built at convert (or rebuilt for changed weights).
   QuantParamsPtr weight_qparams();
@@ -156,13 +158,11 @@ class WeightedExec : public ConvertedOp {
 // The add of a weighted -> add residual chain.
 class ResidualAddExec : public ConvertedOp {
  public:
-  ResidualAddExec(WeightedExec* base, int residual_input, std::string chain)
-      : base_(base), residual_input_(residual_input), chain_(std::move(chain)) {}
+  ResidualAddExec(int residual_input, std::string chain) : residual_input_(residual_input), chain_(std::move(chain)) {}
   Tensor run(const OpCall& call) override;
   std::string describe() const override { return "residual add fused into " + chain_ + " (sum post-op)"; }
 
  private:
-  WeightedExec* base_;
   int residual_input_;
   std::string chain_;
 };

@@ -225,6 +225,10 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
   }
 }
 
+bool QuantInterceptor::is_inner_fused(const Tensor& t) {
+  return t.defined() && (t.trace_origin() & kInnerFusedBit) != 0;
+}
+
 QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what) {
   auto* i = quant_state_of(model) != nullptr ? dynamic_cast<QuantInterceptor*>(model.interceptor()) : nullptr;
   DBRQ_ENSURE(i != nullptr, UsageError, what, ": ", model.type_name(),
@@ -556,11 +560,16 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
       }
       ++a;
     }
-    // An activation fused across a module boundary (SeenOpInfo::absorbed_by) passes on what its
-    // producer's kernel computed. Handed any other tensor (a path never calibrated in which the
-    // module before returned something else), it must compute itself: fp32, as uncalibrated.
-    if (__builtin_expect(op.absorbed_by >= 0, 0) && op.role != QuantRole::kNone && n_act > 0 &&
-        (call.inputs[0]->trace_origin() & ~kInnerFusedBit) != model_->record(op.absorbed_by).outputs[0].id) {
+    // An activation or add fused across a module boundary (SeenOpInfo::absorbed_by) passes on
+    // (or completes) what its producer's kernel computed. Handed any other tensor there (a path
+    // never calibrated in which the module before returned something else), it must compute
+    // itself: fp32, as uncalibrated.
+    if (__builtin_expect(op.absorbed_by >= 0, 0) && op.role != QuantRole::kNone &&
+        [&] {
+          const size_t k = static_cast<size_t>(op.absorbed_input);
+          return k >= n_act || k >= call.inputs.size() ||
+                 (call.inputs[k]->trace_origin() & ~kInnerFusedBit) != model_->record(op.absorbed_by).outputs[0].id;
+        }()) {
       return run_uncalibrated(call, owner, top, "reads another tensor than the one calibration saw it fused with");
     }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
@@ -825,6 +834,9 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
     }
   }
   if (!outermost) return;
+  // No model call of this thread is in flight: a fused conv whose add never ran (its result was
+  // dropped unread) is abandoned.
+  if (tls_stack.empty()) drop_pending_on_this_thread();
   if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   tls_created.resize(f.created_mark);        // and the records it added
   drop_folds_on_this_thread();               // folded results no batch norm took

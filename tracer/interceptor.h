@@ -101,6 +101,12 @@ class QuantInterceptor : public Interceptor {
     return program_[static_cast<size_t>(program_index)].get();
   }
 
+  // After convert: whether `t` is the output of a fused chain's inner op, which does not exist as
+  // such (the tensor holds the chain's result, or nothing yet: a conv waiting for its residual
+  // add). Such a tensor may leave a module whose chain continues in its caller (fusion across
+  // modules, SeenOpInfo::absorbs).
+  static bool is_inner_fused(const Tensor& t);
+
   // Converts the model (see convert_model) and switches it to the converted phase.
   void convert(bool int8_outputs);
 

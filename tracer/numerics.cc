@@ -150,14 +150,16 @@ class FloatProbe : public Interceptor {
   std::vector<Frame> stack_;
 };
 
-// The op whose output a seen op's comparison uses: the end of its fused chain, if any.
+// The op whose output a seen op's comparison uses: the end of its fused chain, if any. A chain
+// continued by an op of another module (SeenOpInfo::absorbs) ends there.
 bool reports_output(const SeenOpInfo& op) {
-  if (op.role == QuantRole::kNone) return false;
+  if (op.role == QuantRole::kNone || op.absorbs >= 0) return false;
   if (!op.fusion.fused()) return true;
   return op.fusion.position == static_cast<int>(op.fusion.pattern.size()) - 1;
 }
 
 std::string fmt_db(double v) {
+  if (std::isnan(v)) return "n/a";
   if (v == kInf) return "inf";
   if (v == -kInf) return "-inf";
   return absl::StrFormat("%.2f", v);
@@ -265,7 +267,11 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
         const PathKey pk{fqn, qc.path};
         ++path_calls[pk];
         Accum& pa = path_acc[pk];
-        for (size_t i = 0; i < qc.outputs.size() && i < fc.outputs.size(); ++i) pa.add(fc.outputs[i], qc.outputs[i]);
+        // An output that exists only inside its caller's fused kernel (fusion across modules)
+        // holds the chain's result, not the module's: it has nothing to compare.
+        for (size_t i = 0; i < qc.outputs.size() && i < fc.outputs.size(); ++i) {
+          if (!tracer::QuantInterceptor::is_inner_fused(qc.outputs[i])) pa.add(fc.outputs[i], qc.outputs[i]);
+        }
         bool same = qc.ops.size() == fc.ops.size();
         for (size_t k = 0; same && k < qc.ops.size(); ++k) {
           same = qc.ops[k].kind == fc.ops[k].kind && qc.ops[k].fqn == fc.ops[k].fqn;
@@ -343,7 +349,7 @@ NumericReport compare_numerics(nn::Module& float_model, nn::Module& quantized_mo
       p.ops += op.display_kind();
     }
     p.calls = path_calls[key];
-    p.sqnr_db = a.sqnr();
+    p.sqnr_db = a.n > 0 ? a.sqnr() : std::numeric_limits<double>::quiet_NaN();
     p.max_abs_error = a.max_abs;
     r.paths.push_back(std::move(p));
   }

@@ -48,7 +48,8 @@ struct PathNumerics {
   std::string ops;           // its ops, "mean conv2d+relu conv2d"
   int64_t calls = 0;         // compared calls of the module that took it
   int64_t calls_before = 0;  // calls that took it before the comparison (calibration and use)
-  double sqnr_db = 0.0;      // of the module's outputs on those calls
+  double sqnr_db = 0.0;      // of the module's outputs on those calls; NaN ("n/a") when its outputs
+                             // exist only inside its caller's fused kernel (fusion across modules)
   double max_abs_error = 0.0;
 };
 

@@ -563,10 +563,40 @@ class Recorder : public Interceptor {
     return y;
   }
 
+  // A fused residual add: the weighted op's pending (unquantized) result plus input `r`, the
+  // residual, brought to the parameters the kernel's sum takes.
+  std::string residual_sum(const OpCall& c, const SeenOpInfo* op, int r) {
+    Value pending = value_of(c.input(static_cast<size_t>(1 - r)));
+    DBRQ_CHECK(pending.pending, "a fused residual add without its weighted op's pending result");
+    QuantParamsPtr want = static_cast<size_t>(r) < op->executor->input_qparams.size()
+                              ? op->executor->input_qparams[static_cast<size_t>(r)]
+                              : nullptr;
+    const std::string res = input_as(c.input(static_cast<size_t>(r)), want);
+    return b_.node("Add", {pending.f, res}, "residual_add");
+  }
+
+  // Whether the int8 weighted op `op` (a chain's base, or alone) leaves its result pending for a
+  // residual add: one in its chain, or one of another module that its chain's last op absorbs.
+  bool waits_for_residual(const SeenOpInfo* op, const AutoQuantizationState* s) {
+    const SeenOpInfo* last = op;
+    for (size_t p = 1; op->fusion.fused() && p < op->fusion.members.size(); ++p) {
+      last = &s->seen_ops()[static_cast<size_t>(op->fusion.members[p])];
+      if (last->fusion.residual_input >= 0) return true;
+    }
+    return last->absorbs >= 0 && op_def(inner_.model().record(last->absorbs).kind).residual_add;
+  }
+
   void emit(const OpCall& c, const SeenOpInfo* op, const AutoQuantizationState* s, const Tensor& out) {
     const bool int8 = op != nullptr && op->executor != nullptr && !op->executor->fp32;
     if (int8 && op->qconfig != nullptr && op->qconfig->is_dynamic()) {
       unsupported(c, op, "dynamic quantization (parameters computed per call) is not exported");
+    }
+    // A residual add absorbed from another module's chain (SeenOpInfo::absorbs): the weighted
+    // op's pending result plus the residual, then the add's own chain (its relu).
+    if (int8 && op->absorbed_by >= 0 && op_def(op->kind).residual_add) {
+      const int r = 1 - op->absorbed_input;
+      set_output(out, chain_tail(op, s, residual_sum(c, op, r), 1, false), "residual_add");
+      return;
     }
     // A member of a fused chain after its base.
     if (int8 && op->fusion.fused() && op->fusion.position > 0) {
@@ -574,14 +604,7 @@ class Recorder : public Interceptor {
         bind(out, value_of(c.input(0)));  // the base already wrote the chain
         return;
       }
-      const int r = op->fusion.residual_input;
-      Value pending = value_of(c.input(static_cast<size_t>(1 - r)));
-      DBRQ_CHECK(pending.pending, "a fused residual add without its weighted op's pending result");
-      QuantParamsPtr want = static_cast<size_t>(r) < op->executor->input_qparams.size()
-                                ? op->executor->input_qparams[static_cast<size_t>(r)]
-                                : nullptr;
-      const std::string res = input_as(c.input(static_cast<size_t>(r)), want);
-      std::string y = b_.node("Add", {pending.f, res}, "residual_add");
+      std::string y = residual_sum(c, op, op->fusion.residual_input);
       const SeenOpInfo& base = s->seen_ops()[static_cast<size_t>(op->fusion.base)];
       y = chain_tail(&base, s, y, static_cast<size_t>(op->fusion.position) + 1, true);
       set_output(out, y, "residual_add");
@@ -956,21 +979,13 @@ class Recorder : public Interceptor {
       default:
         unsupported(c, op, "");
     }
-    if (int8 && op->fusion.fused() && op->fusion.position == 0) {
-      y = chain_tail(op, s, y, 1, weighted);
-      const bool deferred = [&] {
-        for (size_t p = 1; p < op->fusion.members.size(); ++p) {
-          if (s->seen_ops()[static_cast<size_t>(op->fusion.members[p])].fusion.residual_input >= 0) return true;
-        }
-        return false;
-      }();
-      if (deferred) {
-        Value v;
-        v.f = y;
-        v.pending = true;
-        bind(out, v);
-        return;
-      }
+    if (int8 && op->fusion.fused() && op->fusion.position == 0) y = chain_tail(op, s, y, 1, weighted);
+    if (int8 && weighted && waits_for_residual(op, s)) {
+      Value v;
+      v.f = y;
+      v.pending = true;
+      bind(out, v);
+      return;
     }
     set_output(out, y, op_name(c.kind));
     if (!out.is_quantized() && !int8) {

@@ -310,6 +310,61 @@ TEST(OnnxExport, QdqGraphCarriesDbrqsParameters) {
   EXPECT_EQ(testing::values((*m)(x)), testing::values(before));
 }
 
+// MobileNetV2's residual block: conv + batch norm in a child Sequential, `x + conv(x)` in the
+// root. dbrq runs the add as the conv's sum post-op (fusion across modules), so the graph adds
+// the residual to the conv's unquantized result, as it does for a residual block in one module.
+struct SplitResidualBlock : nn::CallableModule<SplitResidualBlock> {
+  SplitResidualBlock() {
+    auto c = std::make_shared<nn::Conv2dImpl>(8, 8, 3, 1, 1);
+    bn = std::make_shared<nn::BatchNorm2dImpl>(8);
+    body = register_module("body", std::make_shared<nn::SequentialImpl>(c, bn));
+  }
+  Tensor forward(const Tensor& x) { return relu(x + (*body)(x)); }
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<nn::SequentialImpl> body;
+};
+
+TEST(OnnxExport, ResidualAddOfAnotherModulesConvAddsItsUnquantizedResult) {
+  manual_seed(5);
+  SplitResidualBlock m;
+  testing::randomize_bn(*m.bn, 6);
+  m.eval();
+  prepare(m, {randn({2, 8, 6, 6}, 1)});
+  for (int i = 0; i < 4; ++i) m(randn({2, 8, 6, 6}, 30 + i));
+  convert(m);
+  ASSERT_GE(testing::state_of(*m.body).seen_ops().back().absorbs, 0);
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({2, 8, 6, 6}, 9)}));
+  EXPECT_EQ(g.count("Conv"), 1);
+  EXPECT_EQ(g.count("BatchNormalization"), 0);
+  ASSERT_EQ(g.count("Add"), 1);
+  const NodeR* add = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "Add") add = &n;
+  }
+  // One input is the Conv's own output (no QuantizeLinear in between), the other the residual.
+  const NodeR* a = g.producer(add->in[0]);
+  const NodeR* b = g.producer(add->in[1]);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->op, "Conv");
+  EXPECT_EQ(b->op, "DequantizeLinear");
+  // Then the relu, and the chain's one quantize with the relu's parameters.
+  const NodeR* relu = nullptr;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "Relu" && n.in[0] == add->out[0]) relu = &n;
+  }
+  ASSERT_NE(relu, nullptr);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  bool quantized_after = false;
+  for (const NodeR& n : g.nodes) {
+    if (n.op == "QuantizeLinear" && n.in[0] == relu->out[0]) {
+      quantized_after = true;
+      EXPECT_EQ(g.floats(n.in[1]), std::vector<float>{ops.back().output_qparams->scale()});
+    }
+  }
+  EXPECT_TRUE(quantized_after);
+}
+
 TEST(OnnxExport, WritesTheFileAtomically) {
   auto m = converted_resnet_like();
   const std::string dir = ::testing::TempDir() + "/onnx_export_ok";
