@@ -2,10 +2,12 @@
 // (and when they must copy), element access, quantization parameters, printing, in-place ops with
 // their storage-version bumps, and the caching allocator.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -566,7 +568,7 @@ TEST(TensorAllocator, ReusesAFreedLargeBlock) {
     EXPECT_EQ(after.cache_hits, freed.cache_hits + 1);
     EXPECT_EQ(after.bytes_cached, freed.bytes_cached - kFloats * 4);
   }
-  // Small tensors bypass the cache.
+  // Small tensors bypass the large cache (they have per-thread lists: below).
   const AllocatorStats s0 = allocator_stats();
   { Tensor small = Tensor::empty({16}); }
   { Tensor small = Tensor::empty({16}); }
@@ -578,6 +580,78 @@ TEST(TensorAllocator, ReusesAFreedLargeBlock) {
   { Tensor big = Tensor::empty({kFloats}); }
   EXPECT_EQ(allocator_stats().bytes_cached, 0u);
   set_allocator_cache_limit(size_t{1} << 30);
+}
+
+TEST(TensorAllocator, ReusesASmallBlockOnTheSameThread) {
+  set_allocator_cache_limit(size_t{1} << 30);
+  const void* first = nullptr;
+  { first = Tensor::empty({100}).raw_data<float>(); }  // 400 bytes: the 512-byte class
+  const AllocatorStats before = allocator_stats();
+  {
+    const Tensor again = Tensor::empty({120});  // 480 bytes: the same class
+    EXPECT_EQ(again.raw_data<float>(), first);
+    const AllocatorStats after = allocator_stats();
+    EXPECT_EQ(after.small_cache_hits, before.small_cache_hits + 1);
+    EXPECT_EQ(after.allocations, before.allocations + 1);
+    EXPECT_EQ(after.cache_hits, before.cache_hits);  // not the large cache
+  }
+  // Another class does not take it.
+  const AllocatorStats s0 = allocator_stats();
+  { const Tensor bigger = Tensor::empty({200}); }  // 800 bytes: the 1 KiB class, empty so far here
+  EXPECT_EQ(allocator_stats().small_cache_hits, s0.small_cache_hits);
+  // Blocks are 64-byte aligned in every class.
+  for (int64_t n : {1, 16, 17, 1000, 16383}) {
+    const Tensor t = Tensor::empty({n});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data<float>()) % 64, 0u) << n;
+  }
+}
+
+TEST(TensorAllocator, SmallBlockFreedOnAnotherThreadJoinsThatThreadsList) {
+  set_allocator_cache_limit(size_t{1} << 30);
+  Tensor made_here = Tensor::empty({3000});  // 12000 bytes: the 16 KiB class
+  const void* p = made_here.raw_data<float>();
+  const void* reused = nullptr;
+  uint64_t hits_there = 0;
+  std::thread([&] {
+    made_here = Tensor();  // freed on this thread
+    const uint64_t h0 = allocator_stats().small_cache_hits;
+    const Tensor t = Tensor::empty({4000});  // 16000 bytes: the same class
+    reused = t.raw_data<float>();
+    hits_there = allocator_stats().small_cache_hits - h0;
+  }).join();  // the thread's list is freed at its exit (ASan's leak check would report it otherwise)
+  EXPECT_EQ(reused, p);
+  EXPECT_EQ(hits_there, 1u);
+}
+
+TEST(TensorAllocator, ReleasingOrALimitOfZeroEmptiesSmallLists) {
+  set_allocator_cache_limit(size_t{1} << 30);
+  // Another thread's list is emptied at its next allocation.
+  std::atomic<int> step{0};
+  uint64_t hits_after_release = 1;
+  std::thread other([&] {
+    { const Tensor t = Tensor::empty({50}); }  // kept on this thread's list
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    const uint64_t h0 = allocator_stats().small_cache_hits;
+    const Tensor t = Tensor::empty({50});
+    hits_after_release = allocator_stats().small_cache_hits - h0;
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  release_cached_memory();
+  step = 2;
+  other.join();
+  EXPECT_EQ(hits_after_release, 0u);
+  // This thread's list is emptied at once; with a limit of 0 freed blocks are not kept.
+  { const Tensor t = Tensor::empty({70}); }
+  set_allocator_cache_limit(0);
+  const uint64_t h0 = allocator_stats().small_cache_hits;
+  { const Tensor t = Tensor::empty({70}); }
+  { const Tensor t = Tensor::empty({70}); }
+  EXPECT_EQ(allocator_stats().small_cache_hits, h0);
+  set_allocator_cache_limit(size_t{1} << 30);
+  { const Tensor t = Tensor::empty({70}); }
+  { const Tensor t = Tensor::empty({70}); }
+  EXPECT_EQ(allocator_stats().small_cache_hits, h0 + 1);
 }
 
 }  // namespace
