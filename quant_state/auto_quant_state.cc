@@ -71,6 +71,29 @@ SeenOpInfo& ModelQuantState::record(int global_index) {
   return state->seen_ops()[static_cast<size_t>(index)];
 }
 
+const SeenOpInfo& ModelQuantState::record(int global_index) const {
+  const auto& [state, index] = records_[static_cast<size_t>(global_index)];
+  return state->seen_ops()[static_cast<size_t>(index)];
+}
+
+std::vector<const SeenOpInfo*> ModelQuantState::chain_after(const SeenOpInfo& base) const {
+  std::vector<const SeenOpInfo*> out;
+  auto rest_of_chain = [&](const SeenOpInfo& head) {
+    const AutoQuantizationState& s = state_of(head.global_index);
+    for (size_t p = 1; head.fusion.fused() && p < head.fusion.members.size(); ++p) {
+      out.push_back(&s.seen_ops()[static_cast<size_t>(head.fusion.members[p])]);
+    }
+  };
+  rest_of_chain(base);
+  const SeenOpInfo& last = out.empty() ? base : *out.back();
+  if (last.absorbs >= 0) {
+    const SeenOpInfo& a = record(last.absorbs);
+    out.push_back(&a);
+    rest_of_chain(a);
+  }
+  return out;
+}
+
 int ModelQuantState::ensure_slot(int record, int input, const ObserverSpec& spec, int64_t tensor_id,
                                  const std::string& owner) {
   auto it = slot_index_.find({record, input});

@@ -288,6 +288,16 @@ class ModelQuantState {
   // The same, under the name convert and printing use: the program's order.
   std::vector<std::pair<AutoQuantizationState*, int>>& execution_order() { return records_; }
   SeenOpInfo& record(int global_index);
+  const SeenOpInfo& record(int global_index) const;
+  // The module state holding a record.
+  AutoQuantizationState& state_of(int global_index) { return *records_[static_cast<size_t>(global_index)].first; }
+  const AutoQuantizationState& state_of(int global_index) const {
+    return *records_[static_cast<size_t>(global_index)].first;
+  }
+  // The ops after `base` in the chain whose kernel `base` runs, in order: the rest of its module's
+  // fused chain (SeenOpInfo::fusion), then the op the chain's last op absorbs from another module
+  // (SeenOpInfo::absorbs) followed by that op's own chain. Empty when `base` runs alone.
+  std::vector<const SeenOpInfo*> chain_after(const SeenOpInfo& base) const;
 
   // Observer slots with union-find sharing. A slot belongs to a record's output (input = -1) or
   // input; ensure_slot returns the existing one, so analysis can run again as paths are added.

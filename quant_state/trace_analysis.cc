@@ -34,7 +34,7 @@ class Analyzer {
 
  private:
   SeenOpInfo& rec_op(int g) { return m_.record(g); }
-  AutoQuantizationState& state_of(int g) { return *m_.records()[static_cast<size_t>(g)].first; }
+  AutoQuantizationState& state_of(int g) { return m_.state_of(g); }
   Record& rec(int64_t id) { return m_.tensors()[id]; }
 
   static std::vector<int64_t> origins(const QTensorInfo& t) {
@@ -207,15 +207,6 @@ class Analyzer {
         break;
       }
     }
-  }
-
-  // The op ending the fused chain that `last` (a chain's last op, or an unfused op) ends in its
-  // module: itself, or the op it absorbs from another module, or that op's own chain's last.
-  const SeenOpInfo& chain_end(const SeenOpInfo& last) {
-    if (last.absorbs < 0) return last;
-    const SeenOpInfo& a = rec_op(last.absorbs);
-    if (!a.fusion.fused()) return a;
-    return state_of(a.global_index).seen_ops()[static_cast<size_t>(a.fusion.members.back())];
   }
 
   bool any_input_u8(const SeenOpInfo& op, size_t k) {
@@ -524,8 +515,9 @@ class Analyzer {
     AutoQuantizationState& s = state_of(g);
     // Named after the tensor users see, and owned by the op producing it: the end of the fused
     // chain, if any (chains of a loop's iterations ending in one record share it).
-    const SeenOpInfo* last = op.fusion.fused() ? &s.seen_ops()[static_cast<size_t>(op.fusion.members.back())] : &op;
-    last = &chain_end(*last);  // the chain may end with an op of another module
+    const SeenOpInfo& base = op.fusion.fused() ? s.seen_ops()[static_cast<size_t>(op.fusion.base)] : op;
+    const std::vector<const SeenOpInfo*> after = m_.chain_after(base);  // may end in another module
+    const SeenOpInfo* last = after.empty() ? &base : after.back();
     const int slot = m_.ensure_slot(last->global_index, -1, op.qconfig->activation, last->outputs[0].id,
                                     state_of(last->global_index).fqn());
     set_output(op, DType::kU8, slot);

@@ -96,8 +96,8 @@ class Converter {
   }
 
   // The tensor a fused chain produces (its last op's output).
-  int64_t chain_output(const AutoQuantizationState& s, const SeenOpInfo& base) {
-    const std::vector<const SeenOpInfo*> f = followers(s, base);
+  int64_t chain_output(const SeenOpInfo& base) {
+    const std::vector<const SeenOpInfo*> f = m_.chain_after(base);
     return (f.empty() ? base : *f.back()).outputs[0].id;
   }
 
@@ -117,27 +117,7 @@ class Converter {
     return InputSpec{input_qparams(s, op, k), fmt};
   }
 
-  // The members of `base`'s fused chain after it.
-  std::vector<const SeenOpInfo*> followers(const AutoQuantizationState& s, const SeenOpInfo& base) {
-    std::vector<const SeenOpInfo*> out;
-    for (size_t p = 1; base.fusion.fused() && p < base.fusion.members.size(); ++p) {
-      out.push_back(&s.seen_ops()[static_cast<size_t>(base.fusion.members[p])]);
-    }
-    const SeenOpInfo& last = out.empty() ? base : *out.back();
-    if (last.absorbs >= 0) {  // an op of another module (SeenOpInfo::absorbs), with its own chain
-      const SeenOpInfo& a = m_.record(last.absorbs);
-      out.push_back(&a);
-      const AutoQuantizationState& as = state_of(a);
-      for (size_t p = 1; a.fusion.fused() && p < a.fusion.members.size(); ++p) {
-        out.push_back(&as.seen_ops()[static_cast<size_t>(a.fusion.members[p])]);
-      }
-    }
-    return out;
-  }
-
-  const AutoQuantizationState& state_of(const SeenOpInfo& op) {
-    return *m_.records()[static_cast<size_t>(op.global_index)].first;
-  }
+  const AutoQuantizationState& state_of(const SeenOpInfo& op) { return m_.state_of(op.global_index); }
 
   // A residual add fused into the weighted op `base`'s kernel (in its module's chain, or absorbed
   // from another module): which of its inputs is the residual; -1 if `m` is not one.
@@ -148,9 +128,9 @@ class Converter {
   }
 
   // The chain's activations, as post-ops in order.
-  kernels::PostOps post_ops_of(const AutoQuantizationState& s, const SeenOpInfo& base) {
+  kernels::PostOps post_ops_of(const SeenOpInfo& base) {
     kernels::PostOps post;
-    for (const SeenOpInfo* m : followers(s, base)) {
+    for (const SeenOpInfo* m : m_.chain_after(base)) {
       const OpDef& d = op_def(m->kind);
       if (d.eltwise != nullptr) post.push_back(d.eltwise(m->params.get()));
     }
@@ -207,11 +187,11 @@ class Converter {
           derived_[op.outputs[0].id] = e->output();
           return e;
         }
-        const kernels::PostOps post = post_ops_of(s, op);
+        const kernels::PostOps post = post_ops_of(op);
         DBRQ_CHECK(post.empty() || (post.size() == 1 && post[0] == kernels::Eltwise::relu()),
                    "an int8 binary op fuses only relu");
         return std::make_unique<BinaryExec>(def, input_spec(s, op, 0), input_spec(s, op, 1),
-                                            qparams_of(s, op, chain_output(s, op)), !post.empty());
+                                            qparams_of(s, op, chain_output(op)), !post.empty());
       }
       case QuantRole::kCat:
         return std::make_unique<CatExec>(qparams_of(s, op, op.outputs[0].id));
@@ -232,12 +212,12 @@ class Converter {
         return std::make_unique<LutExec>(op.kind, std::move(in), out, lut);
       }
       case QuantRole::kChannelAffine: {
-        const kernels::PostOps post = post_ops_of(s, op);
+        const kernels::PostOps post = post_ops_of(op);
         DBRQ_CHECK(post.empty() || (post.size() == 1 && post[0] == kernels::Eltwise::relu()),
                    "an int8 channel affine op fuses only relu");
         DBRQ_CHECK(def.int8_affine != nullptr, op_name(op.kind), " has no int8 channel affine kernel");
         return std::make_unique<ChannelAffineExec>(def, op.params, input_spec(s, op, 0),
-                                                   qparams_of(s, op, chain_output(s, op)), !post.empty(),
+                                                   qparams_of(s, op, chain_output(op)), !post.empty(),
                                                    tensors_of(op));
       }
       case QuantRole::kNormalize: {
@@ -269,10 +249,10 @@ class Converter {
     if (!dynamic) {
       base.src_qparams = input_qparams(s, op, 0);
       // An f32 output (PrepareOptions::float_outputs_for_float_readers): no destination parameters.
-      if (op.outputs[0].inf_dtype != DType::kF32) base.dst_qparams = qparams_of(s, op, chain_output(s, op));
-      base.post = post_ops_of(s, op);
+      if (op.outputs[0].inf_dtype != DType::kF32) base.dst_qparams = qparams_of(s, op, chain_output(op));
+      base.post = post_ops_of(op);
     }
-    for (const SeenOpInfo* m : followers(s, op)) {
+    for (const SeenOpInfo* m : m_.chain_after(op)) {
       const OpDef& md = op_def(m->kind);
       if (md.fold != nullptr) folds.push_back(Fold{md.fold, tensors_of(*m), m->params});
       if (const int r = residual_of(*m); r >= 0) {

@@ -577,13 +577,11 @@ class Recorder : public Interceptor {
 
   // Whether the int8 weighted op `op` (a chain's base, or alone) leaves its result pending for a
   // residual add: one in its chain, or one of another module that its chain's last op absorbs.
-  bool waits_for_residual(const SeenOpInfo* op, const AutoQuantizationState* s) {
-    const SeenOpInfo* last = op;
-    for (size_t p = 1; op->fusion.fused() && p < op->fusion.members.size(); ++p) {
-      last = &s->seen_ops()[static_cast<size_t>(op->fusion.members[p])];
-      if (last->fusion.residual_input >= 0) return true;
+  bool waits_for_residual(const SeenOpInfo* op) {
+    for (const SeenOpInfo* m : inner_.model().chain_after(*op)) {
+      if (m->fusion.residual_input >= 0 || (m->absorbed_by >= 0 && op_def(m->kind).residual_add)) return true;
     }
-    return last->absorbs >= 0 && op_def(inner_.model().record(last->absorbs).kind).residual_add;
+    return false;
   }
 
   void emit(const OpCall& c, const SeenOpInfo* op, const AutoQuantizationState* s, const Tensor& out) {
@@ -980,7 +978,7 @@ class Recorder : public Interceptor {
         unsupported(c, op, "");
     }
     if (int8 && op->fusion.fused() && op->fusion.position == 0) y = chain_tail(op, s, y, 1, weighted);
-    if (int8 && weighted && waits_for_residual(op, s)) {
+    if (int8 && weighted && waits_for_residual(op)) {
       Value v;
       v.f = y;
       v.pending = true;
