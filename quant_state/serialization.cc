@@ -1035,6 +1035,10 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
 
 // This dbrq's analysis of the file's records must be what the file says (else the file was made
 // by another version or backend configuration, or edited).
+constexpr char kRecalibrate[] =
+    "The file was written by a dbrq whose analysis differs (another version: fusion and observer placement "
+    "change between versions, e.g. ops fused across modules), or for another backend configuration, or edited: "
+    "calibrate again and save with this dbrq";
 void check_analysis(ModelQuantState& model, const Document& d, const std::string& source) {
   for (size_t g = 0; g < d.records.size(); ++g) {
     const FileRecord& r = d.records[g];
@@ -1046,14 +1050,20 @@ void check_analysis(ModelQuantState& model, const Document& d, const std::string
                                                      r.residual_input != op.fusion.residual_input))) {
       mismatch(source, absl::StrCat(op_where(fm, r), ": the file has it ",
                                     r.fusion.empty() ? "unfused" : "fused as " + r.fusion, ", this model ",
-                                    fusion.empty() ? "unfused" : "fused as " + fusion));
+                                    fusion.empty() ? "unfused" : "fused as " + fusion, ". ", kRecalibrate));
     }
     if (r.role != quant_role_name(op.role)) {
       mismatch(source, absl::StrCat(op_where(fm, r), ": the file runs it as ", r.role, ", this model as ",
-                                    quant_role_name(op.role)));
+                                    quant_role_name(op.role), ". ", kRecalibrate));
     }
     if (r.input_observers != op.input_observers || r.output_observer != op.output_observer) {
-      mismatch(source, absl::StrCat(op_where(fm, r), ": observer placement differs"));
+      auto slots = [](const std::vector<int>& in, int out) {
+        return absl::StrCat("inputs [", absl::StrJoin(in, ", "), "], output ", out);
+      };
+      mismatch(source, absl::StrCat(op_where(fm, r), ": observer placement differs (the file observes ",
+                                    slots(r.input_observers, r.output_observer), ", this dbrq's analysis of the same "
+                                    "program ", slots(op.input_observers, op.output_observer), "; -1: none). ",
+                                    kRecalibrate));
     }
   }
   if (d.slots.size() != model.num_slots()) {

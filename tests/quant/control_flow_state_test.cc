@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dbrq.h"
 #include "tests/quant/control_flow_models.h"
 #include "tests/quant/quant_test_util.h"
@@ -417,13 +418,20 @@ TEST(ControlFlowState, AMalformedReplicaDocumentIsRefusedAndChangesNothing) {
   twice["modules"][0]["seen_ops"][2]["kind"] = twice["modules"][0]["seen_ops"][1]["kind"];
   EXPECT_THROW(merge(twice), FileFormatError);
   json placement = good;
+  int dropped = -1;
   for (json& op : placement["modules"][0]["seen_ops"]) {
     if (op["output_observer"] >= 0) {
+      dropped = op["output_observer"];
       op["output_observer"] = -1;
       break;
     }
   }
-  EXPECT_THROW_MSG(merge(placement), StateMismatchError, "observer placement differs");
+  ASSERT_GE(dropped, 0);
+  // What differs, and what to do about it (a file from a dbrq with other fusion rules looks alike).
+  EXPECT_THROW_MSG(merge(placement), StateMismatchError, "observer placement differs (the file observes inputs [");
+  EXPECT_THROW_MSG(merge(placement), StateMismatchError, "], output -1, this dbrq's analysis of the same program inputs [");
+  EXPECT_THROW_MSG(merge(placement), StateMismatchError, absl::StrCat("], output ", dropped, "; -1: none)"));
+  EXPECT_THROW_MSG(merge(placement), StateMismatchError, "calibrate again and save with this dbrq");
   EXPECT_EQ(quant_state_to_json(model_quant_state(*a), a->type_name(), stats), before);
   merge(good);
   EXPECT_NE(quant_state_to_json(model_quant_state(*a), a->type_name(), stats), before);
