@@ -554,6 +554,15 @@ dbrq_bazel_target(
     third_party/mpi/detect_mpi.sh
 )
 dbrq_bazel_target(
+  KIND cc_library
+  LABEL //tests/distributed:mpi_env
+  NAME dbrq_tests_distributed_mpi_env
+  RUNFILE tests/distributed/mpi_env
+  HDRS
+    tests/distributed/mpi_env.h
+  TESTONLY
+)
+dbrq_bazel_target(
   KIND cc_test
   LABEL //tests/int8:int8_e2e_test
   NAME dbrq_tests_int8_int8_e2e_test

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "dbrq.h"
 #include "distributed/calibrate.h"
 #include "samples/zoo/zoo.h"
+#include "tests/distributed/mpi_env.h"
 
 namespace {
 
@@ -164,6 +166,8 @@ int main(int argc, char** argv) {
   } catch (const dbrq::UsageError& e) {
     g_comm_before_session = std::string("UsageError: ") + e.what();
   }
+  // A singleton starts OpenMPI's runtime too: its files go to this test's own directory.
+  for (const auto& [name, value] : dbrq::testing::mpi_private_dirs()) setenv(name.c_str(), value.c_str(), 1);
   dd::MpiSession mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tests/cli/subprocess.h"
+#include "tests/distributed/mpi_env.h"
 
 namespace {
 
@@ -34,17 +35,7 @@ std::string worker() { return dbrq::testing::runfile("tests/distributed/mpi_work
 std::string digits_weights() { return dbrq::testing::runfile("samples/data/digits_small_cnn.safetensors"); }
 std::string digits_calib() { return dbrq::testing::runfile("samples/data/digits_calib.safetensors"); }
 
-std::vector<std::pair<std::string, std::string>> mpi_env() {
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
-      {"OMPI_MCA_btl", "self,vader"},  // shared memory between local ranks; no network probing
-      {"OMP_NUM_THREADS", "1"}};        // 4 ranks on 2 cores: one kernel thread per rank
-#if defined(__SANITIZE_ADDRESS__)
-  // OpenMPI's own allocations are never freed before exit; LeakSanitizer would fail every rank.
-  env.push_back({"ASAN_OPTIONS", "detect_leaks=0"});
-#endif
-  return env;
-}
+using dbrq::testing::mpi_env;
 
 struct Timed {
   RunResult r;

@@ -20,21 +20,14 @@
 #include <vector>
 
 #include "tests/cli/subprocess.h"
+#include "tests/distributed/mpi_env.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 using dbrq::testing::RunResult;
 
-std::vector<std::pair<std::string, std::string>> mpi_env() {
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
-      {"OMPI_MCA_btl", "self,vader"}, {"OMP_NUM_THREADS", "1"}};
-#if defined(__SANITIZE_ADDRESS__)
-  env.push_back({"ASAN_OPTIONS", "detect_leaks=0"});  // OpenMPI's allocations (see mpi_test.cc)
-#endif
-  return env;
-}
+using dbrq::testing::mpi_env;
 
 struct Timed {
   RunResult r;
