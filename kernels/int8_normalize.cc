@@ -174,6 +174,29 @@ OutK out_constants(const char* op, const QuantParamsPtr& out, double eps) {
   return OutK{1.0f / s, static_cast<float>(-zp), static_cast<float>(255 - zp), zp};
 }
 
+// A 1-D float parameter (a norm's weight or bias) as a pointer: the tensor's own memory when it is
+// contiguous (no copy per call: a decoder step runs 9 layer norms), else a copy; `fill` repeated
+// when it is undefined.
+class FloatParam {
+ public:
+  FloatParam(const Tensor& t, int64_t n, float fill) {
+    if (t.defined() && t.dtype() == DType::kF32 && t.is_contiguous()) {
+      kept_ = t;
+      ptr_ = t.raw_data<float>();
+    } else {
+      copy_ = t.defined() ? t.to_vector<float>() : std::vector<float>(static_cast<size_t>(n), fill);
+      ptr_ = copy_.data();
+    }
+  }
+  const float* data() const { return ptr_; }
+  float operator[](size_t i) const { return ptr_[i]; }
+
+ private:
+  Tensor kept_;
+  std::vector<float> copy_;
+  const float* ptr_ = nullptr;
+};
+
 // x as row-major codes (a copy when it is not), keeping its parameters.
 Tensor row_major(const Tensor& x) {
   return x.is_contiguous() ? x : contiguous(x).with_qparams(x.qparams_ptr());
@@ -205,8 +228,7 @@ Tensor qlayer_norm(const Tensor& x_in, IntArrayRef normalized_shape, const Tenso
   const Tensor x = row_major(x_in);
   Tensor y = Tensor::empty(x.sizes(), DType::kU8).with_qparams(out);
   if (x.numel() == 0) return y;
-  const std::vector<float> g = weight.defined() ? weight.to_vector<float>() : std::vector<float>(n, 1.f);
-  const std::vector<float> b = bias.defined() ? bias.to_vector<float>() : std::vector<float>(n, 0.f);
+  const FloatParam g(weight, n, 1.f), b(bias, n, 0.f);
   const float in_scale = x.qparams()->scale();
   const int32_t in_zp = x.qparams()->zero_point();
   const uint8_t* src = x.raw_data<uint8_t>();
@@ -245,8 +267,7 @@ Tensor qgroup_norm(const char* op, const Tensor& x_in, int64_t num_groups, const
   if (x.numel() == 0) return y;
   const int64_t batch = x.size(0), per_channel = x.numel() / (batch * c), cg = c / num_groups;
   const int64_t per_group = cg * per_channel;
-  const std::vector<float> g = weight.defined() ? weight.to_vector<float>() : std::vector<float>(c, 1.f);
-  const std::vector<float> b = bias.defined() ? bias.to_vector<float>() : std::vector<float>(c, 0.f);
+  const FloatParam g(weight, c, 1.f), b(bias, c, 0.f);
   const float in_scale = x.qparams()->scale();
   const int32_t in_zp = x.qparams()->zero_point();
   const uint8_t* src = x.raw_data<uint8_t>();
