@@ -765,6 +765,18 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/kernels:reused_mem_test
+  NAME dbrq_tests_kernels_reused_mem_test
+  RUNFILE tests/kernels/reused_mem_test
+  SRCS
+    tests/kernels/reused_mem_test.cc
+  DEPS
+    dbrq_kernels_dnnl_utils
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/kernels:simd_dispatch_test
   NAME dbrq_tests_kernels_simd_dispatch_test
   RUNFILE tests/kernels/simd_dispatch_test

@@ -1,6 +1,9 @@
 #include "kernels/dnnl_utils.h"
 
 #include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace dbrq::kernels {
 
@@ -69,6 +72,26 @@ dnnl::memory::desc plain_desc(IntArrayRef dims, DType t, tag format) {
 dnnl::memory mem_of(const dnnl::memory::desc& d, const Tensor& t) {
   // oneDNN takes a non-const pointer for every argument; inputs are only read.
   return dnnl::memory(d, cpu_engine(), const_cast<void*>(t.data_ptr()));
+}
+
+dnnl::memory reused_mem(const dnnl::memory::desc& d, int arg, const Tensor& t) {
+  struct Slot {
+    dnnl::memory::desc desc;
+    dnnl::memory mem;
+  };
+  constexpr size_t kMaxSlots = 1024;
+  thread_local absl::flat_hash_map<std::pair<const void*, int>, Slot> table;
+  if (table.size() >= kMaxSlots) table.clear();
+  void* data = const_cast<void*>(t.data_ptr());  // oneDNN takes a non-const pointer; inputs are only read
+  auto [it, fresh] = table.try_emplace(std::make_pair(static_cast<const void*>(&d), arg));
+  Slot& slot = it->second;
+  if (fresh || slot.desc != d) {
+    slot.desc = d;
+    slot.mem = dnnl::memory(d, cpu_engine(), data);
+  } else {
+    slot.mem.set_data_handle(data);
+  }
+  return slot.mem;
 }
 
 dnnl::primitive_attr base_attr() {

@@ -43,6 +43,14 @@ dnnl::memory::desc plain_desc(IntArrayRef dims, DType t, tag format);
 // Wraps the tensor's memory (no copy).
 dnnl::memory mem_of(const dnnl::memory::desc& d, const Tensor& t);
 inline dnnl::memory mem_of(const Tensor& t) { return mem_of(desc_of(t), t); }
+// Like mem_of, for a desc that lives in a primitive-cache entry: the memory object is made once per
+// (desc object, argument) on each thread and pointed at `t`'s data on later calls
+// (set_data_handle, ~10 ns; making one costs 250-400 ns, most of it oneDNN's own aligned
+// allocations, for every argument of every int8 op). A desc at an address reused by another entry
+// is compared in full before its object is reused. Two arguments of one call never share an object
+// (the argument is part of the key), nor do two threads (the table is thread-local); it is emptied
+// when it reaches 1024 entries.
+dnnl::memory reused_mem(const dnnl::memory::desc& d, int arg, const Tensor& t);
 
 // Attributes every dbrq primitive uses: user-managed scratchpad.
 dnnl::primitive_attr base_attr();

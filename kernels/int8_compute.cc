@@ -99,6 +99,7 @@ struct Int8Entry {
   dnnl::primitive prim;
   size_t scratchpad_bytes = 0;
   dnnl::memory::desc src_md, wei_md, dst_md;
+  dnnl::memory::desc bias_md;  // a linear's per-call f32 bias (zero: none)
   dnnl::memory weights;  // prepacked
   dnnl::memory bias;     // accumulator-unit f32 bias (or empty)
 };
@@ -310,9 +311,9 @@ Tensor QConv2d::run(const Tensor& x_in, const Tensor* residual, const Tensor* ou
       rethrow_dnnl("creating an int8 convolution", err);
     }
   });
-  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
-                                                {DNNL_ARG_WEIGHTS, entry->weights},
-                                                {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
+  ExecArgs args = {{DNNL_ARG_SRC, reused_mem(entry->src_md, DNNL_ARG_SRC, x)},
+                   {DNNL_ARG_WEIGHTS, entry->weights},
+                   {DNNL_ARG_DST, reused_mem(entry->dst_md, DNNL_ARG_DST, dst)}};
   if (bias_acc_.defined()) args.emplace(DNNL_ARG_BIAS, entry->bias);
   execute(entry->prim, entry->scratchpad_bytes, std::move(args));
   return dst;
@@ -473,6 +474,7 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
       e->scratchpad_bytes = pd.scratchpad_desc().get_size();
       e->src_md = src_md;
       e->dst_md = dst_md;
+      e->bias_md = b_md;
       e->wei_md = pd.weights_desc();
       // User weights [N, K] read as the [K, N] operand: strides {1, K}.
       dnnl::memory::desc user_w({k, n}, dt::s8, dnnl::memory::dims{1, k});
@@ -482,10 +484,13 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
       rethrow_dnnl("creating an int8 matmul for linear", err);
     }
   });
-  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_md, x)},
-                                                {DNNL_ARG_WEIGHTS, entry->weights},
-                                                {DNNL_ARG_DST, mem_of(entry->dst_md, dst)}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, mem_of(plain_desc({1, n}, DType::kF32, tag::ab), bias));
+  ExecArgs args = {{DNNL_ARG_SRC, reused_mem(entry->src_md, DNNL_ARG_SRC, x)},
+                   {DNNL_ARG_WEIGHTS, entry->weights},
+                   {DNNL_ARG_DST, reused_mem(entry->dst_md, DNNL_ARG_DST, dst)}};
+  if (bias.defined()) {
+    args.emplace(DNNL_ARG_BIAS, entry->bias_md.is_zero() ? mem_of(plain_desc({1, n}, DType::kF32, tag::ab), bias)
+                                                          : reused_mem(entry->bias_md, DNNL_ARG_BIAS, bias));
+  }
   int32_t src_zp = src.zero_point();
   if (dynamic) {
     DBRQ_CHECK(static_cast<int64_t>(op_scales.size()) == n, "dynamic linear: one output scale per channel");
@@ -618,9 +623,9 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
     b8 = copy(b8, MemoryFormat::kContiguous, DType::kS8);
     entry = lookup(b8);
   }
-  ExecArgs args = {{DNNL_ARG_SRC, mem_of(entry->src_desc, av)},
-                   {DNNL_ARG_WEIGHTS, mem_of(entry->weights_desc, b8)},
-                   {DNNL_ARG_DST, mem_of(entry->dst_desc, dst)}};
+  ExecArgs args = {{DNNL_ARG_SRC, reused_mem(entry->src_desc, DNNL_ARG_SRC, av)},
+                   {DNNL_ARG_WEIGHTS, reused_mem(entry->weights_desc, DNNL_ARG_WEIGHTS, b8)},
+                   {DNNL_ARG_DST, reused_mem(entry->dst_desc, DNNL_ARG_DST, dst)}};
   int32_t zps[2] = {a_zp, b_zp};
   if (dynamic_) {
     const dnnl::memory::desc one_f32 = plain_desc({1}, DType::kF32, tag::x);
