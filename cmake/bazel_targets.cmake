@@ -489,6 +489,7 @@ dbrq_bazel_target(
     tests/compile_fail/opaque_output.cc
     tests/compile_fail/plain_module_shared_ptr.cc
     tests/compile_fail/sequential_subclass.cc
+    tests/compile_fail/storage_outside_allocate.cc
     tests/compile_fail/user_subclass_registered.cc
     core/dim_vector.h
     core/dtype.h

@@ -32,10 +32,11 @@ class Storage {
   struct LazyFill;
   static std::shared_ptr<Storage> allocate(size_t nbytes, LazyFill fill);
 
-  // Constructed through allocate() and wrap() only (Private is not reachable outside).
+  // Constructed through allocate() and wrap() only: Private's constructor is private and
+  // user-provided (a defaulted one would let `Private{}` aggregate-initialize from anywhere).
   struct Private {
    private:
-    Private() = default;
+    Private() {}
     friend class Storage;
   };
   explicit Storage(Private);

@@ -1033,12 +1033,14 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
   analyze_program(model);
 }
 
-// This dbrq's analysis of the file's records must be what the file says (else the file was made
-// by another version or backend configuration, or edited).
+// What an analysis mismatch tells the user to do.
 constexpr char kRecalibrate[] =
     "The file was written by a dbrq whose analysis differs (another version: fusion and observer placement "
     "change between versions, e.g. ops fused across modules), or for another backend configuration, or edited: "
     "calibrate again and save with this dbrq";
+
+// This dbrq's analysis of the file's records must be what the file says (else the file was made
+// by another version or backend configuration, or edited).
 void check_analysis(ModelQuantState& model, const Document& d, const std::string& source) {
   for (size_t g = 0; g < d.records.size(); ++g) {
     const FileRecord& r = d.records[g];
