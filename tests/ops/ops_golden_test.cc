@@ -415,6 +415,34 @@ TEST(OpsGolden, AdaptiveAvgPool2d) {
 
 // ---- joining, shape, reductions, embedding ------------------------------------------------------
 
+// Channels-last inputs joined along channels take a per-pixel copy (kernels::cat): every channel
+// count (runs of 17, 1, 32 and 3 bytes or floats: whole 16-byte moves and tails), u8 codes and f32,
+// equal element for element to the cat of the same inputs in NCHW.
+TEST(OpsGolden, CatOfChannelsLastInputsAlongChannels) {
+  for (const DType dt : {DType::kF32, DType::kU8}) {
+    std::vector<Tensor> nchw, nhwc;
+    uint64_t seed = 40;
+    for (const int64_t c : {17, 1, 32, 3}) {  // the first decides the layout (c = 1 is also NCHW)
+      Tensor x = randn({2, c, 5, 3}, seed++);
+      if (dt == DType::kU8) x = quantize_per_tensor(x, 0.05f, 120, DType::kU8);
+      nchw.push_back(x);
+      nhwc.push_back(channels_last(x));
+    }
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor want = cat(nchw, 1), got = cat(nhwc, 1);
+    ASSERT_TRUE(got.is_channels_last());
+    ASSERT_EQ(got.sizes(), want.sizes());
+    if (dt == DType::kU8) {
+      EXPECT_EQ(got.q_scale(), want.q_scale());
+      const Tensor a = got.contiguous(), b = want.contiguous();
+      EXPECT_EQ(std::vector<uint8_t>(a.raw_data<uint8_t>(), a.raw_data<uint8_t>() + a.numel()),
+                std::vector<uint8_t>(b.raw_data<uint8_t>(), b.raw_data<uint8_t>() + b.numel()));
+    } else {
+      EXPECT_EQ(got.contiguous().to_vector<float>(), want.to_vector<float>());
+    }
+  }
+}
+
 TEST(OpsGolden, Cat) {
   struct Case {
     const char* name;
