@@ -7,8 +7,22 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace dbrq {
 namespace {
+
+// Idle cached blocks (both caches) are poisoned for AddressSanitizer: they never go back to malloc,
+// whose freed-memory check would otherwise catch a read of a dead tensor's storage.
+#if defined(__SANITIZE_ADDRESS__)
+void mark_idle(void* p, size_t n) { ASAN_POISON_MEMORY_REGION(p, n); }
+void mark_in_use(void* p, size_t n) { ASAN_UNPOISON_MEMORY_REGION(p, n); }
+#else
+void mark_idle(void*, size_t) {}
+void mark_in_use(void*, size_t) {}
+#endif
 
 constexpr size_t kAlignment = 64;
 constexpr size_t kMinCachedBytes = 64 * 1024;
@@ -83,7 +97,9 @@ class SmallCache {
     if (count_[c] == 0) return nullptr;
     bytes_ -= small_class_bytes(c);
     bump(hits_);
-    return slots_[c][--count_[c]];
+    void* p = slots_[c][--count_[c]];
+    mark_in_use(p, small_class_bytes(c));
+    return p;
   }
   // Keeps the block of class c; false when the list is full (the caller frees it).
   bool push(int c, void* p) {
@@ -93,13 +109,18 @@ class SmallCache {
         bytes_ + b > kSmallBytesPerThread) {
       return false;
     }
+    mark_idle(p, b);
     slots_[c][count_[c]++] = p;
     bytes_ += b;
     return true;
   }
   void drop() {
     for (int c = 0; c < kSmallClasses; ++c) {
-      while (count_[c] > 0) std::free(slots_[c][--count_[c]]);
+      while (count_[c] > 0) {
+        void* p = slots_[c][--count_[c]];
+        mark_in_use(p, small_class_bytes(c));
+        std::free(p);
+      }
     }
     bytes_ = 0;
   }
@@ -188,6 +209,7 @@ class CachingAllocator {
       sizes_[p] = it->first;
       free_.erase(it);
       ++cache_hits_;
+      mark_in_use(p, sizes_[p]);
       return p;
     }
     void* p = std::aligned_alloc(kAlignment, nbytes);
@@ -207,6 +229,7 @@ class CachingAllocator {
       std::free(p);
       return;
     }
+    mark_idle(p, nbytes);
     free_.emplace(nbytes, p);
     bytes_cached_ += nbytes;
   }
@@ -237,6 +260,7 @@ class CachingAllocator {
     while (bytes_cached_ > keep && !free_.empty()) {
       auto it = std::prev(free_.end());
       bytes_cached_ -= it->first;
+      mark_in_use(it->second, it->first);
       std::free(it->second);
       free_.erase(it);
     }

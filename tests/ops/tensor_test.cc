@@ -606,6 +606,30 @@ TEST(TensorAllocator, ReusesASmallBlockOnTheSameThread) {
   }
 }
 
+// The caches keep freed blocks from malloc; they poison them, so AddressSanitizer still reports a
+// read of a dead tensor's storage (the ASan pass of tools/run_tests.sh runs this).
+TEST(TensorAllocator, AReadOfAFreedCachedBlockIsReportedUnderAsan) {
+#if !defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer builds only";
+#else
+  set_allocator_cache_limit(size_t{1} << 30);
+  for (const int64_t n : {int64_t{100}, int64_t{1} << 18}) {  // a small list's block, a large cache's
+    EXPECT_DEATH(
+        {
+          const float* p = nullptr;
+          {
+            const Tensor t = Tensor::empty({n});
+            p = t.raw_data<float>();
+          }
+          volatile float v = p[n / 2];
+          (void)v;
+        },
+        "use-after-poison")
+        << n;
+  }
+#endif
+}
+
 TEST(TensorAllocator, SmallBlockFreedOnAnotherThreadJoinsThatThreadsList) {
   set_allocator_cache_limit(size_t{1} << 30);
   Tensor made_here = Tensor::empty({3000});  // 12000 bytes: the 16 KiB class
