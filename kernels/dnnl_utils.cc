@@ -223,19 +223,25 @@ void reorder_into(const Tensor& src, Tensor& dst) {
   // Reorder primitives are cached like every other (creating one costs far more than small copies).
   PrimitiveKey key("reorder");
   key.add(src).add(dst).add(static_cast<int64_t>(get_num_threads()));
-  const dnnl::memory::desc src_md = desc_of(src), dst_md = desc_of(dst);
   auto entry = primitive_cache().get_or_create(key, [&] {
     try {
+      const dnnl::memory::desc src_md = desc_of(src), dst_md = desc_of(dst);
       dnnl::reorder::primitive_desc pd(cpu_engine(), src_md, cpu_engine(), dst_md, base_attr());
       auto e = std::make_shared<PrimitiveEntry>();
       e->prim = dnnl::reorder(pd);
       e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+      e->src_desc = src_md;
+      e->dst_desc = dst_md;
       return e;
     } catch (const dnnl::error& err) {
       rethrow_dnnl("creating a reorder", err);
     }
   });
-  execute(entry->prim, entry->scratchpad_bytes, {{DNNL_ARG_FROM, mem_of(src_md, src)}, {DNNL_ARG_TO, mem_of(dst_md, dst)}});
+  // The key holds both layouts, so the entry's descs are those of src and dst: their memory objects
+  // are made once per thread (a converted call's residual copy runs here every call).
+  execute(entry->prim, entry->scratchpad_bytes,
+          {{DNNL_ARG_FROM, reused_mem(entry->src_desc, DNNL_ARG_FROM, src)},
+           {DNNL_ARG_TO, reused_mem(entry->dst_desc, DNNL_ARG_TO, dst)}});
 }
 
 }  // namespace dbrq::kernels
