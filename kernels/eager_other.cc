@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "absl/container/inlined_vector.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/loops.h"
@@ -387,33 +388,42 @@ Tensor cat(absl::Span<const Tensor* const> tensors, int64_t dim) {
     }
     return dst;
   }
-  // Channels-last inputs joined along channels (a U-Net's skip connection): each pixel's channels
-  // of every input land at a fixed offset in the pixel's output channels. Copied in 16-byte moves
-  // per pixel; a reorder into the strided slice ran at ~3.5 GB/s here (1.2 ms of a [8, 64, 128,
-  // 128] u8 cat).
+  // Channels-last inputs joined along channels (a U-Net's skip connection, a DenseNet layer's
+  // features): each pixel's channels of every input land at a fixed offset in the pixel's output
+  // channels. Pixel by pixel, every input's run in 16-byte moves: each output line is written
+  // once, and there is one parallel loop per call, not one per input. Against input by input
+  // (interleaved in one process, Intel Xeon with AMX, one thread): 0.78-0.87x on DenseNet-121's
+  // batch-1 cats, 0.62-0.73x at batch 8, 0.77-0.83x on the U-Net's two-input cats; tiles of
+  // pixels walked input by input were slower than both. A oneDNN reorder into each input's
+  // strided slice ran at ~3.5 GB/s (1.2 ms of a [8, 64, 128, 128] u8 cat).
   bool nhwc = fmt == MemoryFormat::kChannelsLast && d == 1;
   for (const Tensor* t : tensors) nhwc = nhwc && t->dtype() == first.dtype() && t->is_channels_last();
   if (nhwc) {
-    const int64_t pixels = out[0] * out[2] * out[3];
+    struct Run {
+      const char* src;
+      size_t bytes;
+    };
+    absl::InlinedVector<Run, 32> runs;
     const size_t es = dst.element_size();
+    for (const Tensor* t : tensors) {
+      const size_t bytes = static_cast<size_t>(t->size(1)) * es;
+      if (bytes > 0) runs.push_back({static_cast<const char*>(t->data_ptr()), bytes});
+    }
+    const int64_t pixels = out[0] * out[2] * out[3];
     const size_t dst_run = static_cast<size_t>(out[1]) * es;
     char* base = static_cast<char*>(dst.mutable_data_ptr());
-    size_t at = 0;
-    for (const Tensor* t : tensors) {
-      const size_t run = static_cast<size_t>(t->size(1)) * es;
-      if (run == 0) continue;
-      const char* src = static_cast<const char*>(t->data_ptr());
-      parallel_for(pixels, std::max<int64_t>(1, 65536 / static_cast<int64_t>(run)), [&](int64_t lo, int64_t hi) {
-        for (int64_t p = lo; p < hi; ++p) {
-          char* o = base + static_cast<size_t>(p) * dst_run + at;
-          const char* i = src + static_cast<size_t>(p) * run;
+    parallel_for(pixels, std::max<int64_t>(1, 65536 / static_cast<int64_t>(dst_run)), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        char* o = base + static_cast<size_t>(p) * dst_run;
+        for (const Run& r : runs) {
+          const char* i = r.src + static_cast<size_t>(p) * r.bytes;
           size_t k = 0;
-          for (; k + 16 <= run; k += 16) std::memcpy(o + k, i + k, 16);  // inlined 16-byte moves
-          if (k < run) std::memcpy(o + k, i + k, run - k);
+          for (; k + 16 <= r.bytes; k += 16) std::memcpy(o + k, i + k, 16);  // inlined 16-byte moves
+          if (k < r.bytes) std::memcpy(o + k, i + k, r.bytes - k);
+          o += r.bytes;
         }
-      });
-      at += run;
-    }
+      }
+    });
     return dst;
   }
   // Copy each input into its slice of the output (a reorder per input; no concat primitive needed

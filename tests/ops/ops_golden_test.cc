@@ -443,6 +443,28 @@ TEST(OpsGolden, CatOfChannelsLastInputsAlongChannels) {
   }
 }
 
+// A DenseNet layer's cat: the block's first features and many 32-channel outputs (a zero-channel
+// input among them), several pixel tasks on two threads: every pixel gets every input's run at its
+// offset.
+TEST(OpsGolden, CatOfManyChannelsLastInputsOnTwoThreads) {
+  const int saved = get_num_threads();
+  set_num_threads(2);
+  std::vector<Tensor> nchw, nhwc;
+  for (int i = 0; i < 14; ++i) {
+    const int64_t c = i == 0 ? 64 : i == 5 ? 0 : 32;
+    const Tensor x = quantize_per_tensor(randn({1, c, 20, 20}, 60 + static_cast<uint64_t>(i)), 0.05f, 0, DType::kU8);
+    nchw.push_back(x);
+    nhwc.push_back(channels_last(x));
+  }
+  const Tensor want = cat(nchw, 1), got = cat(nhwc, 1);
+  set_num_threads(saved);
+  ASSERT_TRUE(got.is_channels_last());
+  ASSERT_EQ(got.sizes(), want.sizes());
+  const Tensor a = got.contiguous(), b = want.contiguous();
+  EXPECT_EQ(std::vector<uint8_t>(a.raw_data<uint8_t>(), a.raw_data<uint8_t>() + a.numel()),
+            std::vector<uint8_t>(b.raw_data<uint8_t>(), b.raw_data<uint8_t>() + b.numel()));
+}
+
 TEST(OpsGolden, Cat) {
   struct Case {
     const char* name;
