@@ -415,6 +415,12 @@ TEST(OpsGolden, AdaptiveAvgPool2d) {
 
 // ---- joining, shape, reductions, embedding ------------------------------------------------------
 
+// A u8 tensor's codes in logical (NCHW) order.
+std::vector<uint8_t> codes_of(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return std::vector<uint8_t>(c.raw_data<uint8_t>(), c.raw_data<uint8_t>() + c.numel());
+}
+
 // Channels-last inputs joined along channels take a per-pixel copy (kernels::cat): every channel
 // count (runs of 17, 1, 32 and 3 bytes or floats: whole 16-byte moves and tails), u8 codes and f32,
 // equal element for element to the cat of the same inputs in NCHW.
@@ -434,9 +440,7 @@ TEST(OpsGolden, CatOfChannelsLastInputsAlongChannels) {
     ASSERT_EQ(got.sizes(), want.sizes());
     if (dt == DType::kU8) {
       EXPECT_EQ(got.q_scale(), want.q_scale());
-      const Tensor a = got.contiguous(), b = want.contiguous();
-      EXPECT_EQ(std::vector<uint8_t>(a.raw_data<uint8_t>(), a.raw_data<uint8_t>() + a.numel()),
-                std::vector<uint8_t>(b.raw_data<uint8_t>(), b.raw_data<uint8_t>() + b.numel()));
+      EXPECT_EQ(codes_of(got), codes_of(want));
     } else {
       EXPECT_EQ(got.contiguous().to_vector<float>(), want.to_vector<float>());
     }
@@ -460,9 +464,7 @@ TEST(OpsGolden, CatOfManyChannelsLastInputsOnTwoThreads) {
   set_num_threads(saved);
   ASSERT_TRUE(got.is_channels_last());
   ASSERT_EQ(got.sizes(), want.sizes());
-  const Tensor a = got.contiguous(), b = want.contiguous();
-  EXPECT_EQ(std::vector<uint8_t>(a.raw_data<uint8_t>(), a.raw_data<uint8_t>() + a.numel()),
-            std::vector<uint8_t>(b.raw_data<uint8_t>(), b.raw_data<uint8_t>() + b.numel()));
+  EXPECT_EQ(codes_of(got), codes_of(want));
 }
 
 TEST(OpsGolden, Cat) {
