@@ -231,17 +231,27 @@ MemoryFormat Tensor::suggest_memory_format() const {
 
 const void* Tensor::data_ptr() const {
   DBRQ_ENSURE(defined(), ValueError, "data access on an undefined tensor");
+  check_has_values();
   return static_cast<const char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
 }
 
 void* Tensor::mutable_data_ptr() {
   DBRQ_ENSURE(defined(), ValueError, "data access on an undefined tensor");
+  check_has_values();
   storage_->bump_version();
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
 }
 
 void Tensor::throw_dtype_access(DType wanted) const {
   DBRQ_THROW(DTypeError, "tensor has dtype ", dtype_name(dtype_), " but was accessed as ", dtype_name(wanted));
+}
+
+void Tensor::throw_value_withheld() const {
+  DBRQ_THROW(ControlFlowError, "tensor of sizes ", shape_string(),
+             " has no values of its own: after convert it is the inner output of a fused int8 chain (a conv "
+             "or linear whose batch norm, activation or residual add run in its kernel), so it was never "
+             "computed on its own; read the chain's last output instead, or pass this tensor through an op "
+             "(e.g. clone()) while calibrating, which keeps it out of the fusion");
 }
 
 void Tensor::throw_not_row_major(const char* accessor) const {
@@ -253,6 +263,7 @@ void Tensor::throw_not_row_major(const char* accessor) const {
 
 int64_t Tensor::offset_of(IntArrayRef index) const {
   DBRQ_ENSURE(defined(), ValueError, "element access on an undefined tensor");
+  check_has_values();
   DBRQ_ENSURE(static_cast<int64_t>(index.size()) == ndim_, IndexError, "index ", shape_to_string(index),
               " has ", index.size(), " entries for a ", static_cast<int>(ndim_), "-D tensor of sizes ",
               shape_string());
@@ -276,6 +287,7 @@ double Tensor::value_at(int64_t linear) const {
   DBRQ_ENSURE(defined(), ValueError, "element access on an undefined tensor");
   const int64_t n = numel();
   DBRQ_ENSURE(linear >= 0 && linear < n, IndexError, "element ", linear, " is out of range for ", n, " elements");
+  check_has_values();
   int64_t off = offset_;
   for (int d = ndim_ - 1; d >= 0; --d) {
     off += (linear % sizes_[d]) * strides_[d];

@@ -263,6 +263,14 @@ class Tensor {
   void set_trace_id(int64_t id) { trace_id_ = id; }
   int64_t trace_origin() const { return trace_origin_; }
   void set_trace_origin(int64_t id) { trace_origin_ = id; }
+  // Set by an interceptor on a tensor whose storage does not hold its values: after convert, the
+  // inner output of a fused int8 chain (a conv whose batch norm, relu or residual add run in its
+  // kernel) was never computed on its own, and its storage holds the chain's result, or nothing
+  // yet. Reading or writing its elements (data_ptr, at, item, to_vector, printing, an eager op,
+  // saving) raises ControlFlowError instead of handing out those bytes. Copies and raw views keep
+  // it: a view of such a tensor has no values either.
+  bool value_withheld() const { return value_withheld_; }
+  void set_value_withheld(bool withheld) { value_withheld_ = withheld; }
 
   std::string to_string() const;
   std::string shape_string() const;  // "[1, 3, 224, 224]"
@@ -273,6 +281,10 @@ class Tensor {
     if (DTypeOf<T>::value != dtype_) throw_dtype_access(DTypeOf<T>::value);
   }
   [[noreturn]] void throw_dtype_access(DType wanted) const;
+  void check_has_values() const {
+    if (__builtin_expect(value_withheld_, 0)) throw_value_withheld();
+  }
+  [[noreturn]] void throw_value_withheld() const;
   void check_row_major(const char* accessor) const {
     if (!is_contiguous()) throw_not_row_major(accessor);
   }
@@ -292,6 +304,7 @@ class Tensor {
   int64_t strides_[kMaxDims] = {};  // in elements
   int8_t ndim_ = 0;
   DType dtype_ = DType::kF32;
+  bool value_withheld_ = false;
   QuantParamsPtr qparams_;
   int64_t trace_id_ = 0;
   int64_t trace_origin_ = 0;

@@ -33,6 +33,7 @@ T Tensor::item() const {
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   DBRQ_ENSURE(defined(), ValueError, "to_vector(): tensor is undefined");
+  check_has_values();
   std::vector<T> out(static_cast<size_t>(numel()));
   // Quantized tensors give real values, as f32 tensors do (their codes with an integer T).
   const bool real = std::is_floating_point_v<T> && is_quantized();

@@ -492,6 +492,7 @@ void copy_into(Tensor& dst, const Tensor& src) {
   }
   const std::vector<int64_t> src_st = broadcast_strides(src, dst.sizes());
   char* dbase = static_cast<char*>(dst.storage()->data());
+  (void)src.data_ptr();  // raises for a tensor without values of its own (Tensor::value_withheld)
   const char* sbase = static_cast<const char*>(src.storage()->data());
   const int64_t doff = dst.storage_offset(), soff = src.storage_offset();
   if (src.dtype() == dst.dtype()) {

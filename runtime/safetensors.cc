@@ -398,6 +398,7 @@ namespace {
 Tensor contiguous_bytes(const Tensor& t) {
   Tensor d = Tensor::empty(t.sizes(), t.dtype());
   const size_t es = t.element_size();
+  (void)t.data_ptr();  // raises for a tensor without values of its own (Tensor::value_withheld)
   const char* base = static_cast<const char*>(t.storage()->data());
   char* out = static_cast<char*>(d.mutable_data_ptr());
   int64_t idx[kMaxDims] = {};

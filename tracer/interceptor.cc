@@ -197,6 +197,12 @@ std::vector<int64_t> origins_of(const QTensorInfo& t) {
 // reads one is caught without a table lookup.
 constexpr int64_t kInnerFusedBit = int64_t{1} << 61;
 
+// Whether a seen op's output, after convert, is a fused chain's inner tensor (see kInnerFusedBit).
+bool inner_output(const SeenOpInfo& op) {
+  return (op.fusion.fused() && op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) ||
+         (op.absorbs >= 0 && op.role != QuantRole::kNone);
+}
+
 // Mixed into the model's input tags: the model's inputs as fp32 sources.
 constexpr uint64_t kModelInputSalt = 0x6d6f64656c20696eull;
 
@@ -574,6 +580,10 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
     out = located(call.kind, where, [&] { return exec->run(call); });
+    // An inner output's storage holds the chain's result (or nothing yet): user code reading it
+    // raises (unless the chain runs fp32, unfused). A chain's last op returns its predecessor's
+    // tensor: the chain's result, readable again.
+    out.set_value_withheld(inner_output(op) && !op.executor->fp32);
     if (const Probes* p = probe_of_this_thread()) p->op(s, &op, call.kind, op.fqn, out);
   } else {
     note_inputs(call, owner, op);
@@ -614,9 +624,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     });
   }
   out.set_trace_id(op.out_tag);
-  const bool inner = phase == Phase::kConverted &&
-                     ((op.fusion.fused() && op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) ||
-                      (op.absorbs >= 0 && op.role != QuantRole::kNone));
+  const bool inner = phase == Phase::kConverted && inner_output(op);
   out.set_trace_origin(op.outputs[0].id | (inner ? kInnerFusedBit : 0));
   return out;
 }
