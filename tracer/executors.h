@@ -310,8 +310,21 @@ class ChannelAffineExec : public ConvertedOp {
   bool warned_ = false;
 };
 
-// Forgets this thread's fused weighted ops that wait for their residual add (after an exception
-// cut a call short between the two; called when the thread's module stack has fully unwound).
-void drop_pending_on_this_thread() noexcept;
+// After convert, an in-place op (relu_, mul_, add_, clamp_, ...) may not write where it was asked
+// to: its int8 executor hands back new storage (a table's output, codes with other parameters)
+// or new parameters on the same codes, and the call rebinds only the handle it was given. When
+// anything else shares that storage (another handle copied from it, a view: libtorch semantics,
+// where the write is seen through every alias), the result is written back into it, in the
+// storage's own dtype and parameters, and the call returns the tensor it was given. ControlFlowError
+// when that cannot be exact: values beyond the int8 range of the storage's parameters (they
+// would clip), per-channel or other dtypes.
+Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind);
+
+// Forgets what this thread kept for the duration of one model call, when its module stack has
+// fully unwound: fused weighted ops that wait for their residual add (after an exception cut a
+// call short between the two), and the memoized quantization of the last f32 tensor (an input
+// buffer the caller rewrites through a raw pointer or Tensor::from_blob between calls keeps its
+// storage and version: the next call must quantize it again).
+void drop_call_state_on_this_thread() noexcept;
 
 }  // namespace dbrq::tracer

@@ -286,6 +286,28 @@ int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* stat
 }
 
 Tensor QuantInterceptor::on_op(const OpCall& call) {
+  if (__builtin_expect(!call.inplace, 1) || model_->phase() != Phase::kConverted) return run_op(call);
+  // In place after convert: what the op computed must reach every tensor sharing the storage.
+  Tensor out = run_op(call);
+  const int64_t id = out.trace_id(), origin = out.trace_origin();
+  const bool withheld = out.value_withheld();
+  Tensor r;
+  try {
+    r = write_back_inplace(call.input(0), std::move(out), call.kind);
+  } catch (const Error& e) {
+    Frame* top = nullptr;
+    const Frame* owner = owner_frame(&top);
+    if (e.has_location() || owner == nullptr) throw;
+    e.rethrow_with_location(absl::StrCat("in module \"", owner->state->fqn(), "\" (", owner->state->type_name(), "): "));
+  }
+  // The tensor written back into is the op's output: its tags, not its input's.
+  r.set_trace_id(id);
+  r.set_trace_origin(origin);
+  r.set_value_withheld(withheld);
+  return r;
+}
+
+Tensor QuantInterceptor::run_op(const OpCall& call) {
   Frame* top = nullptr;
   Frame* owner = owner_frame(&top);
   if (owner == nullptr) return located(call.kind, site_of(owner, top, -1), [&] { return run_fp32(call); });
@@ -843,8 +865,8 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   }
   if (!outermost) return;
   // No model call of this thread is in flight: a fused conv whose add never ran (its result was
-  // dropped unread) is abandoned.
-  if (tls_stack.empty()) drop_pending_on_this_thread();
+  // dropped unread) is abandoned, and the memoized input quantization is forgotten.
+  if (tls_stack.empty()) drop_call_state_on_this_thread();
   if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   tls_created.resize(f.created_mark);        // and the records it added
   drop_folds_on_this_thread();               // folded results no batch norm took
@@ -913,9 +935,10 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
     // A failed call leaves no trace: the records it added go too.
     if (outermost && f.owner == this) rollback_records(f.created_mark);
   }
-  // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned.
+  // Nothing of this thread is in flight any more: a fused conv whose add never ran is abandoned
+  // (and the memoized input quantization forgotten).
   if (tls_stack.empty()) {
-    drop_pending_on_this_thread();
+    drop_call_state_on_this_thread();
     drop_folds_on_this_thread();
   }
 }

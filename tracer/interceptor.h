@@ -164,6 +164,8 @@ class QuantInterceptor : public Interceptor {
   // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
   Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why);
   Tensor seen_op(const OpCall& call, Frame* owner, Frame* top, int order);
+  // on_op's work for any op (on_op adds the in-place write-back after convert).
+  Tensor run_op(const OpCall& call);
   Tensor other_op(const OpCall& call, Frame* owner, Frame* top, int order);
   // The origin id of an input as this model knows it (0: none).
   int64_t origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k);
