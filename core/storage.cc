@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #endif
@@ -327,6 +329,12 @@ void Storage::materialize() const {
       return;
     }
     if (state == kReady) return;
+    if (state == kSuperseded) {
+      DBRQ_THROW(ControlFlowError, "tensor values were replaced in place after convert: an in-place op on another "
+                 "tensor sharing this storage (a copy of the handle, or a view) computed int8 values with other "
+                 "parameters, which live in the tensor it returned, so this one holds stale values. Read the tensor "
+                 "the in-place op was called on, or write the op out of place (y = y + z, not y += z)");
+    }
     std::this_thread::yield();  // another thread is filling
   }
 }

@@ -48,8 +48,13 @@ class Storage {
     if (__builtin_expect(lazy_state_.load(std::memory_order_acquire) != kReady, 0)) materialize();
     return data_;
   }
-  // False while a lazily filled storage has not run its fill.
+  // False while a lazily filled storage has not run its fill (or after supersede()).
   bool materialized() const { return lazy_state_.load(std::memory_order_acquire) == kReady; }
+  // Marks the contents as replaced elsewhere: an in-place op after convert wrote its result into
+  // new storage that its parameters cannot share (tracer::write_back_inplace), so every other
+  // tensor still on this storage holds stale values. From then on data() raises ControlFlowError.
+  void supersede() { lazy_state_.store(kSuperseded, std::memory_order_release); }
+  bool superseded() const { return lazy_state_.load(std::memory_order_acquire) == kSuperseded; }
   size_t nbytes() const { return nbytes_; }
 
   // Bumped by every write through dbrq's API (in-place ops, copies, load_state_dict, mutable data
@@ -60,7 +65,7 @@ class Storage {
   uint64_t id() const { return id_; }
 
  private:
-  enum : int { kReady = 0, kPending = 1, kFilling = 2 };
+  enum : int { kReady = 0, kPending = 1, kFilling = 2, kSuperseded = 3 };
   void materialize() const;
   void* data_ = nullptr;
   size_t nbytes_ = 0;

@@ -161,48 +161,39 @@ Tensor run_on(const OpCall& call, const Tensor& x) {
 
 Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind) {
   if (!out.defined() || !self.defined()) return out;
-  const bool same_storage = out.storage() == self.storage() && out.storage_offset() == self.storage_offset();
-  const bool same_params = self.is_quantized() == out.is_quantized() &&
+  const bool same_params = self.dtype() == out.dtype() && self.is_quantized() == out.is_quantized() &&
                            (!self.is_quantized() || out.qparams_ptr() == self.qparams_ptr() ||
                             *out.qparams() == *self.qparams());
-  if (same_storage && same_params && out.dtype() == self.dtype()) return out;  // written where asked
+  const bool shares = out.storage() == self.storage();
+  if (shares && same_params && out.storage_offset() == self.storage_offset()) return out;  // written where asked
   // Holders of the storage besides the handle the call rebinds (and `out` itself, when it shares it).
-  const long others = self.storage().use_count() - 1 - (out.storage() == self.storage() ? 1 : 0);
+  const long others = self.storage().use_count() - 1 - (shares ? 1 : 0);
   if (others <= 0) return out;  // nobody else can see the old values
-  DBRQ_ENSURE(out.sizes() == self.sizes(), ControlFlowError, "in-place ", op_name(kind), " after convert: its result has sizes ",
-              out.shape_string(), ", the tensor it writes into ", self.shape_string());
+  DBRQ_ENSURE(out.sizes() == self.sizes(), ControlFlowError, "in-place ", op_name(kind),
+              " after convert: its result has sizes ", out.shape_string(), ", the tensor it writes into ",
+              self.shape_string());
   InterceptorScope none(nullptr);
   Tensor dst = self;  // shares the storage
   if (self.dtype() == DType::kF32) {
-    const Tensor real = out.is_quantized() ? kernels::dequantize(out) : out;
-    kernels::copy_into(dst, real);
+    kernels::copy_into(dst, out.is_quantized() ? kernels::dequantize(out) : out);
     return dst;
   }
-  DBRQ_ENSURE(self.dtype() == DType::kU8 && self.is_quantized() && !self.qparams()->is_per_channel() &&
-                  (out.dtype() == DType::kU8 || out.dtype() == DType::kF32),
-              ControlFlowError, "in-place ", op_name(kind), " after convert writes into a ", dtype_name(self.dtype()),
-              " tensor that other tensors share (a copy of the handle or a view), and its result (",
-              dtype_name(out.dtype()), ") cannot be written back exactly; write it out of place (y = relu(y), not "
-              "y.relu_()), or keep the tensor fp32 (a qconfig of nullptr for the op that produces it)");
-  if (same_params && out.dtype() == DType::kU8) {
+  if (same_params) {
     kernels::copy_into(dst, out);  // the codes, as they are
     return dst;
   }
-  // Other parameters (mul_ by a scalar rescales them) or an fp32 result: requantized into the
-  // storage's parameters, which must hold every value (within half a step) or it would clip.
-  const Tensor real = out.is_quantized() ? kernels::dequantize(out) : out.contiguous();
-  const std::vector<float> v = real.contiguous().to_vector<float>();
-  const double scale = self.qparams()->scale(), zp = self.qparams()->zero_point();
-  const double lo = (0 - zp - 0.5) * scale, hi = (255 - zp + 0.5) * scale;
-  for (float x : v) {
-    DBRQ_ENSURE(x >= lo && x <= hi, ControlFlowError, "in-place ", op_name(kind),
-                " after convert writes into an int8 tensor that other tensors share (a copy of the handle or a view), "
-                "and its result ", x, " is outside that tensor's int8 range [", lo + 0.5 * scale, ", ", hi - 0.5 * scale,
-                "]: it would be clipped. Write it out of place (y = y * 2, not y.mul_(2)), or keep the tensor fp32 (a "
-                "qconfig of nullptr for the op that produces it)");
+  // Codes with other parameters (mul_ by a scalar rescales them; an add's sum has a range of its
+  // own): requantizing them into the storage's parameters would lose precision on the handle the
+  // model goes on with (a residual `x += f(x)` whose caller's copy of x is never read again) or
+  // clip. The handle takes the result as computed; the storage is marked stale, so a copy or view
+  // that is still read raises instead of giving the old values.
+  if (shares) {
+    Tensor own = Tensor::empty_like(out, out.dtype());
+    kernels::copy_into(own, out);
+    out = own.with_qparams(out.qparams_ptr());
   }
-  kernels::copy_into(dst, kernels::quantize_to(real, self.qparams_ptr(), DType::kU8, MemoryFormat::kPreserve));
-  return dst;
+  self.storage()->supersede();
+  return out;
 }
 
 void drop_call_state_on_this_thread() noexcept {

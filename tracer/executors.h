@@ -314,10 +314,11 @@ class ChannelAffineExec : public ConvertedOp {
 // to: its int8 executor hands back new storage (a table's output, codes with other parameters)
 // or new parameters on the same codes, and the call rebinds only the handle it was given. When
 // anything else shares that storage (another handle copied from it, a view: libtorch semantics,
-// where the write is seen through every alias), the result is written back into it, in the
-// storage's own dtype and parameters, and the call returns the tensor it was given. ControlFlowError
-// when that cannot be exact: values beyond the int8 range of the storage's parameters (they
-// would clip), per-channel or other dtypes.
+// where the write is seen through every alias), an exact result is written back into it (f32
+// storage: the result dequantized; u8 codes with the same parameters: the codes) and the call
+// returns the tensor it was given. A result with other parameters is not: the call returns it and
+// the storage is marked superseded (Storage::supersede), so reading it through another tensor
+// raises ControlFlowError instead of giving the old values.
 Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind);
 
 // Forgets what this thread kept for the duration of one model call, when its module stack has
