@@ -44,7 +44,7 @@ expect_violation() {  # name, file, line to add, text the report must contain
   local out
   if out=$("$check" "$d" 2>&1); then
     record "$1" "no violation reported for: $3 in $2"
-  elif echo "$out" | grep -qF -- "$4"; then
+  elif grep -qF -- "$4" <<<"$out"; then
     record "$1" ""
   else
     record "$1" "report does not mention \"$4\": $out"

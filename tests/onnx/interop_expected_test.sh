@@ -45,7 +45,7 @@ record all_expected_export_passes "$r"
 
 run "beta" "export_onnx: where (blk.mask) has no ONNX form in dbrq's exporter" "alpha beta gamma" "$tmp/expected.txt"
 if [ $rc -ne 0 ] && [ "$(echo "$out" | tail -n1)" = "1 passed, 1 failed" ] &&
-    echo "$out" | grep -q "FAIL  beta: expected to export .* but dbrq export failed: dbrq: ValueError: export_onnx: where (blk.mask) has no ONNX form"; then
+    grep -q "FAIL  beta: expected to export .* but dbrq export failed: dbrq: ValueError: export_onnx: where (blk.mask) has no ONNX form" <<<"$out"; then
   r=""
 else
   r="rc $rc: $out"
@@ -53,12 +53,12 @@ fi
 record expected_model_that_stops_exporting_fails_naming_it_and_the_error "$r"
 
 run "gamma" "export_onnx: copy_ (gru) has no ONNX form in dbrq's exporter" "alpha beta gamma" "$tmp/expected.txt"
-if [ $rc -eq 0 ] && echo "$out" | grep -q -- "--    gamma: not exported: export_onnx: copy_ (gru) has no ONNX form" &&
+if [ $rc -eq 0 ] && grep -q -- "--    gamma: not exported: export_onnx: copy_ (gru) has no ONNX form" <<<"$out" &&
     [ "$(echo "$out" | tail -n1)" = "2 passed, 0 failed" ]; then r=""; else r="rc $rc: $out"; fi
 record unlisted_model_without_onnx_form_is_listed_not_counted "$r"
 
 run "gamma" "export_onnx: something else broke" "alpha beta gamma" "$tmp/expected.txt"
-if [ $rc -ne 0 ] && echo "$out" | grep -q "FAIL  gamma: dbrq export failed: dbrq: ValueError: export_onnx: something else broke"; then
+if [ $rc -ne 0 ] && grep -q "FAIL  gamma: dbrq export failed: dbrq: ValueError: export_onnx: something else broke" <<<"$out"; then
   r=""
 else
   r="rc $rc: $out"
@@ -66,16 +66,16 @@ fi
 record unlisted_model_failing_otherwise_fails "$r"
 
 run "" "" "alpha beta gamma" "$tmp/expected.txt"
-if echo "$out" | grep -q "note  gamma exports now: add it to"; then r=""; else r="$out"; fi
+if grep -q "note  gamma exports now: add it to" <<<"$out"; then r=""; else r="$out"; fi
 record unlisted_model_that_exports_is_noted "$r"
 
 printf 'alpha\ndelta\n' >"$tmp/typo.txt"
 run "" "" "alpha beta gamma" "$tmp/typo.txt"
-if [ $rc -ne 0 ] && echo "$out" | grep -q "lists delta, which is not a zoo model"; then r=""; else r="rc $rc: $out"; fi
+if [ $rc -ne 0 ] && grep -q "lists delta, which is not a zoo model" <<<"$out"; then r=""; else r="rc $rc: $out"; fi
 record list_naming_a_non_zoo_model_fails "$r"
 
 run "" "" "alpha" "$tmp/missing.txt"
-if [ $rc -ne 0 ] && echo "$out" | grep -q "no list of expected exports at $tmp/missing.txt"; then r=""; else r="rc $rc: $out"; fi
+if [ $rc -ne 0 ] && grep -q "no list of expected exports at $tmp/missing.txt" <<<"$out"; then r=""; else r="rc $rc: $out"; fi
 record missing_list_fails "$r"
 
 # The committed list against the script's own zoo: every listed model is a zoo model, and each one
@@ -88,7 +88,7 @@ record committed_list_names_zoo_models "$r"
 first=$(grep -v '^\s*\(#\|$\)' "$root/tools/onnx/expected_exports.txt" | head -n1)
 out=$(FAKE_FAIL="$first" FAKE_MSG="boom" DBRQ_CLI="$tmp/dbrq" bash "$check" --export_only 2>&1)
 rc=$?
-if [ $rc -ne 0 ] && echo "$out" | grep -q "FAIL  $first: expected to export"; then r=""; else r="rc $rc: $out"; fi
+if [ $rc -ne 0 ] && grep -q "FAIL  $first: expected to export" <<<"$out"; then r=""; else r="rc $rc: $out"; fi
 record committed_list_catches_its_first_model "$r"
 
 echo "$pass passed, $fail failed"

@@ -32,7 +32,7 @@ check() {
     record "$name" "exit $rc, expected $want_rc"
   elif ! echo "$out" | tail -n 1 | grep -qx "holder_casts: $want_n cast(s) to a module holder"; then
     record "$name" "expected $want_n cast(s)"
-  elif [ "$want_n" -gt 0 ] && ! echo "$out" | grep -q 'always null: write m->as<X>() or dynamic_cast<XImpl\*>'; then
+  elif [ "$want_n" -gt 0 ] && ! grep -q 'always null: write m->as<X>() or dynamic_cast<XImpl\*>' <<<"$out"; then
     record "$name" "no fix in the message"
   else
     record "$name" ""
@@ -65,7 +65,7 @@ void f(dbrq::nn::Module* m) {
 }'
 # The repository's own nn.h gives the built-in names: without it the lint refuses to run.
 out=$("$lint" "$tmp" "$tmp/missing_nn.h" 2>&1); rc=$?
-if [ "$rc" -eq 2 ] && echo "$out" | grep -q "no $tmp/missing_nn.h"; then
+if [ "$rc" -eq 2 ] && grep -q "no $tmp/missing_nn.h" <<<"$out"; then
   record missing_header_is_an_error ""
 else
   record missing_header_is_an_error "exit $rc: $out"
