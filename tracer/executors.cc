@@ -159,6 +159,32 @@ Tensor run_on(const OpCall& call, const Tensor& x) {
 
 }  // namespace
 
+namespace {
+
+// This thread's own references to storage `s` that must keep the values it holds now, before an
+// in-place op writes into it or supersedes it: a deferred weighted op's input (its kernel runs at
+// the residual add, after the write: it gets a copy), the memo (forgotten), returned outputs whose
+// codes live there (their f32 outputs are filled now and the entries dropped).
+void release_internal_holds(const Storage* s) {
+  for (auto& [key, p] : tls_pending) {
+    if (p.input.storage().get() != s) continue;
+    Tensor copy = Tensor::empty_like(p.input, p.input.dtype());
+    kernels::copy_into(copy, p.input);
+    p.input = p.input.is_quantized() ? copy.with_qparams(p.input.qparams_ptr()) : copy;
+  }
+  if (tls_memo.source.storage().get() == s || tls_memo.result.storage().get() == s) tls_memo = QuantizeMemo{};
+  for (auto it = tls_returned.begin(); it != tls_returned.end();) {
+    if (it->codes.storage().get() != s) {
+      ++it;
+      continue;
+    }
+    if (const std::shared_ptr<Storage> f = it->storage.lock()) (void)f->data();
+    it = tls_returned.erase(it);
+  }
+}
+
+}  // namespace
+
 Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind) {
   if (!out.defined() || !self.defined()) return out;
   const bool same_params = self.dtype() == out.dtype() && self.is_quantized() == out.is_quantized() &&
@@ -167,8 +193,10 @@ Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind) {
   const bool shares = out.storage() == self.storage();
   if (shares && same_params && out.storage_offset() == self.storage_offset()) return out;  // written where asked
   // Holders of the storage besides the handle the call rebinds (and `out` itself, when it shares it).
-  const long others = self.storage().use_count() - 1 - (shares ? 1 : 0);
-  if (others <= 0) return out;  // nobody else can see the old values
+  auto others = [&] { return self.storage().use_count() - 1 - (shares ? 1 : 0); };
+  if (others() <= 0) return out;  // nobody else can see the old values
+  release_internal_holds(self.storage().get());
+  if (others() <= 0) return out;
   DBRQ_ENSURE(out.sizes() == self.sizes(), ControlFlowError, "in-place ", op_name(kind),
               " after convert: its result has sizes ", out.shape_string(), ", the tensor it writes into ",
               self.shape_string());
