@@ -25,6 +25,14 @@ using Linear = nn::LinearImpl;
 using testing::calibrate;
 using testing::sqnr_of;
 
+// prepare on the first batch, calibrate on every batch, convert.
+template <typename M>
+void prepare_calibrate_convert(M& m, const std::vector<Tensor>& xs) {
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  convert(m);
+}
+
 // ---- a Sequential with its own forward (libtorch: struct X : SequentialImpl) ----
 
 // The probe from the issue: forward must return 100, not what the chain computes.
@@ -288,9 +296,7 @@ TEST(FixedQParamsInputs, AreObservedWithTheirOwnRange) {
   for (uint64_t i = 0; i < 8; ++i) xs.push_back(randn({4, 8}, 900 + i) * 2.0 + (i % 2 == 0 ? 0.5 : -0.5));
   std::vector<std::pair<Tensor, Tensor>> refs;
   for (const Tensor& x : xs) refs.push_back(m(x));
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   for (size_t i = 0; i < xs.size(); ++i) {
     const auto y = m(xs[i]);
     EXPECT_GT(sqnr_of(y.first, refs[i].first), 30.0) << "sigmoid after a branch " << i;
@@ -341,9 +347,7 @@ TEST(InnerTensorOfAFusedChain, ReadingItRaisesInsteadOfReturningTheChainsResult)
   ReadsInner m;
   const auto xs = testing::random_batches(3, 150, {2, 4, 8, 8});
   const Tensor ref = m(xs[0]);
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
   ASSERT_EQ(ops.size(), 4u);
   EXPECT_NE(ops[2].executor.find("residual add fused into conv2d+batch_norm+add+relu"), std::string::npos)
@@ -365,9 +369,7 @@ TEST(InnerTensorOfAFusedChain, KeptAndReadAfterTheCallRaisesEverywhere) {
   manual_seed(5);
   ReadsInner m;
   const auto xs = testing::random_batches(2, 160, {2, 4, 8, 8});
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   m(xs[0]);
   const Tensor y = m.kept;  // a copy keeps the mark
   ASSERT_TRUE(y.defined());
@@ -396,9 +398,7 @@ TEST(InnerTensorOfAFusedChain, PassingItThroughAnOpWhileCalibratingKeepsItsValue
   const auto xs = testing::random_batches(3, 170, {2, 4, 8, 8});
   m(xs[0]);
   const std::vector<float> ref = m.seen;
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   m(xs[0]);
   ASSERT_EQ(m.seen.size(), ref.size());
   EXPECT_GT(sqnr_of(from_vector(m.seen, {2, 4, 8, 8}), from_vector(ref, {2, 4, 8, 8})), 25.0);
@@ -436,9 +436,7 @@ TEST(InnerTensorOfAFusedChain, AChildsOutputFusedWithTheParentsReluRaisesWhenRea
   ParentRelu m;
   const auto xs = testing::random_batches(3, 180, {1, 3, 8, 8});
   const Tensor ref = m(xs[0]);
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   bool absorbed = false;
   for (const QuantizedOpInfo& op : quantized_ops(m)) absorbed |= op.executor.find("relu") != std::string::npos;
   ASSERT_TRUE(absorbed) << "the parent's relu should run in the child's conv";
@@ -487,9 +485,7 @@ TEST(InPlaceAfterConvert, ReachesEveryTensorSharingTheStorageOrRaises) {
     const auto xs = testing::random_batches(4, 10, {2, 3, 8, 8});
     std::vector<Tensor> refs;
     for (const Tensor& x : xs) refs.push_back(m(x));
-    prepare(m, {xs[0]});
-    for (const Tensor& x : xs) m(x);
-    convert(m);
+    prepare_calibrate_convert(m, xs);
     if (form == 1) {
       // The view's codes took other parameters: y cannot hold them without requantizing.
       EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, kSuperseded);
@@ -541,9 +537,7 @@ TEST(InPlaceAfterConvert, AResidualAddInPlaceKeepsItsOwnRange) {
   const auto xs = testing::random_batches(4, 10, {4, 16});
   std::vector<Tensor> refs;
   for (const Tensor& x : xs) refs.push_back(m(x));
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   for (size_t i = 0; i < xs.size(); ++i) EXPECT_GT(sqnr_of(m(xs[i]), refs[i]), 30.0) << i;
 }
 
@@ -552,9 +546,7 @@ TEST(InPlaceAfterConvert, AStaleCopyReadAfterTheBlockRaises) {
   ResidualNet m;
   m.keep = true;
   const auto xs = testing::random_batches(4, 10, {4, 16});
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, kSuperseded);
 }
 
@@ -585,9 +577,7 @@ TEST(InPlaceAfterConvert, ADeferredConvKeepsTheInputItWasHanded) {
   const auto xs = testing::random_batches(4, 30, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : xs) refs.push_back(m(x));
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  convert(m);
+  prepare_calibrate_convert(m, xs);
   bool deferred = false;
   for (const QuantizedOpInfo& op : quantized_ops(m)) deferred |= op.executor.find("residual add fused into") != std::string::npos;
   ASSERT_TRUE(deferred) << "the add should run the conv (the case under test)";
