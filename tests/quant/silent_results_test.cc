@@ -636,6 +636,15 @@ TEST(InPlaceAfterConvert, WriteBackCases) {
     EXPECT_EQ(r.to_vector<float>(), expected);
     EXPECT_THROW_MSG(alias.to_vector<float>(), ControlFlowError, kSuperseded);
   }
+  // A result of other sizes has nowhere to go (in-place ops keep their tensor's sizes).
+  {
+    const Tensor self = quantize_per_tensor(real, 0.1f, 10, DType::kU8);
+    const Tensor alias = self;
+    EXPECT_THROW_MSG(tracer::write_back_inplace(self, quantize_per_tensor(real.narrow(0, 0, 2), 0.1f, 10, DType::kU8),
+                                                OpKind::kAdd),
+                     ControlFlowError, "in-place add after convert: its result has sizes [2], the tensor it writes into [4]");
+    EXPECT_FALSE(alias.storage()->superseded());
+  }
 }
 
 // ---- an input buffer the caller refills between calls ----
