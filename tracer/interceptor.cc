@@ -1,5 +1,6 @@
 #include "tracer/interceptor.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -244,6 +245,9 @@ QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what
 
 void QuantInterceptor::convert(bool int8_outputs) {
   program_ = convert_model(*model_);
+  for (const auto& [storage, registered] : params_) {
+    versions_at_convert_[storage] = registered.front().tensor.storage()->version();
+  }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
 }
@@ -511,7 +515,7 @@ int QuantInterceptor::find_or_record(const OpCall& call, Frame* owner, Frame* to
   return r;
 }
 
-Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why) {
+Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const std::string& why) {
   AutoQuantizationState& s = *owner->state;
   const std::string where = absl::StrCat("module \"", s.fqn(), "\" (", s.type_name(), "), ", op_name(call.kind), " (",
                                          top->leaf != nullptr ? top->leaf->fqn() : s.fqn(), ")");
@@ -587,6 +591,29 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
         if (pr != nullptr && pr->record >= 0) throw_reads_inner(op_name(call.kind), model_->record(pr->record));
       }
       ++a;
+    }
+    // A parameter or buffer read as an activation (matmul(x, w), x + pos_embedding) and written
+    // since convert (load_state_dict, copy_, an in-place op): its int8 range and the op's output
+    // range were calibrated on the old values, and would clip the new ones. The op runs fp32, as
+    // an uncalibrated path (weighted ops re-quantize their weights instead: WeightedExec::kernel).
+    for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+      const Tensor& t = *call.inputs[i];
+      if (!t.defined() || t.dtype() != DType::kF32) continue;
+      const auto it = versions_at_convert_.find(t.storage().get());
+      if (__builtin_expect(it != versions_at_convert_.end() && it->second != t.storage()->version(), 0)) {
+        return run_uncalibrated(call, owner, top,
+                                absl::StrCat("reads parameter \"", params_.at(it->first).front().fqn,
+                                             "\", written since convert; calibration saw its old values (calibrate "
+                                             "again with the new ones: prepare, calibrate, convert)"));
+      }
+    }
+    // A fused chain's later member computes nothing of its own: its base's kernel did. When the
+    // base ran fp32 (above), no input carries the chain's inner tensor, and it must compute.
+    if (__builtin_expect(op.fusion.fused() && op.fusion.position > 0, 0) && !op.executor->fp32 &&
+        std::none_of(call.inputs.begin(), call.inputs.end(), [](const Tensor* t) {
+          return t->defined() && (t->trace_origin() & kInnerFusedBit) != 0;
+        })) {
+      return run_uncalibrated(call, owner, top, "follows the base of its fused chain, which ran fp32");
     }
     // An activation or add fused across a module boundary (SeenOpInfo::absorbed_by) passes on
     // (or completes) what its producer's kernel computed. Handed any other tensor there (a path

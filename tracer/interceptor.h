@@ -88,6 +88,7 @@ class QuantInterceptor : public Interceptor {
   static QuantInterceptor& of(const nn::Module& model, const char* what);
 
   Tensor on_op(const OpCall& call) override;
+  bool serves_only_its_modules() const override { return true; }
   void on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) override;
   void on_module_exit(nn::Module& module, absl::Span<Tensor* const> outputs) override;
   void on_module_unwind(nn::Module& module) noexcept override;
@@ -162,7 +163,7 @@ class QuantInterceptor : public Interceptor {
   // Data flow of a seen op's inputs into its record and their producers' (tracing, calibrating).
   void note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op);
   // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
-  Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const char* why);
+  Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const std::string& why);
   Tensor seen_op(const OpCall& call, Frame* owner, Frame* top, int order);
   // on_op's work for any op (on_op adds the in-place write-back after convert).
   Tensor run_op(const OpCall& call);
@@ -186,6 +187,10 @@ class QuantInterceptor : public Interceptor {
   // The registration a functional op's weight names: one with the weight's exact geometry, else
   // the largest one on its storage (a view is named as a part of it). Null for a computed tensor.
   const Param* param_of(const Tensor& w, bool* whole) const;
+  // storage -> its storage version at convert, for every parameter and buffer. A converted op
+  // reading one as an activation (matmul(x, w), x + pos_embedding) after it was written since
+  // runs fp32: its int8 range came from calibration with the old values (seen_op).
+  std::unordered_map<const void*, uint64_t> versions_at_convert_;
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the
