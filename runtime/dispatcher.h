@@ -74,6 +74,11 @@ class Interceptor {
   // (!error.has_location()): may rethrow it with the module's name (rethrow_with_location). When it
   // returns, the original error propagates. Called before on_module_unwind, with the frame intact.
   virtual void on_module_error(nn::Module& module, const Error& error) {}
+  // Whether it serves only the modules attached to it (a prepared model's interceptor). A module
+  // attached to another interceptor (a module of another prepared model called from this one's
+  // forward) then runs under its own, not this one. Observing interceptors (recorders, probes)
+  // keep false and see every module called in their scope.
+  virtual bool serves_only_its_modules() const { return false; }
 };
 
 namespace detail {

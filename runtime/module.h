@@ -476,6 +476,12 @@ class HookedCall {
       InterceptorScope scope(self.interceptor());
       return call_hooked(self, body, self.interceptor(), std::forward<Args>(args)...);
     }
+    Interceptor* own = self.interceptor();
+    if (__builtin_expect(own != nullptr && own != active, 0) && active->serves_only_its_modules()) {
+      // A module of another prepared model (a converted encoder called from this model's forward).
+      InterceptorScope scope(own);
+      return call_hooked(self, body, own, std::forward<Args>(args)...);
+    }
     return call_hooked(self, body, active, std::forward<Args>(args)...);
   }
 

@@ -56,6 +56,14 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
   DBRQ_ENSURE(!model.is_leaf(), UsageError, "prepare: ", model.type_name(),
               " is a built-in layer; prepare the module that contains it (or wrap it in a Sequential)");
   mapping.validate(model);
+  // A module of another prepared model (a backbone shared by two models): preparing it again would
+  // replace that model's state on it, and that model would run this one's records and kernels.
+  for (auto& [fqn, m] : model.named_modules()) {
+    DBRQ_ENSURE(m->extension() == nullptr && m->interceptor() == nullptr, UsageError, "prepare: module \"", fqn,
+                "\" (", m->type_name(), ") of ", model.type_name(), " is part of another prepared model; a module "
+                "belongs to one prepared model: give this model its own instance, or call the prepared one from "
+                "forward without registering it (it then runs as its own model)");
+  }
   for (const std::string& n : options.non_traceable_module_names) {
     DBRQ_ENSURE(model.find_module(n) != nullptr, ValueError, "prepare: non-traceable module \"", n,
                 "\" does not exist in ", model.type_name());

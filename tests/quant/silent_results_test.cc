@@ -678,5 +678,130 @@ TEST(InputBuffer, RefilledThroughFromBlobBetweenCallsIsQuantizedAgain) {
   EXPECT_NE(first, second);
 }
 
+// ---- a parameter read as an activation, written after convert ----
+
+// matmul(x, w) and x + p with w, p parameters: an int8 op quantizes them with the range
+// calibration observed, and its output with the range calibration saw it produce. Weights loaded
+// after convert (five times larger) were clipped to the old ranges with no error: -6.6 dB against
+// the fp32 model holding the new weights. Such an op now runs fp32 (an uncalibrated path: counted,
+// warned once, raising under ConvertOptions::strict_paths).
+struct ParamMatmul : nn::CallableModule<ParamMatmul> {
+  ParamMatmul() { w = register_parameter("w", randn({16, 8}, 7)); }
+  Tensor forward(const Tensor& x) { return matmul(x, w); }
+  Tensor w;
+};
+
+// The add reads p; its relu is fused into it, and must still apply when the add runs fp32.
+struct ParamAddRelu : nn::CallableModule<ParamAddRelu> {
+  ParamAddRelu() { p = register_parameter("p", randn({4, 16}, 8)); }
+  Tensor forward(const Tensor& x) { return relu(x + p); }
+  Tensor p;
+};
+
+template <typename M>
+void scale_parameter(M& m, const std::string& name, double factor) {
+  std::map<std::string, Tensor> sd;
+  for (auto& [k, t] : m.state_dict()) sd[k] = k == name ? t.mul(factor) : t.clone();
+  m.load_state_dict(sd);
+}
+
+template <typename M>
+void expect_fp32_after_parameter_write(const std::string& name) {
+  M ref, m;
+  const auto xs = testing::random_batches(4, 40, {4, 16});
+  prepare_calibrate_convert(m, xs);
+  const Tensor before = m(xs[1]), fp32 = ref(xs[1]);
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+  EXPECT_GT(sqnr_of(fp32, before), 30.0);
+  EXPECT_GT(testing::relative_error(before, fp32), 1e-4);  // int8
+  scale_parameter(ref, name, 5.0);
+  scale_parameter(m, name, 5.0);
+  const Tensor want = ref(xs[1]), got = m(xs[1]);
+  testing::expect_close(got, want, 1e-5, name);
+  EXPECT_EQ(uncalibrated_ops(m), name == "p" ? 2 : 1);  // p: the add, then its fused relu
+}
+
+TEST(ParameterOperand, WrittenAfterConvertRunsFp32) {
+  expect_fp32_after_parameter_write<ParamMatmul>("w");
+  expect_fp32_after_parameter_write<ParamAddRelu>("p");
+}
+
+TEST(ParameterOperand, WrittenAfterConvertRaisesUnderStrictPaths) {
+  ParamAddRelu m;
+  const auto xs = testing::random_batches(3, 41, {4, 16});
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  ConvertOptions o;
+  o.strict_paths = true;
+  convert(m, o);
+  m(xs[0]);
+  m.p.add_(1.0);
+  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError,
+                   "reads parameter \"p\", written since convert; calibration saw its old values");
+}
+
+// ---- a prepared model called from another prepared model's forward ----
+
+// A module call ran under the interceptor active on the thread: a converted model called from
+// another prepared model's forward ran the outer model's records and kernels with its own weights
+// (4 dB against fp32; a crash when its record indices passed the outer program's end). It now runs
+// under its own interceptor, as its own model.
+struct InnerModel : nn::CallableModule<InnerModel> {
+  InnerModel() { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) { return relu((*fc)(x)) * 3.0; }
+  std::shared_ptr<Linear> fc;
+};
+
+struct OuterModel : nn::CallableModule<OuterModel> {
+  explicit OuterModel(std::shared_ptr<InnerModel> in) : inner(std::move(in)) {
+    fc = register_module("fc", std::make_shared<Linear>(8, 8));
+    fc2 = register_module("fc2", std::make_shared<Linear>(8, 8));
+  }
+  Tensor forward(const Tensor& x) { return (*fc2)((*inner)(relu((*fc)(x)) * 0.25)); }
+  std::shared_ptr<Linear> fc, fc2;
+  std::shared_ptr<InnerModel> inner;  // not registered: a model of its own
+};
+
+TEST(NestedModels, AConvertedModelCalledFromAnotherRunsItsOwnKernels) {
+  const auto xs = testing::random_batches(4, 50, {4, 8});
+  manual_seed(5);
+  OuterModel ref(std::make_shared<InnerModel>());
+  manual_seed(5);
+  OuterModel m(std::make_shared<InnerModel>());
+  std::vector<Tensor> inner_xs;
+  for (const Tensor& x : xs) inner_xs.push_back(relu((*ref.fc)(x)) * 0.25);
+  prepare_calibrate_convert(*m.inner, inner_xs);
+  prepare_calibrate_convert(m, xs);
+  for (const Tensor& x : xs) EXPECT_GT(sqnr_of(ref(x), m(x)), 25.0);
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+  EXPECT_EQ(uncalibrated_ops(*m.inner), 0);
+}
+
+// A backbone registered in two models: preparing the second one replaced the first one's state on
+// the backbone's modules. It raises instead.
+struct Headed : nn::CallableModule<Headed> {
+  explicit Headed(std::shared_ptr<InnerModel> b) {
+    backbone = register_module("backbone", std::move(b));
+    head = register_module("head", std::make_shared<Linear>(8, 2));
+  }
+  Tensor forward(const Tensor& x) { return (*head)((*backbone)(x)); }
+  std::shared_ptr<InnerModel> backbone;
+  std::shared_ptr<Linear> head;
+};
+
+TEST(NestedModels, PreparingAModuleOfAnotherPreparedModelRaises) {
+  auto backbone = std::make_shared<InnerModel>();
+  Headed a(backbone), b(backbone);
+  const Tensor x = randn({4, 8}, 51);
+  const Tensor want = a(x);
+  prepare(a, {x});
+  EXPECT_THROW_MSG(prepare(b, {x}), UsageError,
+                   "prepare: module \"backbone\" (InnerModel) of Headed is part of another prepared model");
+  EXPECT_FALSE(is_prepared(b));
+  a(x);  // a is unaffected
+  convert(a);
+  EXPECT_GT(sqnr_of(want, a(x)), 25.0);
+}
+
 }  // namespace
 }  // namespace dbrq
