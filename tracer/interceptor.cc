@@ -204,6 +204,9 @@ bool inner_output(const SeenOpInfo& op) {
          (op.absorbs >= 0 && op.role != QuantRole::kNone);
 }
 
+// Mixed into the producer tag of a parameter or buffer read as an activation (producer_tag).
+constexpr uint64_t kParameterProducerSalt = 0x706172616d206173ull;
+
 // Mixed into the model's input tags: the model's inputs as fp32 sources.
 constexpr uint64_t kModelInputSalt = 0x6d6f64656c20696eull;
 
@@ -284,9 +287,24 @@ WeightInfo QuantInterceptor::weight_info(const Tensor& t) const {
 int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k) {
   const int64_t o = t.trace_origin();
   if (o != 0 && model_->tensor(o) != nullptr) return o;
-  // Made outside any op of this model (a constant, a parameter used as an activation, another
-  // model's tensor): an fp32 source of its own at this input.
+  // A parameter or buffer used as an activation: an fp32 source of its own, whichever op reads it.
+  if (const int64_t p = t.trace_id() == 0 ? producer_tag(t) : 0; p != 0) {
+    return model_->add_fp32_source(fingerprint_mix(static_cast<uint64_t>(p), state->fqn_fingerprint()));
+  }
+  // Made outside any op of this model (a constant, another model's tensor): an fp32 source of its
+  // own at this input.
   return model_->add_fp32_source(fingerprint_mix(fingerprint_mix(static_cast<uint64_t>(tag), k), state->fqn_fingerprint()));
+}
+
+int64_t QuantInterceptor::producer_tag(const Tensor& t) const {
+  const int64_t id = t.trace_id();
+  if (__builtin_expect(id != 0, 1)) return id;
+  bool whole = false;
+  const Param* p = param_of(t, &whole);
+  if (p == nullptr) return 0;
+  const WeightView v = whole ? WeightView{} : view_of(t);
+  const uint64_t h = tag_weight(kParameterProducerSalt, p->fingerprint, whole ? nullptr : &v);
+  return static_cast<int64_t>((h & ((uint64_t{1} << 61) - 1)) | (uint64_t{1} << 61));
 }
 
 Tensor QuantInterceptor::on_op(const OpCall& call) {
@@ -543,7 +561,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
   const size_t n_act = def.activation_inputs(call.inputs.size());
   ProducerTags producers;
   for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
-    if (call.inputs[i]->defined()) producers.push_back(call.inputs[i]->trace_id());
+    if (call.inputs[i]->defined()) producers.push_back(producer_tag(*call.inputs[i]));
   }
   out.set_trace_id(s.output_tag(op_tag(call, top->leaf, def, n_act, true), call.kind, producers));
   out.set_trace_origin(0);
@@ -559,7 +577,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
   const int64_t tag = op_tag(call, leaf, def, n_act, true);
   ProducerTags producers;
   for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
-    if (call.inputs[i]->defined()) producers.push_back(call.inputs[i]->trace_id());
+    if (call.inputs[i]->defined()) producers.push_back(producer_tag(*call.inputs[i]));
   }
   const Phase phase = model_->phase();
   int r = -1;

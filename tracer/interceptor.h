@@ -168,6 +168,11 @@ class QuantInterceptor : public Interceptor {
   // on_op's work for any op (on_op adds the in-place write-back after convert).
   Tensor run_op(const OpCall& call);
   Tensor other_op(const OpCall& call, Frame* owner, Frame* top, int order);
+  // The producer tag of an activation input, part of its op's identity: the tag of the op or
+  // module input that made it; for a parameter or buffer read as an activation, which one (so
+  // matmul(h, wq) and matmul(h, wk) are two records with their own ranges, not one op run twice);
+  // 0 for a tensor made outside the model's ops.
+  int64_t producer_tag(const Tensor& t) const;
   // The origin id of an input as this model knows it (0: none).
   int64_t origin_of(const Tensor& t, AutoQuantizationState* state, int64_t tag, size_t k);
   void rollback_records(size_t mark) noexcept;
