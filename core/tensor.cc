@@ -317,6 +317,12 @@ int32_t Tensor::q_zero_point() const {
   return qparams_->zero_point();
 }
 
+Tensor Tensor::int_repr() const {
+  DBRQ_ENSURE(is_quantized(), DTypeError, "int_repr(): the tensor is not quantized (dtype ", dtype_name(dtype_),
+              ", no quantization parameters)");
+  return with_qparams(nullptr);
+}
+
 Tensor Tensor::with_qparams(QuantParamsPtr qparams) const {
   if (qparams != nullptr) {
     DBRQ_ENSURE(is_quantized_dtype(dtype_), DTypeError, "quantization parameters need an s8 or u8 tensor, got ",

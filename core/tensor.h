@@ -132,8 +132,10 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   // Element access by logical index, for tests and debugging (slow).
-  // A quantized tensor reads as real values (scale * (code - zero_point)) when T is floating
-  // point, as its int8 codes when T is an integer type.
+  // A quantized tensor reads as real values (scale * (code - zero_point)) converted to T, whatever
+  // T is, as PyTorch's item() and tolist() do: after convert, a tensor user code reads inside
+  // forward may be int8 where the fp32 model had f32, and `d.item<int64_t>()` must mean the same
+  // in both (it returned the code, 125 for 2.3). The codes: int_repr().
   template <typename T>
   T at(IntArrayRef index) const;
   template <typename T>
@@ -142,8 +144,7 @@ class Tensor {
   }
   template <typename T>
   T item() const;
-  // Elements in logical row-major order, converted to T (quantized: real values for a floating T,
-  // codes for an integer T).
+  // Elements in logical row-major order, converted to T (quantized: real values, as at()).
   template <typename T>
   std::vector<T> to_vector() const;
   // Element as double, whatever the dtype (raw integer for quantized tensors).
@@ -158,6 +159,9 @@ class Tensor {
   int32_t q_zero_point() const;
   // Same data, new parameters (null drops them). Throws DTypeError unless s8/u8.
   Tensor with_qparams(QuantParamsPtr qparams) const;
+  // The int8 codes of a quantized tensor as a plain s8/u8 tensor (same storage, no parameters),
+  // like PyTorch's int_repr(). Throws DTypeError unless quantized.
+  Tensor int_repr() const;
 
   // Metadata-only primitives for kernels; they never dispatch and never copy.
   Tensor raw_as_strided(IntArrayRef sizes, IntArrayRef strides, int64_t storage_offset) const;

@@ -11,8 +11,8 @@ T Tensor::at(IntArrayRef index) const {
   return visit_dtype(dtype_, [&](auto tag) -> T {
     using S = decltype(tag);
     const S code = static_cast<const S*>(storage_->data())[off];
-    // Quantized tensors read as real values (their codes with an integer T), like PyTorch's item().
-    if (std::is_floating_point_v<T> && is_quantized()) {
+    // Quantized tensors read as real values, like PyTorch's item().
+    if (is_quantized()) {
       const int64_t axis = qparams_->axis;
       return static_cast<T>(real_value(static_cast<int32_t>(code), axis < 0 ? 0 : wrap_index(index, axis)));
     }
@@ -24,7 +24,7 @@ template <typename T>
 T Tensor::item() const {
   DBRQ_ENSURE(defined() && numel() == 1, ShapeError, "item(): tensor must have exactly one element, got sizes ",
               shape_string());
-  if (std::is_floating_point_v<T> && is_quantized()) {
+  if (is_quantized()) {
     return static_cast<T>(real_value(static_cast<int32_t>(value_at(0)), 0));
   }
   return static_cast<T>(value_at(0));
@@ -35,8 +35,8 @@ std::vector<T> Tensor::to_vector() const {
   DBRQ_ENSURE(defined(), ValueError, "to_vector(): tensor is undefined");
   check_has_values();
   std::vector<T> out(static_cast<size_t>(numel()));
-  // Quantized tensors give real values, as f32 tensors do (their codes with an integer T).
-  const bool real = std::is_floating_point_v<T> && is_quantized();
+  // Quantized tensors give real values, as f32 tensors do (int_repr() for the codes).
+  const bool real = is_quantized();
   const int64_t axis = real ? qparams_->axis : -1;
   visit_dtype(dtype_, [&](auto tag) {
     using S = decltype(tag);

@@ -70,7 +70,7 @@ bool check_ordered(const char* op, const Tensor& x) {
 // x's elements as f32: the values, or the codes of a quantized u8 tensor.
 std::vector<float> ordered_values(const Tensor& x, bool codes) {
   if (!codes) return x.to_vector<float>();
-  const std::vector<int32_t> q = x.to_vector<int32_t>();
+  const std::vector<int32_t> q = x.int_repr().to_vector<int32_t>();
   return std::vector<float>(q.begin(), q.end());
 }
 

@@ -133,10 +133,10 @@ TEST(OpFamiliesGolden, QuantizedPassThrough) {
   const Tensor y = pad(q, {1, 1}, PadMode::kConstant, 0.55);
   ASSERT_TRUE(y.is_quantized());
   EXPECT_EQ(*y.qparams(), *qp);
-  EXPECT_EQ(y.at<uint8_t>({0, 0, 0, 0}), 106);
-  EXPECT_EQ(y.at<uint8_t>({1, 2, 4, 7}), 106);
-  EXPECT_EQ(y.at<uint8_t>({0, 1, 2, 3}), q.at<uint8_t>({0, 1, 2, 2}));
-  EXPECT_EQ(pad(q, {1, 1}).at<uint8_t>({0, 0, 0, 0}), 100) << "a zero fill is the zero point";
+  EXPECT_EQ(y.int_repr().at<uint8_t>({0, 0, 0, 0}), 106);
+  EXPECT_EQ(y.int_repr().at<uint8_t>({1, 2, 4, 7}), 106);
+  EXPECT_EQ(y.int_repr().at<uint8_t>({0, 1, 2, 3}), q.int_repr().at<uint8_t>({0, 1, 2, 2}));
+  EXPECT_EQ(pad(q, {1, 1}).int_repr().at<uint8_t>({0, 0, 0, 0}), 100) << "a zero fill is the zero point";
   testing::expect_equal(dequantize(pad(q, {2, 1, 3, 4}, PadMode::kReflect)), pad(dequantize(q), {2, 1, 3, 4}, PadMode::kReflect),
                         "reflect on codes");
   testing::expect_equal(dequantize(q.repeat({1, 2, 1, 1})), dequantize(q).repeat({1, 2, 1, 1}), "repeat on codes");

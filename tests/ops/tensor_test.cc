@@ -201,25 +201,37 @@ TEST(TensorViews, ViewOfAChannelsLastActivationMeansTheLogicalNchwView) {
   EXPECT_THROW_MSG(x.transpose(2, 3).view({2, 12}), ShapeError, "use reshape()");
 }
 
-// A quantized tensor reads as real values with a floating-point type and as codes with an integer
-// type, so user code never mistakes int8 codes for values.
+// A quantized tensor reads as real values with any element type, as an f32 tensor holding those
+// values does, so user code never mistakes int8 codes for values: after convert, `item<int64_t>()`
+// of a tensor that was f32 in the fp32 model returned its code. int_repr() gives the codes.
 TEST(TensorAccess, QuantizedTensorsReadAsRealValues) {
   const Tensor q = quantize_per_tensor(from_vector<float>({-1.f, 0.f, 0.31f, 2.f}, {2, 2}), 0.01f, 100, DType::kU8);
   const std::vector<float> real = q.to_vector<float>();
   EXPECT_FLOAT_EQ(real[0], -1.f);
   EXPECT_FLOAT_EQ(real[2], 0.31f);
-  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{0, 100, 131, 255}));
+  EXPECT_EQ(q.int_repr().to_vector<int>(), (std::vector<int>{0, 100, 131, 255}));
+  EXPECT_FALSE(q.int_repr().is_quantized());
   EXPECT_FLOAT_EQ(q.at<float>({1, 0}), 0.31f);
   EXPECT_FLOAT_EQ(q.at<float>({-1, -2}), 0.31f);
-  EXPECT_EQ(q.at<int>({1, 0}), 131);
+  EXPECT_EQ(q.int_repr().at<int>({1, 0}), 131);
   EXPECT_FLOAT_EQ(q.narrow(0, 1, 1).narrow(1, 0, 1).item<float>(), 0.31f);
-  EXPECT_EQ(q.narrow(0, 1, 1).narrow(1, 0, 1).item<int>(), 131);
+  EXPECT_EQ(q.narrow(0, 1, 1).narrow(1, 0, 1).int_repr().item<int>(), 131);
+  // Integer and bool reads convert the real value, as from an f32 tensor: -1 -> -1, 0.31 -> 0, and
+  // 2 (clipped to code 255: 1.55) -> 1.
+  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{-1, 0, 0, 1}));
+  EXPECT_EQ(q.to_vector<int>(), dequantize(q).to_vector<int>());
+  EXPECT_EQ(q.at<int64_t>({1, 1}), 1);
+  EXPECT_EQ(q.narrow(0, 0, 1).narrow(1, 1, 1).item<int64_t>(), 0);  // code 100, the zero point
+  EXPECT_TRUE(q.narrow(0, 1, 1).narrow(1, 0, 1).item<bool>());
+  EXPECT_FALSE(q.narrow(0, 0, 1).narrow(1, 1, 1).item<bool>());
+  EXPECT_THROW_MSG(from_vector<float>({1.f}).int_repr(), DTypeError, "int_repr(): the tensor is not quantized (dtype f32");
   // Per-channel parameters: each element with its channel's.
   const Tensor pc = quantize_per_channel(from_vector<float>({1.f, 2.f, 3.f, 4.f}, {2, 2}), {0.5f, 0.25f}, {0, 2}, 1,
                                          DType::kS8);
   EXPECT_EQ(pc.to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
   EXPECT_FLOAT_EQ(pc.at<double>({1, 1}), 4.0);
-  EXPECT_EQ(pc.to_vector<int>(), (std::vector<int>{2, 10, 6, 18}));
+  EXPECT_EQ(pc.int_repr().to_vector<int>(), (std::vector<int>{2, 10, 6, 18}));
+  EXPECT_EQ(pc.to_vector<int>(), (std::vector<int>{1, 2, 3, 4}));
 }
 
 TEST(TensorViews, FlattenPermuteTranspose) {
@@ -319,7 +331,8 @@ TEST(TensorAccess, AtItemToVectorValueAt) {
   EXPECT_EQ(t.narrow(0, 1, 1).narrow(1, 2, 1).item<float>(), 5.f);
   const Tensor q = from_vector<int8_t>({-3, 7}).with_qparams(QuantParams::per_tensor(0.5f, 1));
   EXPECT_EQ(q.value_at(0), -3.0);  // raw integers, not real values
-  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{-3, 7}));
+  EXPECT_EQ(q.int_repr().to_vector<int>(), (std::vector<int>{-3, 7}));
+  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{-2, 3}));  // (-3 - 1) * 0.5, (7 - 1) * 0.5
 
   EXPECT_THROW_MSG(t.at<float>({2, 0}), IndexError, "index 2 is out of range for dim 0 of size 2");
   EXPECT_THROW_MSG(t.at<float>({0}), IndexError, "has 1 entries for a 2-D tensor");
@@ -350,7 +363,7 @@ TEST(TensorQuantParams, WithQparamsAndAccessors) {
   EXPECT_NE(copied.storage(), q2.storage());
   EXPECT_EQ(copied.q_scale(), 0.5f);
   EXPECT_EQ(copied.q_zero_point(), 3);
-  EXPECT_EQ(copied.to_vector<int>(), (std::vector<int>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(copied.int_repr().to_vector<int>(), (std::vector<int>{1, 4, 2, 5, 3, 6}));
   EXPECT_EQ(q2.contiguous(MemoryFormat::kContiguous).q_scale(), 0.5f);
 
   EXPECT_THROW_MSG(zeros({3}).with_qparams(QuantParams::per_tensor(0.1f, 0)), DTypeError,
@@ -370,7 +383,7 @@ TEST(TensorQuantParams, PerChannel) {
   const Tensor x = iota({2, 3, 1, 1});
   const Tensor q = quantize_per_channel(x, {0.5f, 1.f, 2.f}, {0, 0, 0}, 1, DType::kS8);
   EXPECT_THROW_MSG(q.q_scale(), DTypeError, "q_scale(): tensor is not per-tensor quantized (dtype s8)");
-  EXPECT_EQ(q.to_vector<int>(), (std::vector<int>{0, 1, 1, 6, 4, 2}));  // 2/2 = 1 and 5/2 = 2.5 -> 2 (half to even)
+  EXPECT_EQ(q.int_repr().to_vector<int>(), (std::vector<int>{0, 1, 1, 6, 4, 2}));  // 2/2 = 1 and 5/2 = 2.5 -> 2 (half to even)
   EXPECT_THROW_MSG(q.with_qparams(QuantParams::per_channel({1.f, 1.f}, {0, 0}, 1)), ShapeError,
                    "per-channel parameters along axis 1 have 2 scales for sizes [2, 3, 1, 1]");
   // Permuting moves the channel axis with its dim.

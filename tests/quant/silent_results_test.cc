@@ -9,6 +9,8 @@
 // compile-time halves (code that must not compile) are in tests/compile_fail.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -738,6 +740,79 @@ TEST(ParameterOperand, WrittenAfterConvertRaisesUnderStrictPaths) {
   m.p.add_(1.0);
   EXPECT_THROW_MSG(m(xs[0]), ControlFlowError,
                    "reads parameter \"p\", written since convert; calibration saw its old values");
+}
+
+// Two matmuls of one activation with two parameters (hand-written attention's h @ wq, h @ wk) had
+// the same identity: same kind, same producer (h), and the parameters, made by no op, had none.
+// They were one record, as if one op ran twice, with one range for both weights and one for both
+// outputs: 7.6 dB for the product with the smaller weight. A parameter read as an activation is
+// now part of its op's identity.
+struct TwoParamMatmuls : nn::CallableModule<TwoParamMatmuls> {
+  TwoParamMatmuls() {
+    wa = register_parameter("wa", randn({8, 8}, 60));
+    wb = register_parameter("wb", randn({8, 8}, 61) * 0.02);
+  }
+  Tensor forward(const Tensor& h) { return cat({matmul(h, wa), matmul(h, wb) * 50.0}, 1); }
+  Tensor wa, wb;
+};
+
+TEST(ParameterOperand, TwoParametersReadByTheSameKindOfOpAreTwoRecords) {
+  TwoParamMatmuls ref, m;
+  const auto xs = testing::random_batches(4, 62, {4, 8});
+  prepare_calibrate_convert(m, xs);
+  int matmuls = 0;
+  for (const AutoQuantizationState* s : model_quant_state(m).states()) {
+    for (const SeenOpInfo& op : s->seen_ops()) matmuls += op.kind == OpKind::kMatmul;
+  }
+  EXPECT_EQ(matmuls, 2);
+  for (const Tensor& x : xs) {
+    const Tensor want = ref(x), got = m(x);
+    EXPECT_GT(sqnr_of(want.narrow(1, 0, 8), got.narrow(1, 0, 8)), 30.0);
+    EXPECT_GT(sqnr_of(want.narrow(1, 8, 8), got.narrow(1, 8, 8)), 30.0);  // was 7.6 dB
+  }
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+}
+
+// ---- integer reads of an intermediate inside forward ----
+
+// After convert, an intermediate that the fp32 model held as f32 is u8 inside forward. Reading it
+// with an integer type (a predicted length, a loop count) returned the code: 125 where fp32 gave 2.
+struct ReadsACount : nn::CallableModule<ReadsACount> {
+  ReadsACount() { fc = register_module("fc", std::make_shared<Linear>(8, 1)); }
+  Tensor forward(const Tensor& x) {
+    Tensor d = relu((*fc)(x * 4.0));
+    first = d.select(0, 0).item<int64_t>();
+    all = d.to_vector<int64_t>();
+    any = d.select(0, 0).item<bool>();
+    quantized = d.is_quantized();
+    return d;
+  }
+  std::shared_ptr<Linear> fc;
+  bool quantized = false;
+  int64_t first = 0;
+  std::vector<int64_t> all;
+  bool any = false;
+};
+
+TEST(IntegerReads, InsideAConvertedForwardGiveValuesNotCodes) {
+  manual_seed(9);
+  ReadsACount ref;
+  manual_seed(9);
+  ReadsACount m;
+  const auto xs = testing::random_batches(4, 63, {6, 8});
+  prepare_calibrate_convert(m, xs);
+  for (const Tensor& x : xs) {
+    ref(x);
+    const std::vector<float> got = m(x).to_vector<float>();
+    EXPECT_TRUE(m.quantized);  // the int8 chain's u8 result, read inside forward
+    ASSERT_EQ(m.all.size(), ref.all.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(m.all[i], static_cast<int64_t>(got[i]));  // the value the model returns, truncated
+      EXPECT_LE(std::abs(m.all[i] - ref.all[i]), 1);       // fp32 truncates its own, a step away at most
+    }
+    EXPECT_EQ(m.first, m.all[0]);
+    EXPECT_EQ(m.any, got[0] != 0.f);
+  }
 }
 
 // ---- a prepared model called from another prepared model's forward ----
