@@ -12,7 +12,7 @@ double relative_error(const Tensor& actual, const Tensor& expected) {
   // Quantized tensors compare by their codes (an integer read), everything else by value.
   auto values = [](const Tensor& t) {
     if (!t.is_quantized()) return t.to_vector<double>();
-    const std::vector<int64_t> codes = t.to_vector<int64_t>();
+    const std::vector<int64_t> codes = t.int_repr().to_vector<int64_t>();
     return std::vector<double>(codes.begin(), codes.end());
   };
   const std::vector<double> a = values(actual), b = values(expected);
@@ -41,7 +41,7 @@ void expect_equal(const Tensor& actual, const Tensor& expected, const std::strin
   // Quantized tensors compare by their codes (an integer read), everything else by value.
   auto values = [](const Tensor& t) {
     if (!t.is_quantized()) return t.to_vector<double>();
-    const std::vector<int64_t> codes = t.to_vector<int64_t>();
+    const std::vector<int64_t> codes = t.int_repr().to_vector<int64_t>();
     return std::vector<double>(codes.begin(), codes.end());
   };
   const std::vector<double> a = values(actual), b = values(expected);
@@ -55,6 +55,8 @@ void expect_equal(const Tensor& actual, const Tensor& expected, const std::strin
   EXPECT_EQ(diff, 0) << what << ": " << diff << " of " << a.size() << " elements differ; first at " << first
                      << " (" << (first >= 0 ? a[first] : 0) << " vs " << (first >= 0 ? b[first] : 0) << ")";
 }
+
+std::vector<int32_t> codes(const Tensor& t) { return (t.is_quantized() ? t.int_repr() : t).to_vector<int32_t>(); }
 
 std::vector<Tensor> random_batches(int n, uint64_t seed, const std::vector<int64_t>& sizes) {
   std::vector<Tensor> out;

@@ -40,6 +40,8 @@ double relative_error(const Tensor& actual, const Tensor& expected);
 void expect_close(const Tensor& actual, const Tensor& expected, double tol, const std::string& what = "");
 // Element-wise equality of values (any dtypes), with a count of differing elements in the failure.
 void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what = "");
+// The elements as integers: a quantized tensor's codes (int_repr()), any other tensor's values.
+std::vector<int32_t> codes(const Tensor& t);
 // `n` batches of N(0, 1) samples of `sizes`, from seeds seed, seed + 1, ...
 std::vector<Tensor> random_batches(int n, uint64_t seed, const std::vector<int64_t>& sizes);
 // Distinct observers (union-find roots) of a prepared model, ascending.

@@ -182,7 +182,7 @@ LsbStats compare_logits(const Tensor& q, const E2eGolden& g, const std::string& 
   EXPECT_TRUE(q.is_quantized());
   EXPECT_EQ(q.sizes(), fx_codes.sizes());
   if (!q.is_quantized() || q.sizes() != fx_codes.sizes()) return s;
-  const std::vector<int32_t> a = q.to_vector<int32_t>(), e = fx_codes.to_vector<int32_t>();
+  const std::vector<int32_t> a = dbrq::testing::codes(q), e = dbrq::testing::codes(fx_codes);
   for (size_t i = 0; i < a.size(); ++i) {
     const double da = (a[i] - q.q_zero_point()) * static_cast<double>(q.q_scale());
     const double de = (e[i] - fx_zp) * static_cast<double>(fx_scale);

@@ -100,7 +100,7 @@ struct Stats {
 
 Stats compare(const Tensor& y, const Tensor& expected) {
   Stats s;
-  const std::vector<int32_t> a = y.to_vector<int32_t>(), e = expected.to_vector<int32_t>();
+  const std::vector<int32_t> a = dbrq::testing::codes(y), e = dbrq::testing::codes(expected);
   EXPECT_EQ(a.size(), e.size());
   for (size_t i = 0; i < a.size() && i < e.size(); ++i) {
     const int64_t d = std::abs(static_cast<int64_t>(a[i]) - e[i]);
@@ -160,7 +160,7 @@ TEST(Int8NormsGolden, ChannelsLastInputSameCodes) {
     const Tensor a = run_case(c);
     const Tensor b = run_case(c, MemoryFormat::kChannelsLast);
     EXPECT_TRUE(b.is_channels_last()) << c.name;
-    EXPECT_EQ(a.to_vector<int32_t>(), b.to_vector<int32_t>()) << c.name;
+    EXPECT_EQ(dbrq::testing::codes(a), dbrq::testing::codes(b)) << c.name;
   }
 }
 
@@ -189,7 +189,7 @@ TEST(Int8NormsKernel, LongRowsVectorEqualsPortableAndReference) {
     ForcePortable force(true);
     port = kernels::qgroup_norm("group_norm", x, 1, w, b, 1e-5, out);
   }
-  const std::vector<int32_t> a = vec.to_vector<int32_t>(), p = port.to_vector<int32_t>();
+  const std::vector<int32_t> a = dbrq::testing::codes(vec), p = dbrq::testing::codes(port);
   EXPECT_EQ(a, p);
   double sum = 0, sq = 0;
   for (uint8_t q : codes) {

@@ -103,7 +103,7 @@ struct MatchStats {
 
 MatchStats match(const Tensor& actual, const Tensor& expected) {
   MatchStats m;
-  const std::vector<int32_t> a = actual.to_vector<int32_t>(), e = expected.to_vector<int32_t>();
+  const std::vector<int32_t> a = dbrq::testing::codes(actual), e = dbrq::testing::codes(expected);
   m.n = static_cast<int64_t>(e.size());
   for (size_t i = 0; i < a.size() && i < e.size(); ++i) {
     const int64_t d = std::abs(static_cast<int64_t>(a[i]) - e[i]);
@@ -550,7 +550,7 @@ TEST(Int8OpsGolden, Prelu) {
     o.dst_qparams = qparams_of(n, "out");
     kernels::QPReLU k(o);
     EXPECT_EQ(k.quantized_weight().dtype(), DType::kS8);
-    EXPECT_EQ(k.quantized_weight().to_vector<int32_t>(), centered);
+    EXPECT_EQ(k.quantized_weight().int_repr().to_vector<int32_t>(), centered);
     expect_codes(n, k.run(qinput(n, "x")));
     expect_codes(n, k.run(qinput(n, "x", MemoryFormat::kChannelsLast)));
   }

@@ -248,7 +248,7 @@ TEST(WeightIdentity, AFileWhosePartLiesOutsideTheParameterIsRefused) {
   text.replace(at, std::string("\"strides\": [").size(), "\"strides\": [3, ");
   write_text(path, text);
   prepare(b, {x});
-  EXPECT_THROW_MSG(load_quant_state(b, path), FileFormatError, "module \"\" op 1 fails its check");
+  EXPECT_THROW_MSG(load_quant_state(b, path), FileFormatError, "module \"\" op 2 fails its check");
 }
 
 // ---- batch norm statistics that are not the model's own tensors ----
