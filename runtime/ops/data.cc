@@ -26,15 +26,38 @@ Tensor run_to(const OpCall& c) {
   return kernels::copy(x, MemoryFormat::kPreserve, target);
 }
 
+// copy_ and fill_ move real values, as at() and to_vector() read them: a quantized source is
+// dequantized, a quantized destination takes the values quantized with its own parameters (as
+// PyTorch's q.copy_(x) does), and codes are copied as they are only between equal parameters.
+// (kernels::copy_into moves elements as they are; `f32.copy_(q)` gave the codes, 5 for 0.11, and
+// `q.fill_(0)` the code 0, -zero_point * scale.)
+void copy_real_values(Tensor& self, const Tensor& src) {
+  const bool as_they_are = self.is_quantized() ? src.is_quantized() && src.dtype() == self.dtype() &&
+                                                     *src.qparams() == *self.qparams()
+                                               : !src.is_quantized();
+  if (as_they_are) return kernels::copy_into(self, src);
+  const Tensor real = src.is_quantized() ? kernels::dequantize(src) : src;
+  if (!self.is_quantized()) return kernels::copy_into(self, real);
+  Tensor f32 = Tensor::empty(self.sizes(), DType::kF32);  // broadcast first: per-channel parameters need self's sizes
+  kernels::copy_into(f32, real);
+  kernels::copy_into(self, kernels::quantize(f32, self.qparams_ptr(), self.dtype()));
+}
+
 Tensor run_copy(const OpCall& c) {
   Tensor& self = ops::mutable_self(c);
-  kernels::copy_into(self, c.input(1));
+  check_defined("copy_", "self", self);
+  check_defined("copy_", "src", c.input(1));
+  copy_real_values(self, c.input(1));
   return self;
 }
 
 Tensor run_fill(const OpCall& c) {
   Tensor& self = ops::mutable_self(c);
-  kernels::fill(self, c.p<ConvertParams>().value);
+  if (!self.is_quantized()) {
+    kernels::fill(self, c.p<ConvertParams>().value);
+    return self;
+  }
+  copy_real_values(self, full(IntArrayRef{}, c.p<ConvertParams>().value, DType::kF32));
   return self;
 }
 

@@ -234,6 +234,43 @@ TEST(TensorAccess, QuantizedTensorsReadAsRealValues) {
   EXPECT_EQ(pc.to_vector<int>(), (std::vector<int>{1, 2, 3, 4}));
 }
 
+// copy_ and fill_ move real values, as reads do: copying an int8 model output (int8_outputs) into
+// an f32 buffer gave its codes (5 for 0.11), and fill_(0) of a quantized tensor the code 0.
+TEST(TensorAccess, CopyAndFillMoveRealValuesBetweenQuantizedAndFloat) {
+  const Tensor x = from_vector<float>({-1.f, 0.f, 0.31f, 1.2f}, {2, 2});
+  const Tensor q = quantize_per_tensor(x, 0.01f, 100, DType::kU8);
+  Tensor f = zeros({2, 2});
+  f.copy_(q);
+  EXPECT_EQ(f.to_vector<float>(), dequantize(q).to_vector<float>());
+  Tensor broadcast = zeros({3, 2, 2});
+  broadcast.copy_(q);
+  EXPECT_EQ(broadcast.narrow(0, 2, 1).reshape({2, 2}).to_vector<float>(), dequantize(q).to_vector<float>());
+  // Into a quantized tensor: the values quantized with its own parameters.
+  Tensor dst = quantize_per_tensor(zeros({2, 2}), 0.02f, 50, DType::kU8);
+  dst.copy_(x);
+  EXPECT_EQ(dst.int_repr().to_vector<int>(), quantize_per_tensor(x, 0.02f, 50, DType::kU8).int_repr().to_vector<int>());
+  EXPECT_EQ(dst.q_scale(), 0.02f);
+  dst.copy_(q);  // other parameters: requantized from the real values
+  EXPECT_EQ(dst.int_repr().to_vector<int>(), (std::vector<int>{0, 50, 66, 110}));  // -1 clips to code 0
+  Tensor same = quantize_per_tensor(zeros({2, 2}), 0.01f, 100, DType::kU8);
+  same.copy_(q);  // equal parameters: the codes as they are
+  EXPECT_EQ(same.int_repr().to_vector<int>(), q.int_repr().to_vector<int>());
+  // fill_: the code of the value (0.55 / 0.1 + 100 = 105.5, half to even: 106).
+  Tensor filled = quantize_per_tensor(zeros({3}), 0.1f, 100, DType::kU8);
+  filled.fill_(0.55);
+  EXPECT_EQ(filled.int_repr().to_vector<int>(), (std::vector<int>{106, 106, 106}));
+  filled.fill_(0.0);
+  EXPECT_EQ(filled.to_vector<float>(), (std::vector<float>{0.f, 0.f, 0.f}));
+  Tensor pc = quantize_per_channel(zeros({2, 2}), {0.5f, 0.25f}, {0, 2}, 1, DType::kS8);
+  pc.fill_(1.0);
+  EXPECT_EQ(pc.int_repr().to_vector<int>(), (std::vector<int>{2, 6, 2, 6}));
+  EXPECT_EQ(pc.to_vector<float>(), (std::vector<float>{1.f, 1.f, 1.f, 1.f}));
+  Tensor plain = zeros({2});
+  plain.fill_(1.5);
+  EXPECT_EQ(plain.to_vector<float>(), (std::vector<float>{1.5f, 1.5f}));
+  EXPECT_THROW_MSG(dst.copy_(zeros({3})), ShapeError, "copy_");
+}
+
 TEST(TensorViews, FlattenPermuteTranspose) {
   const Tensor t = iota({2, 3, 4});
   EXPECT_EQ(sizes_of(t.flatten()), (V{24}));
