@@ -230,7 +230,8 @@ struct ObserverSlot {
     uint64_t version = 0;
     int64_t offset = -1;
   } last;
-  // Observes `t` unless it is the tensor observed last in this call (`call`).
+  // Observes `t` unless it is the tensor observed last in this call (`call`), an op's result
+  // unchanged since (a tensor no op made is observed every time).
   void observe_once(const Tensor& t, uint64_t call);
 };
 

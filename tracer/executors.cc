@@ -19,9 +19,10 @@ namespace {
 
 // The last f32 tensor this thread quantized: an fp32 result feeding several int8 ops (the q, k
 // and v projections after a layer norm) is quantized once, not once per consumer. Within one model
-// call only (drop_call_state_on_this_thread): the storage version does not see writes through a
-// raw pointer taken earlier or into from_blob memory, which a caller refilling one input buffer
-// per call makes between calls (the second call returned the first call's result).
+// call only (drop_call_state_on_this_thread), and only for tensors an op made: the storage version
+// does not see writes through a raw pointer taken earlier or into from_blob memory, which a caller
+// refilling one input buffer per call makes between calls (the second call returned the first
+// call's result), or forward makes within a call.
 struct QuantizeMemo {
   Tensor source;  // keeps the storage alive, so its identity cannot be reused
   uint64_t version = 0;
@@ -32,6 +33,10 @@ struct QuantizeMemo {
 thread_local QuantizeMemo tls_memo;
 
 Tensor quantize_memoized(const Tensor& t, const InputSpec& spec) {
+  // Only the results of ops (and the model's inputs) are remembered: a tensor no op made (a buffer
+  // forward fills through a raw pointer taken once, per loop iteration) may change without its
+  // version moving, and each iteration got the first one's quantization.
+  if (t.trace_id() == 0) return kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
   QuantizeMemo& m = tls_memo;
   if (m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
       m.source.storage_offset() == t.storage_offset() && m.source.sizes() == t.sizes() &&

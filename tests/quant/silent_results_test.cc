@@ -680,6 +680,37 @@ TEST(InputBuffer, RefilledThroughFromBlobBetweenCallsIsQuantizedAgain) {
   EXPECT_NE(first, second);
 }
 
+// The same within one call: forward fills a buffer of its own through a raw pointer taken once,
+// once per loop iteration. Each iteration got the first one's quantization (33, 3.7, 2.0 dB).
+struct RefillsABufferInForward : nn::CallableModule<RefillsABufferInForward> {
+  RefillsABufferInForward() { fc = register_module("fc", std::make_shared<Linear>(16, 16)); }
+  Tensor forward(const Tensor& x) {
+    const std::vector<float> xv = x.to_vector<float>();
+    Tensor buf = zeros({1, 16});
+    float* p = buf.mutable_data<float>();
+    std::vector<Tensor> outs;
+    for (int t = 0; t < 3; ++t) {
+      for (size_t i = 0; i < 16; ++i) p[i] = xv[i] * static_cast<float>(t + 1) - static_cast<float>(t);
+      outs.push_back((*fc)(buf));
+    }
+    return cat(outs, 0);
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(InputBuffer, RefilledThroughARawPointerWithinACallIsQuantizedAgain) {
+  manual_seed(4);
+  RefillsABufferInForward ref;
+  manual_seed(4);
+  RefillsABufferInForward m;
+  const auto xs = testing::random_batches(4, 64, {1, 16});
+  prepare_calibrate_convert(m, xs);
+  for (const Tensor& x : xs) {
+    const Tensor want = ref(x), got = m(x);
+    for (int64_t t = 0; t < 3; ++t) EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "iteration " << t;
+  }
+}
+
 // ---- a parameter read as an activation, written after convert ----
 
 // matmul(x, w) and x + p with w, p parameters: an int8 op quantizes them with the range
