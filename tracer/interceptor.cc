@@ -754,6 +754,26 @@ void QuantInterceptor::check_parent_bypass(const std::string& fqn) const {
               "). Call the module through its holder or its call operator: (*m->as<X>())(x), m->forward_unary(x)");
 }
 
+void QuantInterceptor::enter_unconverted() {
+  std::lock_guard<std::mutex> lock(unconverted_mu_);
+  const std::thread::id me = std::this_thread::get_id();
+  if (unconverted_depth_ > 0 && unconverted_thread_ != me) {
+    const nn::Module* root = model_->root();
+    DBRQ_THROW(UsageError, root != nullptr ? root->type_name() : std::string("the model"),
+               " is called from two threads at once before convert: tracing and calibration record paths and feed "
+               "observers without locks, one call at a time. Calibrate from one thread, or give each thread a replica "
+               "(prepare it, calibrate it) and fold them into one with merge_calibration; converted models may be "
+               "called from any number of threads");
+  }
+  unconverted_thread_ = me;
+  ++unconverted_depth_;
+}
+
+void QuantInterceptor::leave_unconverted() noexcept {
+  std::lock_guard<std::mutex> lock(unconverted_mu_);
+  if (--unconverted_depth_ == 0) unconverted_thread_ = std::thread::id();
+}
+
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {
   Frame f;
   f.module = &module;
@@ -828,6 +848,10 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
     f.leaf = l;
   }
+  if (outermost && phase != Phase::kConverted) {
+    enter_unconverted();
+    f.holds_calibration = true;
+  }
   tls_stack.push_back(f);
   if (outermost && phase == Phase::kCalibrating && model_->observers_enabled()) {
     save_calibration(*model_);
@@ -870,6 +894,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   }
   Frame f = tls_stack.back();
   tls_stack.pop_back();
+  if (f.holds_calibration) leave_unconverted();
   const Phase phase = model_->phase();
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   if (f.fp32_region) {
@@ -974,6 +999,7 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
   while (depth > 0 && tls_stack.size() >= depth) {
     Frame f = tls_stack.back();
     tls_stack.pop_back();
+    if (f.holds_calibration) static_cast<QuantInterceptor*>(const_cast<void*>(f.owner))->leave_unconverted();
     if (f.fp32_region) detail::tls_interceptor = f.saved;
     if (f.snapshot) restore_calibration();
     const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;

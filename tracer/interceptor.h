@@ -66,6 +66,7 @@ struct Frame {
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
   size_t created_mark = 0;                  // outermost frame: records created before this call
+  bool holds_calibration = false;           // outermost frame of a call before convert (enter_unconverted)
   // Functional calls of each op kind made directly by this call so far (counted while tracing and
   // calibrating, and after convert for kinds with call-site entries in the mapping).
   std::vector<std::pair<OpKind, int>> op_counts;
@@ -210,6 +211,15 @@ class QuantInterceptor : public Interceptor {
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
   std::atomic<int64_t> uncalibrated_{0};
   std::mutex warned_mu_;
+  // Calls before convert (tracing, calibrating) record paths and feed observers without locks, so
+  // they must not overlap: the thread whose call is in flight and how deep (its own nested calls).
+  // Another thread's call raises UsageError instead of corrupting the records (a crash) or the
+  // statistics (scales off in the last bits).
+  void enter_unconverted();
+  void leave_unconverted() noexcept;
+  std::mutex unconverted_mu_;
+  std::thread::id unconverted_thread_;
+  int unconverted_depth_ = 0;
   std::set<std::pair<const void*, int>> warned_;  // (module state, op kind) said once
   std::atomic<const Probes*> probes_{nullptr};
   std::atomic<std::thread::id> probe_thread_{};

@@ -9,9 +9,11 @@
 // compile-time halves (code that must not compile) are in tests/compile_fail.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "dbrq.h"
@@ -907,6 +909,51 @@ TEST(NestedModels, PreparingAModuleOfAnotherPreparedModelRaises) {
   a(x);  // a is unaffected
   convert(a);
   EXPECT_GT(sqnr_of(want, a(x)), 25.0);
+}
+
+// ---- calibration from two threads at once ----
+
+// Calls before convert record paths and feed observers without locks. Two threads calibrating one
+// model were neither refused nor safe: one trial gave another scale in the last bits, another
+// aborted with "double free or corruption". The second thread's call now raises.
+struct Blocking : nn::CallableModule<Blocking> {
+  Blocking() { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) {
+    if (block) {
+      entered = true;
+      while (!release) std::this_thread::yield();
+    }
+    return relu((*fc)(x));
+  }
+  std::shared_ptr<Linear> fc;
+  std::atomic<bool> block{false}, entered{false}, release{false};
+};
+
+TEST(CalibrationThreads, ASecondThreadCallingBeforeConvertRaises) {
+  Blocking m;
+  const Tensor x = randn({2, 8}, 70);
+  prepare(m, {x});
+  m.block = true;
+  std::thread first([&] { m(x); });
+  while (!m.entered) std::this_thread::yield();
+  m.block = false;
+  EXPECT_THROW_MSG(m(x), UsageError,
+                   "Blocking is called from two threads at once before convert: tracing and calibration record paths");
+  m.release = true;
+  first.join();
+  m(x);  // one thread at a time is fine again
+  std::thread([&] { m(x); }).join();
+  convert(m);
+  // Converted calls may overlap.
+  m.block = true;
+  m.entered = false;
+  m.release = false;
+  std::thread second([&] { m(x); });
+  while (!m.entered) std::this_thread::yield();
+  m.block = false;
+  EXPECT_NO_THROW(m(x));
+  m.release = true;
+  second.join();
 }
 
 }  // namespace
