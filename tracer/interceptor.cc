@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "runtime/ops.h"
@@ -227,6 +228,7 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
     : model_(std::move(model)) {
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
     params_[t.storage().get()].push_back(Param{name, name_fingerprint(name), t});
+    versions_at_prepare_[t.storage().get()] = t.storage()->version();
   }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
@@ -248,8 +250,13 @@ QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what
 
 void QuantInterceptor::convert(bool int8_outputs) {
   program_ = convert_model(*model_);
+  // Only the ones nothing wrote since prepare: a buffer that forward writes (a running state, a
+  // cache) is an activation whose values calibration saw change, and one loaded after prepare was
+  // calibrated on what it holds now (but is not checked later).
   for (const auto& [storage, registered] : params_) {
-    versions_at_convert_[storage] = registered.front().tensor.storage()->version();
+    const uint64_t now = registered.front().tensor.storage()->version();
+    const auto it = versions_at_prepare_.find(storage);
+    if (it != versions_at_prepare_.end() && it->second == now) versions_at_convert_[storage] = now;
   }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
@@ -614,16 +621,29 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     // since convert (load_state_dict, copy_, an in-place op): its int8 range and the op's output
     // range were calibrated on the old values, and would clip the new ones. The op runs fp32, as
     // an uncalibrated path (weighted ops re-quantize their weights instead: WeightedExec::kernel).
-    for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+    // (A dynamic op takes its ranges per call; an fp32 op has none.)
+    for (size_t i = 0; i < n_act && i < call.inputs.size() && !versions_at_convert_.empty(); ++i) {
       const Tensor& t = *call.inputs[i];
       if (!t.defined() || t.dtype() != DType::kF32) continue;
       const auto it = versions_at_convert_.find(t.storage().get());
-      if (__builtin_expect(it != versions_at_convert_.end() && it->second != t.storage()->version(), 0)) {
-        return run_uncalibrated(call, owner, top,
-                                absl::StrCat("reads parameter \"", params_.at(it->first).front().fqn,
-                                             "\", written since convert; calibration saw its old values (calibrate "
-                                             "again with the new ones: prepare, calibrate, convert)"));
+      if (__builtin_expect(it == versions_at_convert_.end() || it->second == t.storage()->version(), 1)) continue;
+      if (op.executor->fp32 || (op.qconfig != nullptr && op.qconfig->is_dynamic())) continue;
+      const std::string why = absl::StrCat("reads parameter \"", params_.at(it->first).front().fqn,
+                                           "\", written since convert; calibration saw its old values (calibrate "
+                                           "again with the new ones: prepare, calibrate, convert)");
+      // An op completing a fused chain (the residual add of conv + add) cannot run apart from
+      // the kernel that computed the rest of it.
+      for (const Tensor* u : call.inputs) {
+        if (u->defined() && (u->trace_origin() & kInnerFusedBit) != 0) {
+          const std::string where = absl::StrCat("in module \"", s.fqn(), "\" (", s.type_name(), "), ",
+                                                 op_name(call.kind), " (", op.fqn, ")");
+          self_located([&] {
+            DBRQ_THROW(ControlFlowError, where, " ", why, "; it completes the fused ", op.fusion.name(),
+                       ", which cannot run in fp32 apart from its kernel");
+          });
+        }
       }
+      return run_uncalibrated(call, owner, top, why);
     }
     // A fused chain's later member computes nothing of its own: its base's kernel did. When the
     // base ran fp32 (above), no input carries the chain's inner tensor, and it must compute.
@@ -781,6 +801,13 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   nn::ModuleExtension* ext = module.extension();
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   const Phase phase = model_->phase();
+  // Before anything of the model's state is touched; the frame takes it over once pushed.
+  UnconvertedHold hold;
+  if (outermost && phase != Phase::kConverted) {
+    enter_unconverted();
+    hold.owner = this;
+    f.holds_calibration = true;
+  }
   if (ext == nullptr && !outermost) check_unregistered(module);
   if (!outermost && phase == Phase::kTracing) {
     if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
@@ -832,6 +859,7 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
     f.saved = detail::tls_interceptor;
     detail::tls_interceptor = nullptr;
     tls_stack.push_back(f);
+    hold.owner = nullptr;
     return;
   }
   if (auto* s = dynamic_cast<AutoQuantizationState*>(ext)) {
@@ -848,11 +876,8 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   } else if (auto* l = dynamic_cast<LeafQuantInfo*>(ext)) {
     f.leaf = l;
   }
-  if (outermost && phase != Phase::kConverted) {
-    enter_unconverted();
-    f.holds_calibration = true;
-  }
   tls_stack.push_back(f);
+  hold.owner = nullptr;
   if (outermost && phase == Phase::kCalibrating && model_->observers_enabled()) {
     save_calibration(*model_);
     tls_stack.back().snapshot = true;
@@ -894,7 +919,8 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   }
   Frame f = tls_stack.back();
   tls_stack.pop_back();
-  if (f.holds_calibration) leave_unconverted();
+  UnconvertedHold hold;  // released when this function returns: after the analysis below
+  if (f.holds_calibration) hold.owner = this;
   const Phase phase = model_->phase();
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   if (f.fp32_region) {
@@ -939,7 +965,9 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   if (tls_stack.empty()) drop_call_state_on_this_thread();
   if (f.snapshot) tls_snapshots.pop_back();  // the call succeeded: keep what the observers saw
   tls_created.resize(f.created_mark);        // and the records it added
-  drop_folds_on_this_thread();               // folded results no batch norm took
+  // Folded results no batch norm took; only when no call of another model is in flight either (a
+  // model called from another's forward, between its conv and batch norm, kept the outer one's).
+  if (tls_stack.empty()) drop_folds_on_this_thread();
   // A path added while calibrating: placement, fusions and observers over every path so far.
   if (phase == Phase::kCalibrating && model_->dirty()) analyze_program(*model_);
   // The model's outputs are fp32 unless configured otherwise.
@@ -994,12 +1022,14 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
   // Pop this module's frame (and any frame left above it by a failure in a hook). When the frame
   // is not there (on_module_enter failed before pushing it, or on_module_exit after popping it),
   // pop nothing: the callers' frames must stay for a caller that catches the error and goes on.
+  // Released last, after the rollback below.
+  absl::InlinedVector<QuantInterceptor*, 2> holds;
   size_t depth = tls_stack.size();
   while (depth > 0 && tls_stack[depth - 1].module != &module) --depth;
   while (depth > 0 && tls_stack.size() >= depth) {
     Frame f = tls_stack.back();
     tls_stack.pop_back();
-    if (f.holds_calibration) static_cast<QuantInterceptor*>(const_cast<void*>(f.owner))->leave_unconverted();
+    if (f.holds_calibration) holds.push_back(static_cast<QuantInterceptor*>(const_cast<void*>(f.owner)));
     if (f.fp32_region) detail::tls_interceptor = f.saved;
     if (f.snapshot) restore_calibration();
     const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
@@ -1012,6 +1042,7 @@ void QuantInterceptor::on_module_unwind(nn::Module& module) noexcept {
     drop_call_state_on_this_thread();
     drop_folds_on_this_thread();
   }
+  for (QuantInterceptor* q : holds) q->leave_unconverted();
 }
 
 }  // namespace dbrq::tracer

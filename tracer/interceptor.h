@@ -193,10 +193,12 @@ class QuantInterceptor : public Interceptor {
   // The registration a functional op's weight names: one with the weight's exact geometry, else
   // the largest one on its storage (a view is named as a part of it). Null for a computed tensor.
   const Param* param_of(const Tensor& w, bool* whole) const;
-  // storage -> its storage version at convert, for every parameter and buffer. A converted op
+  // storage -> its storage version at convert, for every parameter and buffer unwritten since
+  // prepare (QuantInterceptor::convert). A converted op
   // reading one as an activation (matmul(x, w), x + pos_embedding) after it was written since
   // runs fp32: its int8 range came from calibration with the old values (seen_op).
   std::unordered_map<const void*, uint64_t> versions_at_convert_;
+  std::unordered_map<const void*, uint64_t> versions_at_prepare_;  // of every parameter and buffer
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the
@@ -217,6 +219,12 @@ class QuantInterceptor : public Interceptor {
   // statistics (scales off in the last bits).
   void enter_unconverted();
   void leave_unconverted() noexcept;
+  struct UnconvertedHold {  // leaves on destruction unless owner is reset
+    QuantInterceptor* owner = nullptr;
+    ~UnconvertedHold() {
+      if (owner != nullptr) owner->leave_unconverted();
+    }
+  };
   std::mutex unconverted_mu_;
   std::thread::id unconverted_thread_;
   int unconverted_depth_ = 0;

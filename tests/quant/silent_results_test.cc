@@ -775,6 +775,74 @@ TEST(ParameterOperand, WrittenAfterConvertRaisesUnderStrictPaths) {
                    "reads parameter \"p\", written since convert; calibration saw its old values");
 }
 
+// The residual of a fused conv + add: the add cannot run apart from the conv's kernel, so a
+// parameter written since convert raises instead of being clipped to its old range.
+struct ConvPlusParam : nn::CallableModule<ConvPlusParam> {
+  ConvPlusParam() {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+    p = register_parameter("p", randn({1, 4, 6, 6}, 65));
+  }
+  Tensor forward(const Tensor& x) { return (*conv)(x) + p; }
+  std::shared_ptr<Conv2d> conv;
+  Tensor p;
+};
+
+TEST(ParameterOperand, TheResidualOfAFusedConvAddWrittenAfterConvertRaises) {
+  ConvPlusParam m;
+  const auto xs = testing::random_batches(3, 66, {1, 3, 6, 6});
+  prepare_calibrate_convert(m, xs);
+  bool fused = false;
+  for (const SeenOpInfo& op : testing::state_of(m).seen_ops()) fused |= op.kind == OpKind::kAdd && op.fusion.fused();
+  ASSERT_TRUE(fused) << "the add is expected to fuse with the conv";
+  m(xs[0]);
+  m.p.mul_(5.0);
+  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError,
+                   "reads parameter \"p\", written since convert; calibration saw its old values (calibrate again "
+                   "with the new ones: prepare, calibrate, convert); it completes the fused conv2d+add");
+}
+
+// Where no calibrated range is involved nothing changes: a dynamic matmul takes its ranges per
+// call, and a buffer that forward writes itself (a running state) is an activation calibration saw.
+struct RunningState : nn::CallableModule<RunningState> {
+  RunningState() {
+    fc = register_module("fc", std::make_shared<Linear>(8, 8));
+    state = register_buffer("state", zeros({4, 8}));
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*fc)(x + state);
+    const std::vector<float> v = y.to_vector<float>();  // the new state, written by user code
+    std::copy(v.begin(), v.end(), state.mutable_data<float>());
+    return y;
+  }
+  std::shared_ptr<Linear> fc;
+  Tensor state;
+};
+
+TEST(ParameterOperand, DynamicOpsAndBuffersWrittenByForwardStayInt8) {
+  {
+    ParamMatmul ref, m;
+    const auto xs = testing::random_batches(3, 67, {4, 16});
+    QConfigMapping mapping;
+    mapping.set_global(default_dynamic_qconfig());
+    prepare(m, {xs[0]}, mapping);
+    for (const Tensor& x : xs) m(x);
+    convert(m);
+    scale_parameter(ref, "w", 5.0);
+    scale_parameter(m, "w", 5.0);
+    EXPECT_GT(sqnr_of(ref(xs[1]), m(xs[1])), 30.0);
+    EXPECT_EQ(uncalibrated_ops(m), 0);
+  }
+  {
+    RunningState m;
+    const auto xs = testing::random_batches(6, 68, {4, 8});
+    prepare(m, {xs[0]});
+    for (const Tensor& x : xs) m(x);
+    convert(m);
+    for (const Tensor& x : xs) m(x);
+    EXPECT_EQ(uncalibrated_ops(m), 0);
+  }
+}
+
 // Two matmuls of one activation with two parameters (hand-written attention's h @ wq, h @ wk) had
 // the same identity: same kind, same producer (h), and the parameters, made by no op, had none.
 // They were one record, as if one op ran twice, with one range for both weights and one for both
@@ -883,6 +951,39 @@ TEST(NestedModels, AConvertedModelCalledFromAnotherRunsItsOwnKernels) {
   for (const Tensor& x : xs) EXPECT_GT(sqnr_of(ref(x), m(x)), 25.0);
   EXPECT_EQ(uncalibrated_ops(m), 0);
   EXPECT_EQ(uncalibrated_ops(*m.inner), 0);
+}
+
+// The inner model runs between the outer one's conv and its batch norm: while the outer model
+// calibrates, the conv's result waits for the batch norm to be folded in, and the inner model's
+// return must not drop it.
+struct ConvOtherBn : nn::CallableModule<ConvOtherBn> {
+  explicit ConvOtherBn(std::shared_ptr<InnerModel> in) : inner(std::move(in)) {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 4, 3, 1, 1));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor y = (*conv)(x);
+    side = (*inner)(x.mean({2, 3}).narrow(1, 0, 1).expand({x.size(0), 8}));
+    return (*bn)(y);
+  }
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<InnerModel> inner;
+  Tensor side;
+};
+
+TEST(NestedModels, AnInnerModelBetweenAConvAndItsBatchNormKeepsTheFold) {
+  const auto xs = testing::random_batches(4, 52, {2, 3, 6, 6});
+  manual_seed(6);
+  ConvOtherBn ref(std::make_shared<InnerModel>());
+  manual_seed(6);
+  ConvOtherBn m(std::make_shared<InnerModel>());
+  testing::randomize_bn(*ref.bn, 53);
+  testing::randomize_bn(*m.bn, 53);
+  prepare(*m.inner, {randn({2, 8}, 54)});  // calibrating while the outer model calibrates
+  prepare_calibrate_convert(m, xs);
+  convert(*m.inner);
+  for (const Tensor& x : xs) EXPECT_GT(sqnr_of(ref(x), m(x)), 25.0);
 }
 
 // A backbone registered in two models: preparing the second one replaced the first one's state on
