@@ -135,7 +135,8 @@ class Tensor {
   // A quantized tensor reads as real values (scale * (code - zero_point)) converted to T, whatever
   // T is, as PyTorch's item() and tolist() do: after convert, a tensor user code reads inside
   // forward may be int8 where the fp32 model had f32, and `d.item<int64_t>()` must mean the same
-  // in both (it returned the code, 125 for 2.3). The codes: int_repr().
+  // in both (it returned the code, 125 for 2.3). The codes: int_repr(). As with an f32 tensor,
+  // T must hold the values: a negative value read as an unsigned T is undefined.
   template <typename T>
   T at(IntArrayRef index) const;
   template <typename T>

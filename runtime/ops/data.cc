@@ -28,7 +28,9 @@ Tensor run_to(const OpCall& c) {
 
 // copy_ and fill_ move real values, as at() and to_vector() read them: a quantized source is
 // dequantized, a quantized destination takes the values quantized with its own parameters (as
-// PyTorch's q.copy_(x) does), and codes are copied as they are only between equal parameters.
+// PyTorch's q.copy_(x) does for a float x; for a quantized source with other parameters PyTorch
+// takes the source's parameters, dbrq keeps the destination's), and codes are copied as they are
+// only between equal parameters.
 // (kernels::copy_into moves elements as they are; `f32.copy_(q)` gave the codes, 5 for 0.11, and
 // `q.fill_(0)` the code 0, -zero_point * scale.)
 void copy_real_values(Tensor& self, const Tensor& src) {
