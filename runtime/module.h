@@ -471,18 +471,16 @@ class HookedCall {
   template <typename... Args>
   static auto call(Module& self, Body& body, Args&&... args) {
     Interceptor* active = ::dbrq::detail::tls_interceptor;
-    if (__builtin_expect(active == nullptr, 1)) {
-      if (self.interceptor() == nullptr) return body.Body::forward(std::forward<Args>(args)...);
-      InterceptorScope scope(self.interceptor());
-      return call_hooked(self, body, self.interceptor(), std::forward<Args>(args)...);
-    }
     Interceptor* own = self.interceptor();
-    if (__builtin_expect(own != nullptr && own != active, 0) && active->serves_only_its_modules()) {
-      // A module of another prepared model (a converted encoder called from this model's forward).
-      InterceptorScope scope(own);
-      return call_hooked(self, body, own, std::forward<Args>(args)...);
+    if (__builtin_expect(active == nullptr, 1)) {
+      if (own == nullptr) return body.Body::forward(std::forward<Args>(args)...);
+    } else if (__builtin_expect(own == nullptr || own == active, 1) || !active->serves_only_its_modules()) {
+      return call_hooked(self, body, active, std::forward<Args>(args)...);
     }
-    return call_hooked(self, body, active, std::forward<Args>(args)...);
+    // The module's own interceptor: none was active, or the active one is another prepared model's
+    // (a converted encoder called from this model's forward).
+    InterceptorScope scope(own);
+    return call_hooked(self, body, own, std::forward<Args>(args)...);
   }
 
   // Module::forward_tensors for a module whose call operator is `self(...)`.

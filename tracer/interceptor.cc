@@ -205,6 +205,13 @@ bool inner_output(const SeenOpInfo& op) {
          (op.absorbs >= 0 && op.role != QuantRole::kNone);
 }
 
+// Whether an input of the call is a fused chain's inner tensor (it exists only in the kernel).
+bool reads_inner_fused(const OpCall& call) {
+  return std::any_of(call.inputs.begin(), call.inputs.end(), [](const Tensor* t) {
+    return t->defined() && (t->trace_origin() & kInnerFusedBit) != 0;
+  });
+}
+
 // Mixed into the producer tag of a parameter or buffer read as an activation (producer_tag).
 constexpr uint64_t kParameterProducerSalt = 0x706172616d206173ull;
 
@@ -622,7 +629,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     // range were calibrated on the old values, and would clip the new ones. The op runs fp32, as
     // an uncalibrated path (weighted ops re-quantize their weights instead: WeightedExec::kernel).
     // (A dynamic op takes its ranges per call; an fp32 op has none.)
-    for (size_t i = 0; i < n_act && i < call.inputs.size() && !versions_at_convert_.empty(); ++i) {
+    for (size_t i = 0; !versions_at_convert_.empty() && i < n_act && i < call.inputs.size(); ++i) {
       const Tensor& t = *call.inputs[i];
       if (!t.defined() || t.dtype() != DType::kF32) continue;
       const auto it = versions_at_convert_.find(t.storage().get());
@@ -633,24 +640,18 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
                                            "again with the new ones: prepare, calibrate, convert)");
       // An op completing a fused chain (the residual add of conv + add) cannot run apart from
       // the kernel that computed the rest of it.
-      for (const Tensor* u : call.inputs) {
-        if (u->defined() && (u->trace_origin() & kInnerFusedBit) != 0) {
-          const std::string where = absl::StrCat("in module \"", s.fqn(), "\" (", s.type_name(), "), ",
-                                                 op_name(call.kind), " (", op.fqn, ")");
-          self_located([&] {
-            DBRQ_THROW(ControlFlowError, where, " ", why, "; it completes the fused ", op.fusion.name(),
-                       ", which cannot run in fp32 apart from its kernel");
-          });
-        }
+      if (reads_inner_fused(call)) {
+        located(call.kind, where, [&]() -> Tensor {
+          DBRQ_THROW(ControlFlowError, why, "; it completes the fused ", op.fusion.name(),
+                     ", which cannot run in fp32 apart from its kernel");
+        });
       }
       return run_uncalibrated(call, owner, top, why);
     }
     // A fused chain's later member computes nothing of its own: its base's kernel did. When the
     // base ran fp32 (above), no input carries the chain's inner tensor, and it must compute.
     if (__builtin_expect(op.fusion.fused() && op.fusion.position > 0, 0) && !op.executor->fp32 &&
-        std::none_of(call.inputs.begin(), call.inputs.end(), [](const Tensor* t) {
-          return t->defined() && (t->trace_origin() & kInnerFusedBit) != 0;
-        })) {
+        !reads_inner_fused(call)) {
       return run_uncalibrated(call, owner, top, "follows the base of its fused chain, which ran fp32");
     }
     // An activation or add fused across a module boundary (SeenOpInfo::absorbed_by) passes on
