@@ -234,8 +234,9 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
-    params_[t.storage().get()].push_back(Param{name, name_fingerprint(name), t});
-    versions_at_prepare_[t.storage().get()] = t.storage()->version();
+    auto& regs = params_[t.storage().get()];
+    if (regs.empty()) storage_versions_.push_back(StorageVersion{t.storage().get()});
+    regs.push_back(Param{name, name_fingerprint(name), t});
   }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
@@ -256,14 +257,33 @@ QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what
 }
 
 void QuantInterceptor::convert(bool int8_outputs) {
+  // Not while a call before convert is in flight (its thread is writing records and observers
+  // that convert reads), and once: calls that start meanwhile raise (enter_unconverted).
+  {
+    std::lock_guard<std::mutex> lock(unconverted_mu_);
+    const nn::Module* root = model_->root();
+    const std::string name = root != nullptr ? root->type_name() : std::string("the model");
+    DBRQ_ENSURE(unconverted_depth_ == 0, UsageError, "convert: ", name,
+                " is being called (on this thread or another); convert between calls, once calibration is done");
+    DBRQ_ENSURE(model_->phase() != Phase::kConverted, UsageError, "convert: ", name,
+                " is already converted; convert once per prepared model");
+    unconverted_depth_ = 1;
+    unconverted_thread_ = std::this_thread::get_id();
+  }
+  struct Release {
+    QuantInterceptor* q;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(q->unconverted_mu_);
+      q->unconverted_depth_ = 0;
+      q->unconverted_thread_ = std::thread::id();
+    }
+  } release{this};
   program_ = convert_model(*model_);
-  // Only the ones nothing wrote since prepare: a buffer that forward writes (a running state, a
-  // cache) is an activation whose values calibration saw change, and one loaded after prepare was
-  // calibrated on what it holds now (but is not checked later).
-  for (const auto& [storage, registered] : params_) {
-    const uint64_t now = registered.front().tensor.storage()->version();
-    const auto it = versions_at_prepare_.find(storage);
-    if (it != versions_at_prepare_.end() && it->second == now) versions_at_convert_[storage] = now;
+  // All but the ones a call wrote: a buffer that forward writes (a running state, a cache) is an
+  // activation whose values calibration saw change. Parameters loaded after prepare (the deploy
+  // flow: prepare, load_state_dict, load_quant_state, convert) are checked from their loaded version.
+  for (const StorageVersion& v : storage_versions_) {
+    if (!v.forward_writes) versions_at_convert_[v.storage] = v.storage->version();
   }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
@@ -787,12 +807,18 @@ void QuantInterceptor::enter_unconverted() {
                "called from any number of threads");
   }
   unconverted_thread_ = me;
-  ++unconverted_depth_;
+  if (unconverted_depth_++ == 0) {
+    for (StorageVersion& v : storage_versions_) v.at_call_start = v.storage->version();
+  }
 }
 
 void QuantInterceptor::leave_unconverted() noexcept {
   std::lock_guard<std::mutex> lock(unconverted_mu_);
-  if (--unconverted_depth_ == 0) unconverted_thread_ = std::thread::id();
+  if (--unconverted_depth_ == 0) {
+    unconverted_thread_ = std::thread::id();
+    // Also after a failed call: what it wrote, forward wrote.
+    for (StorageVersion& v : storage_versions_) v.forward_writes |= v.storage->version() != v.at_call_start;
+  }
 }
 
 void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* const> inputs) {

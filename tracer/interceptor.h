@@ -193,12 +193,22 @@ class QuantInterceptor : public Interceptor {
   // The registration a functional op's weight names: one with the weight's exact geometry, else
   // the largest one on its storage (a view is named as a part of it). Null for a computed tensor.
   const Param* param_of(const Tensor& w, bool* whole) const;
-  // storage -> its storage version at convert, for every parameter and buffer unwritten since
-  // prepare (QuantInterceptor::convert). A converted op
-  // reading one as an activation (matmul(x, w), x + pos_embedding) after it was written since
-  // runs fp32: its int8 range came from calibration with the old values (seen_op).
+  // storage -> its storage version at convert, for every parameter and buffer that no call before
+  // convert wrote (QuantInterceptor::convert). A converted op reading one as an activation
+  // (matmul(x, w), x + pos_embedding) after it was written since runs fp32: its int8 range came
+  // from calibration with the old values (seen_op).
   std::unordered_map<const void*, uint64_t> versions_at_convert_;
-  std::unordered_map<const void*, uint64_t> versions_at_prepare_;  // of every parameter and buffer
+  // Every parameter and buffer storage, with its version when the current call before convert
+  // began, and whether such a call ever wrote it: a buffer that forward itself writes (a running
+  // state, a cache) is an activation whose changing values calibration saw, and is not checked
+  // after convert. Writes outside calls (load_state_dict after prepare) do not count. Touched only
+  // by the thread holding the calibration guard (enter_unconverted / leave_unconverted).
+  struct StorageVersion {
+    const Storage* storage;
+    uint64_t at_call_start = 0;
+    bool forward_writes = false;
+  };
+  std::vector<StorageVersion> storage_versions_;
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the

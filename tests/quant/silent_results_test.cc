@@ -761,6 +761,29 @@ TEST(ParameterOperand, WrittenAfterConvertRunsFp32) {
   expect_fp32_after_parameter_write<ParamAddRelu>("p");
 }
 
+// The deploy flow writes the weights between prepare and convert (prepare, load_state_dict,
+// load_quant_state, convert). Parameters written then used to be taken for buffers that forward
+// writes and were never checked: weights written after convert were clipped to the old ranges
+// again. Only a write inside a call before convert exempts a parameter or buffer now.
+TEST(ParameterOperand, WeightsLoadedBeforeConvertAreCheckedAfterIt) {
+  ParamMatmul ref, calibrated, m;
+  const auto xs = testing::random_batches(4, 42, {4, 16});
+  prepare_calibrate_convert(calibrated, xs);
+  const std::string path = testing::temp_file("param_operand.qstate.json");
+  save_quant_state(calibrated, path);
+  scale_parameter(m, "w", 0.0);  // m's weights are not ref's until loaded
+  prepare(m, {xs[0]});
+  m.load_state_dict(ref.state_dict());
+  load_quant_state(m, path);
+  convert(m);
+  EXPECT_GT(sqnr_of(ref(xs[1]), m(xs[1])), 30.0);
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+  scale_parameter(ref, "w", 5.0);
+  scale_parameter(m, "w", 5.0);
+  testing::expect_close(m(xs[1]), ref(xs[1]), 1e-5, "w");
+  EXPECT_EQ(uncalibrated_ops(m), 1);
+}
+
 TEST(ParameterOperand, WrittenAfterConvertRaisesUnderStrictPaths) {
   ParamAddRelu m;
   const auto xs = testing::random_batches(3, 41, {4, 16});
@@ -1055,6 +1078,49 @@ TEST(CalibrationThreads, ASecondThreadCallingBeforeConvertRaises) {
   EXPECT_NO_THROW(m(x));
   m.release = true;
   second.join();
+}
+
+// convert reads the records and observers that a calibrating call writes: converting while a call
+// is in flight (on another thread, or from inside forward) raised nothing and raced with it.
+TEST(CalibrationThreads, ConvertDuringACallRaises) {
+  Blocking m;
+  const Tensor x = randn({2, 8}, 71);
+  prepare(m, {x});
+  m.block = true;
+  std::thread first([&] { m(x); });
+  while (!m.entered) std::this_thread::yield();
+  m.block = false;
+  EXPECT_THROW_MSG(convert(m), UsageError,
+                   "convert: Blocking is being called (on this thread or another); convert between calls, once "
+                   "calibration is done");
+  m.release = true;
+  first.join();
+  EXPECT_EQ(model_quant_state(m).phase(), Phase::kCalibrating);
+  convert(m);  // once the call returned
+  EXPECT_EQ(model_quant_state(m).phase(), Phase::kConverted);
+  EXPECT_EQ(m(x).dtype(), DType::kF32);
+}
+
+struct ConvertsInForward : nn::CallableModule<ConvertsInForward> {
+  ConvertsInForward() { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) {
+    if (convert_now) convert(*this);
+    return (*fc)(x);
+  }
+  std::shared_ptr<Linear> fc;
+  bool convert_now = false;
+};
+
+TEST(CalibrationThreads, ConvertFromInsideForwardRaises) {
+  ConvertsInForward m;
+  const Tensor x = randn({2, 8}, 72);
+  prepare(m, {x});
+  m.convert_now = true;
+  EXPECT_THROW_MSG(m(x), UsageError, "convert: ConvertsInForward is being called (on this thread or another)");
+  m.convert_now = false;
+  m(x);  // the failed call left nothing held
+  convert(m);
+  EXPECT_EQ(model_quant_state(m).phase(), Phase::kConverted);
 }
 
 }  // namespace
