@@ -372,7 +372,9 @@ Tensor prelu(const Tensor& x_in, const Tensor& weight) {
               " elements but the input has ", channels, " channels (dim 1 of ", x_in.shape_string(),
               "); it needs 1 or ", channels);
   const std::vector<float> w = weight.to_vector<float>();
-  const Tensor x = dense(x_in);
+  // Channels are found by index arithmetic: row-major or 4-D channels-last memory only (a dense
+  // permuted view, such as [N, L, C].transpose(1, 2), is copied first).
+  const Tensor x = x_in.dim() == 4 && x_in.is_channels_last() ? x_in : contiguous(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kF32);
   const float* in = x.raw_data<float>();
   float* out = dst.raw_mutable_data<float>();

@@ -329,7 +329,8 @@ Tensor QPReLU::run(const Tensor& x_in, const Tensor*, const Tensor*) const {
   DBRQ_ENSURE(n == 1 || n == channels, ShapeError, "prelu: weight has ", n, " elements but the input has ", channels,
               " channels (dim 1 of ", x_in.shape_string(), "); it needs 1 or ", channels);
   if (n == 1) return apply_lut(x_in, tables_[0], o_.dst_qparams);
-  const Tensor x = dense(x_in);
+  // Row-major or 4-D channels-last memory only, as the fp32 prelu.
+  const Tensor x = x_in.dim() == 4 && x_in.is_channels_last() ? x_in : contiguous(x_in);
   Tensor dst = Tensor::empty_like(x, DType::kU8).with_qparams(o_.dst_qparams);
   const uint8_t* in = x.raw_data<uint8_t>();
   uint8_t* out = dst.raw_mutable_data<uint8_t>();

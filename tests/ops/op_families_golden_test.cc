@@ -152,6 +152,10 @@ TEST(OpFamiliesGolden, Prelu) {
   close(prelu(x, w3), G("prelu.per_channel"), "prelu per channel");
   close(prelu(x.contiguous(MemoryFormat::kChannelsLast), w3), G("prelu.per_channel"), "prelu channels-last");
   close(prelu(strided(x), w3), G("prelu.per_channel"), "prelu strided");
+  // Dense but permuted memory (channels neither outermost-after-batch nor innermost): the kernel
+  // found each element's channel as if the memory were row-major (wrong slopes, no error).
+  close(prelu(x.transpose(1, 2).contiguous().transpose(1, 2), w3), G("prelu.per_channel"), "prelu permuted");
+  close(prelu(G("prelu.x2").transpose(0, 1).contiguous().transpose(0, 1), w3), G("prelu.out2"), "prelu 2-D transposed");
   close(prelu(x, from_vector<float>({0.1f})), G("prelu.one"), "prelu one weight");
   close(prelu(G("prelu.x2"), w3), G("prelu.out2"), "prelu 2-D");
   nn::PReLUImpl layer(3);
