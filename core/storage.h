@@ -63,6 +63,11 @@ class Storage {
   void bump_version() { version_.fetch_add(1, std::memory_order_acq_rel); }
   // Unique for the process's lifetime (unlike the address, which a later storage may reuse).
   uint64_t id() const { return id_; }
+  // Holds a parameter or buffer of a prepared model (set by prepare, never cleared). The tracer
+  // looks a storage up in its tables of parameters only when this is set, so the tensors that
+  // are not parameters (nearly all of a converted call's) cost no lookup.
+  void mark_model_state() { model_state_.store(true, std::memory_order_relaxed); }
+  bool model_state() const { return model_state_.load(std::memory_order_relaxed); }
 
  private:
   enum : int { kReady = 0, kPending = 1, kFilling = 2, kSuperseded = 3 };
@@ -71,6 +76,7 @@ class Storage {
   size_t nbytes_ = 0;
   int8_t small_class_ = -1;  // the per-thread size class of a small block; -1: the large cache
   bool owned_ = true;        // false for wrapped memory
+  std::atomic<bool> model_state_{false};
   std::function<void()> release_;
   std::atomic<uint64_t> version_{0};
   uint64_t id_;

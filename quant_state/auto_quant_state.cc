@@ -221,6 +221,16 @@ QConfigPtr AutoQuantizationState::seen_qconfig(OpKind kind, const LeafQuantInfo*
   return functional_seen_[k] ? functional_qconfig_[k] : nullptr;
 }
 
+bool AutoQuantizationState::is_seen(OpKind kind, const LeafQuantInfo* leaf, int order) const {
+  if (leaf != nullptr) {
+    const QConfigPtr& q = leaf->qconfig();
+    return model_->seen_kind(kind) && q != nullptr && !q->is_bf16();
+  }
+  const size_t k = static_cast<size_t>(kind);
+  if (order >= 0 && call_sites_[k]) return seen_qconfig(kind, leaf, order) != nullptr;
+  return functional_seen_[k];
+}
+
 bool AutoQuantizationState::bf16_op(OpKind kind, const LeafQuantInfo* leaf, int order) const {
   if (leaf == nullptr && order >= 0 && call_sites_[static_cast<size_t>(kind)]) {
     QConfigPtr q = model_->mapping().for_op(kind, type_name_, fqn_, order);

@@ -395,6 +395,8 @@ class AutoQuantizationState : public nn::ModuleExtension {
   // `order`: for a functional op, its index among this call's functional calls of `kind`
   // (QConfigMapping::set_module_name_object_type_order); -1 when not counted (no such entry).
   QConfigPtr seen_qconfig(OpKind kind, const LeafQuantInfo* leaf, int order = -1) const;
+  // seen_qconfig(...) != nullptr, without copying the qconfig (every converted op asks).
+  bool is_seen(OpKind kind, const LeafQuantInfo* leaf, int order = -1) const;
   // Whether the mapping marks the op QConfig::bf16() (it is then not a seen op: f32 boundaries).
   bool bf16_op(OpKind kind, const LeafQuantInfo* leaf, int order = -1) const;
   // Whether the mapping has call-site entries for functional ops of `kind` in this module (their

@@ -234,6 +234,7 @@ bool expected_origin(const QTensorInfo& in, int64_t origin) {
 QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::Module& root)
     : model_(std::move(model)) {
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
+    t.storage()->mark_model_state();
     auto& regs = params_[t.storage().get()];
     if (regs.empty()) storage_versions_.push_back(StorageVersion{t.storage().get()});
     regs.push_back(Param{name, name_fingerprint(name), t});
@@ -330,9 +331,18 @@ int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* stat
   return model_->add_fp32_source(fingerprint_mix(fingerprint_mix(static_cast<uint64_t>(tag), k), state->fqn_fingerprint()));
 }
 
+const void* QuantInterceptor::written_since_convert(const Tensor& t) {
+  if (!t.defined() || t.dtype() != DType::kF32 || !t.storage()->model_state()) return nullptr;
+  const auto it = versions_at_convert_.find(t.storage().get());
+  if (it == versions_at_convert_.end() || it->second == t.storage()->version()) return nullptr;
+  stale_.store(true, std::memory_order_relaxed);
+  return it->first;
+}
+
 int64_t QuantInterceptor::producer_tag(const Tensor& t) const {
   const int64_t id = t.trace_id();
   if (__builtin_expect(id != 0, 1)) return id;
+  if (!t.defined() || !t.storage()->model_state()) return 0;  // not a parameter or buffer
   bool whole = false;
   const Param* p = param_of(t, &whole);
   if (p == nullptr) return 0;
@@ -373,7 +383,7 @@ Tensor QuantInterceptor::run_op(const OpCall& call) {
   const int order = leaf == nullptr && (model_->phase() != Phase::kConverted || owner->state->has_call_sites(call.kind))
                         ? owner->next_order(call.kind)
                         : -1;
-  if (owner->state->seen_qconfig(call.kind, leaf, order) == nullptr) return other_op(call, owner, top, order);
+  if (!owner->state->is_seen(call.kind, leaf, order)) return other_op(call, owner, top, order);
   return seen_op(call, owner, top, order);
 }
 
@@ -410,6 +420,30 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top, 
       if (t->defined() && (t->trace_origin() & kInnerFusedBit) != 0) {
         const ModelQuantState::TensorRecord* r = model_->tensor(t->trace_origin() & ~kInnerFusedBit);
         if (r != nullptr && r->record >= 0) throw_reads_inner(op_name(call.kind), model_->record(r->record));
+      }
+    }
+    // An fp32 op reading a parameter written since convert (x * exp(log_scale), a layer norm's
+    // weight): its output reaches int8 ops calibrated on the old values. They run fp32 from now on.
+    for (const Tensor* t : call.inputs) {
+      if (const void* written = written_since_convert(*t); __builtin_expect(written != nullptr, 0)) {
+        const std::string why = absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
+                                             "\", written since convert, and the int8 ops after it were calibrated on "
+                                             "its old values (calibrate again with the new ones: prepare, calibrate, "
+                                             "convert)");
+        if (strict_paths_) {
+          located(call.kind, site_of(owner, top, -1), [&]() -> Tensor {
+            DBRQ_THROW(ControlFlowError, "uncalibrated path after convert: ", why);
+          });
+        }
+        bool first = false;
+        {
+          std::lock_guard<std::mutex> lock(warned_mu_);
+          first = warned_.insert({written, -1}).second;
+        }
+        if (first) {
+          log()->warn("{} (module \"{}\"): {}; the model's quantizeable ops run in fp32 from now on", op_name(call.kind),
+                      owner->state->fqn(), why);
+        }
       }
     }
   }
@@ -577,6 +611,7 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
                "fp32");
   }
   uncalibrated_.fetch_add(1, std::memory_order_relaxed);
+  for (const Tensor* t : call.inputs) written_since_convert(*t);  // fp32 too, but its readers may not be
   {
     std::lock_guard<std::mutex> lock(warned_mu_);
     if (warned_.insert({&s, static_cast<int>(call.kind)}).second) {
@@ -649,13 +684,12 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     // range were calibrated on the old values, and would clip the new ones. The op runs fp32, as
     // an uncalibrated path (weighted ops re-quantize their weights instead: WeightedExec::kernel).
     // (A dynamic op takes its ranges per call; an fp32 op has none.)
-    for (size_t i = 0; !versions_at_convert_.empty() && i < n_act && i < call.inputs.size(); ++i) {
-      const Tensor& t = *call.inputs[i];
-      if (!t.defined() || t.dtype() != DType::kF32) continue;
-      const auto it = versions_at_convert_.find(t.storage().get());
-      if (__builtin_expect(it == versions_at_convert_.end() || it->second == t.storage()->version(), 1)) continue;
-      if (op.executor->fp32 || (op.qconfig != nullptr && op.qconfig->is_dynamic())) continue;
-      const std::string why = absl::StrCat("reads parameter \"", params_.at(it->first).front().fqn,
+    // (A dynamic or fp32 op computes right, but still marks the model stale for the ops after it.)
+    const bool calibrated_ranges = !op.executor->fp32 && !(op.qconfig != nullptr && op.qconfig->is_dynamic());
+    for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+      const void* written = written_since_convert(*call.inputs[i]);
+      if (__builtin_expect(written == nullptr, 1) || !calibrated_ranges) continue;
+      const std::string why = absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
                                            "\", written since convert; calibration saw its old values (calibrate "
                                            "again with the new ones: prepare, calibrate, convert)");
       // An op completing a fused chain (the residual add of conv + add) cannot run apart from
@@ -667,6 +701,26 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
         });
       }
       return run_uncalibrated(call, owner, top, why);
+    }
+    // After such a read every op runs fp32: the values downstream of the parameter left the ranges
+    // calibration saw (and a later call's ops may read them through the module's state).
+    if (__builtin_expect(stale_.load(std::memory_order_relaxed), 0) && calibrated_ranges) {
+      if (!reads_inner_fused(call)) {
+        return run_uncalibrated(call, owner, top,
+                                "runs after a parameter written since convert was read; calibration saw its old values "
+                                "(calibrate again with the new ones: prepare, calibrate, convert)");
+      }
+      // Completing a chain whose base ran int8 before the read: a unary member (the relu of
+      // conv + relu) computes nothing and the chain's result does not depend on the parameter; a
+      // member with another operand (the residual add) would quantize that operand, which may.
+      if (n_act > 1) {
+        located(call.kind, where, [&]() -> Tensor {
+          DBRQ_THROW(ControlFlowError, "it completes the fused ", op.fusion.name(),
+                     " whose int8 kernel started before a parameter written since convert was read, and its other "
+                     "operand may depend on that parameter; calibration saw the parameter's old values (calibrate "
+                     "again with the new ones: prepare, calibrate, convert). The model's later calls run fp32");
+        });
+      }
     }
     // A fused chain's later member computes nothing of its own: its base's kernel did. When the
     // base ran fp32 (above), no input carries the chain's inner tensor, and it must compute.

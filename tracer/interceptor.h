@@ -222,6 +222,13 @@ class QuantInterceptor : public Interceptor {
   bool strict_paths_ = false;  // an uncalibrated path after convert raises
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
   std::atomic<int64_t> uncalibrated_{0};
+  // Set (for good) when an op after convert reads a parameter or buffer written since convert
+  // (written_since_convert): calibration no longer describes the model's values downstream of
+  // it, so every later quantizeable op runs fp32 as an uncalibrated path (seen_op).
+  std::atomic<bool> stale_{false};
+  // The parameter or buffer storage `t` is on, when it was written since convert and its values
+  // reach the ops after it as an activation; null otherwise. Also marks the model stale.
+  const void* written_since_convert(const Tensor& t);
   std::mutex warned_mu_;
   // Calls before convert (tracing, calibrating) record paths and feed observers without locks, so
   // they must not overlap: the thread whose call is in flight and how deep (its own nested calls).

@@ -104,7 +104,7 @@ class FloatProbe : public Interceptor {
       }
       if (!found) owner->op_counts.emplace_back(call.kind, 1);
     }
-    if (owner->state->seen_qconfig(call.kind, leaf, order) == nullptr) return out;
+    if (!owner->state->is_seen(call.kind, leaf, order)) return out;
     owner->call.ops.push_back({call.kind, leaf != nullptr ? top->fqn : owner->state->fqn(), out});
     return out;
   }
