@@ -321,8 +321,10 @@ class ModelQuantState {
   // conv + relu) has no slot: at convert nothing reads it. It is still observed while calibrating,
   // here, so that a later path which breaks the chain (the conv's output also read elsewhere)
   // gives the record's new output slot what every earlier call produced, not only the calls after
-  // the break (analyze_program's carry-over). Not saved in quant-state files.
+  // the break (analyze_program's carry-over). Saved in quant-state files with statistics, so
+  // that merge_calibration carries it over too.
   Observer& inner_output_observer(int record, const ObserverSpec& spec);
+  const std::map<int, std::unique_ptr<Observer>>& inner_outputs() const { return inner_outputs_; }
   // Hands out (and forgets) the record's inner-output observer; null if there is none.
   std::unique_ptr<Observer> take_inner_output_observer(int record);
 

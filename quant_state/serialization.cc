@@ -327,10 +327,18 @@ struct FileSlot {
   std::optional<Observer::Stats> stats;
 };
 
+// The observed output of a record inside a fused chain (ModelQuantState::inner_output_observer).
+struct FileInner {
+  int record = -1;  // global index in the document
+  ObserverSpec spec;
+  Observer::Stats stats;
+};
+
 struct Document {
   std::vector<FileModule> modules;
   std::vector<FileRecord> records;  // by global index
   std::vector<FileSlot> slots;
+  std::vector<FileInner> inner;
   uint64_t calls = 0;
 };
 
@@ -381,6 +389,13 @@ json origin_to_json(ModelQuantState& model, int64_t id) {
   DBRQ_CHECK(r != nullptr, "origin ", id, " is not a tensor of this model");
   if (r->record >= 0) return json{{"op", r->record}};
   return json{{"source", hex64(r->source)}};
+}
+
+json stats_to_json(const Observer& o) {
+  const Observer::Stats st = o.stats();
+  json fields = json::object();
+  for (auto& [name, values] : st.fields) fields[name] = values;
+  return {{"fields", fields}, {"num_batches", st.num_batches}, {"nan_count", st.nan_count}, {"inf_count", st.inf_count}};
 }
 
 json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
@@ -501,18 +516,24 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
       // file saved again is the same text).
       if (options.include_observer_stats && slot.observer->has_data()) {
         j["range"] = {slot.observer->min_val(), slot.observer->max_val()};
-        const Observer::Stats st = slot.observer->stats();
-        json fields = json::object();
-        for (auto& [name, values] : st.fields) fields[name] = values;
-        j["stats"] = {{"fields", fields},
-                      {"num_batches", st.num_batches},
-                      {"nan_count", st.nan_count},
-                      {"inf_count", st.inf_count}};
+        j["stats"] = stats_to_json(*slot.observer);
       }
     }
     slots.push_back(j);
   }
   doc["observers"] = slots;
+  // What the outputs of records inside fused chains were observed to be (inner_output_observer):
+  // a merge whose union breaks such a chain starts the record's new output slot from them, as
+  // analysis does when one process's path breaks it. Only in files with statistics, only when
+  // there are any (other files are unchanged).
+  if (options.include_observer_stats) {
+    json inner = json::array();
+    for (const auto& [record, o] : model.inner_outputs()) {
+      if (o == nullptr || !o->has_data()) continue;
+      inner.push_back({{"record", record}, {"observer", spec_to_json(o->spec())}, {"stats", stats_to_json(*o)}});
+    }
+    if (!inner.empty()) doc["inner_outputs"] = inner;
+  }
   return doc.dump(1);
 }
 
@@ -555,7 +576,8 @@ size_t max_document_values(ModelQuantState& model) {
   // A record is listed once, in each path that crosses it (64 values a path) and has at most one
   // observer of its own (its output; an input observer is the output of another record or of an
   // fp32 source).
-  return 1024 + kMaxPathGrowth * records * (per_record + 64 + per_slot);
+  // (And at most one inner output observer.)
+  return 1024 + kMaxPathGrowth * records * (per_record + 64 + 2 * per_slot);
 }
 
 json parse_limited(ModelQuantState& model, const std::string& text, const std::string& source) {
@@ -857,6 +879,20 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       }
     }
     d.slots.push_back(std::move(fs));
+  }
+  if (doc.contains("inner_outputs")) {
+    const json& inner = get_array(doc.at("inner_outputs"), "inner_outputs");
+    for (size_t i = 0; i < inner.size(); ++i) {
+      const json& j = inner[i];
+      FileInner fi;
+      fi.record = get_integer<int>(j.at("record"), "record");
+      DBRQ_ENSURE(fi.record >= 0 && fi.record < static_cast<int>(d.records.size()), FileFormatError, where,
+                  ": inner output ", i, " is of record ", fi.record, "; the file has ", d.records.size());
+      fi.spec = spec_from_json(j.at("observer"));
+      fi.stats = stats_from_json(j.at("stats"), where, d.slots.size() + i, max_slot_values(fi.spec));
+      make_observer(fi.spec)->load_stats(fi.stats);  // validated before the model is touched
+      d.inner.push_back(std::move(fi));
+    }
   }
   const int n_slots = static_cast<int>(d.slots.size());
   for (size_t i = 0; i < d.slots.size(); ++i) {
@@ -1193,6 +1229,38 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
   }
 }
 
+// Restores the documents' inner output observers: into the record's output slot when the
+// model's analysis gives it one (the union broke the chain), else into the record's own inner
+// observer (still fused: kept for a later break). Several sources are merged.
+void restore_inner_outputs(ModelQuantState& model, const std::vector<StatsSource>& sources) {
+  auto into = [](Observer& o, const FileInner& fi) {
+    if (!o.has_data()) {
+      o.load_stats(fi.stats);
+    } else {
+      auto other = make_observer(fi.spec);
+      other->load_stats(fi.stats);
+      o.merge(*other);
+    }
+  };
+  for (const StatsSource& src : sources) {
+    std::map<int, int> model_of;  // document record -> model record
+    for (size_t g = 0; g < src.record_of.size(); ++g) {
+      if (src.record_of[g] >= 0) model_of[src.record_of[g]] = static_cast<int>(g);
+    }
+    for (const FileInner& fi : src.doc->inner) {
+      auto it = model_of.find(fi.record);
+      if (it == model_of.end()) continue;
+      const SeenOpInfo& op = model.record(it->second);
+      if (op.output_observer >= 0) {
+        ObserverSlot& slot = model.slot(model.find(op.output_observer));
+        if (slot.observer->spec() == fi.spec && !slot.frozen) into(*slot.observer, fi);
+      } else {
+        into(model.inner_output_observer(it->second, fi.spec), fi);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string reseal_quant_state(const std::string& text) {
@@ -1225,6 +1293,7 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
   std::vector<int> identity(d.records.size());
   for (size_t g = 0; g < identity.size(); ++g) identity[g] = static_cast<int>(g);
   restore_observers(model, {StatsSource{&d, identity}});
+  restore_inner_outputs(model, {StatsSource{&d, identity}});
 }
 
 void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_text,
@@ -1328,6 +1397,7 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   for (size_t g = 0; g < own.records.size(); ++g) own_of[g] = static_cast<int>(g);
   for (size_t g = 0; g < rep.records.size(); ++g) rep_of[static_cast<size_t>(rep_to_merged[g])] = static_cast<int>(g);
   restore_observers(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
+  restore_inner_outputs(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@
 // fp32 source; what the analysis made of it: role, fusion, observers), the ops left in fp32, and
 // the paths the module's calls took (which records, how many calls). Then every observer slot:
 // the record and input it belongs to, its root (sharing), spec, scale and zero point, and
-// optionally the raw statistics so calibration can resume. Each record carries a check of its
+// optionally the raw statistics so calibration can resume; with them also "inner_outputs", the
+// observed outputs of records inside fused chains (ModelQuantState::inner_output_observer), so a
+// merge or a later path that breaks such a chain starts from every call. Each record carries a check of its
 // content (see reseal_quant_state).
 //
 // Loading rebuilds the program from the file (so paths the example run did not take are there),
