@@ -829,33 +829,33 @@ TEST(ParameterOperand, OpsAfterAWrittenParameterRunFp32) {
   expect_fp32_downstream_after_write<ScaledThroughExp>("log_scale", 16.0);
 }
 
-TEST(ParameterOperand, ReadThroughAnFp32OpRaisesUnderStrictPaths) {
-  ScaledThroughExp m;
-  const auto xs = testing::random_batches(3, 44, {4, 16});
+// Calibrated, converted with strict_paths and run; then `write` changes a parameter: the next
+// call raises ControlFlowError with `message`.
+template <typename M, typename Write>
+void expect_strict_paths_raise_after(uint64_t seed, Write write, const std::string& message) {
+  M m;
+  const auto xs = testing::random_batches(3, seed, {4, 16});
   prepare(m, {xs[0]});
   for (const Tensor& x : xs) m(x);
   ConvertOptions o;
   o.strict_paths = true;
   convert(m, o);
   m(xs[0]);
-  m.log_scale.mul_(3.0);
-  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError,
-                   "uncalibrated path after convert: reads parameter \"log_scale\", written since convert, and the "
-                   "int8 ops after it were calibrated on its old values");
+  write(m);
+  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, message);
+}
+
+TEST(ParameterOperand, ReadThroughAnFp32OpRaisesUnderStrictPaths) {
+  expect_strict_paths_raise_after<ScaledThroughExp>(
+      44, [](ScaledThroughExp& m) { m.log_scale.mul_(3.0); },
+      "uncalibrated path after convert: reads parameter \"log_scale\", written since convert, and the int8 ops "
+      "after it were calibrated on its old values");
 }
 
 TEST(ParameterOperand, WrittenAfterConvertRaisesUnderStrictPaths) {
-  ParamAddRelu m;
-  const auto xs = testing::random_batches(3, 41, {4, 16});
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  ConvertOptions o;
-  o.strict_paths = true;
-  convert(m, o);
-  m(xs[0]);
-  m.p.add_(1.0);
-  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError,
-                   "reads parameter \"p\", written since convert; calibration saw its old values");
+  expect_strict_paths_raise_after<ParamAddRelu>(41, [](ParamAddRelu& m) { m.p.add_(1.0); },
+                                                "reads parameter \"p\", written since convert; calibration saw its "
+                                                "old values");
 }
 
 // The residual of a fused conv + add: the add cannot run apart from the conv's kernel, so a
