@@ -280,11 +280,11 @@ void QuantInterceptor::convert(bool int8_outputs) {
     }
   } release{this};
   program_ = convert_model(*model_);
-  // All but the ones a call wrote: a buffer that forward writes (a running state, a cache) is an
-  // activation whose values calibration saw change. Parameters loaded after prepare (the deploy
-  // flow: prepare, load_state_dict, load_quant_state, convert) are checked from their loaded version.
+  // All but the ones whose values varied while calibrating (StorageVersion): those are activations
+  // calibration saw change. Parameters loaded after prepare (the deploy flow: prepare,
+  // load_state_dict, load_quant_state, convert) are checked from their loaded version.
   for (const StorageVersion& v : storage_versions_) {
-    if (!v.forward_writes) versions_at_convert_[v.storage] = v.storage->version();
+    if (!v.varies) versions_at_convert_[v.storage] = v.storage->version();
   }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
@@ -862,7 +862,10 @@ void QuantInterceptor::enter_unconverted() {
   }
   unconverted_thread_ = me;
   if (unconverted_depth_++ == 0) {
-    for (StorageVersion& v : storage_versions_) v.at_call_start = v.storage->version();
+    for (StorageVersion& v : storage_versions_) {
+      v.at_call_start = v.storage->version();
+      v.varies |= last_call_calibrated_ && v.at_call_start != v.at_call_end;
+    }
   }
 }
 
@@ -871,7 +874,11 @@ void QuantInterceptor::leave_unconverted() noexcept {
   if (--unconverted_depth_ == 0) {
     unconverted_thread_ = std::thread::id();
     // Also after a failed call: what it wrote, forward wrote.
-    for (StorageVersion& v : storage_versions_) v.forward_writes |= v.storage->version() != v.at_call_start;
+    for (StorageVersion& v : storage_versions_) {
+      v.at_call_end = v.storage->version();
+      v.varies |= v.at_call_end != v.at_call_start;
+    }
+    last_call_calibrated_ = model_->phase() == Phase::kCalibrating;
   }
 }
 

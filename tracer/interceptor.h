@@ -199,16 +199,19 @@ class QuantInterceptor : public Interceptor {
   // from calibration with the old values (seen_op).
   std::unordered_map<const void*, uint64_t> versions_at_convert_;
   // Every parameter and buffer storage, with its version when the current call before convert
-  // began, and whether such a call ever wrote it: a buffer that forward itself writes (a running
-  // state, a cache) is an activation whose changing values calibration saw, and is not checked
-  // after convert. Writes outside calls (load_state_dict after prepare) do not count. Touched only
-  // by the thread holding the calibration guard (enter_unconverted / leave_unconverted).
+  // began and when the last one ended, and whether its values varied while calibrating: written by
+  // a call (a running state, a cache that forward writes), or between two calibrating calls (a
+  // mask the application sets before each call). Calibration saw such a buffer change like any
+  // activation, so it is not checked after convert. Other writes do not count: weights loaded
+  // after prepare (before calibration, or with load_quant_state) are calibrated on what they hold.
+  // Touched only by the thread holding the calibration guard (enter_unconverted / leave_unconverted).
   struct StorageVersion {
     const Storage* storage;
-    uint64_t at_call_start = 0;
-    bool forward_writes = false;
+    uint64_t at_call_start = 0, at_call_end = 0;
+    bool varies = false;
   };
   std::vector<StorageVersion> storage_versions_;
+  bool last_call_calibrated_ = false;  // the last call before convert fed observers (not prepare's)
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the

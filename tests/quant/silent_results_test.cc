@@ -829,6 +829,44 @@ TEST(ParameterOperand, OpsAfterAWrittenParameterRunFp32) {
   expect_fp32_downstream_after_write<ScaledThroughExp>("log_scale", 16.0);
 }
 
+// A buffer the application sets before each call (a mask) varied while calibrating like any
+// activation: writing it after convert is what calibration saw, and the model stays int8. (Only
+// writes by a call were exempt for a while: the first call after convert sent the whole model to
+// fp32.) Writes between prepare's example run and the first calibrating call do not count.
+struct MaskedLinear : nn::CallableModule<MaskedLinear> {
+  MaskedLinear() {
+    fc = register_module("fc", std::make_shared<Linear>(16, 8));
+    mask = register_buffer("mask", ones({4, 16}));
+  }
+  Tensor forward(const Tensor& x) { return (*fc)(x * mask); }
+  std::shared_ptr<Linear> fc;
+  Tensor mask;
+};
+
+TEST(ParameterOperand, ABufferSetBetweenCalibratingCallsStaysInt8) {
+  manual_seed(12);
+  MaskedLinear ref;
+  manual_seed(12);
+  MaskedLinear m;
+  const auto xs = testing::random_batches(6, 45, {4, 16});
+  std::vector<Tensor> masks;  // soft masks in (0, 1)
+  for (const Tensor& r : testing::random_batches(6, 46, {4, 16})) masks.push_back(tanh(r) * 0.5 + 0.5);
+  prepare(m, {xs[0]});
+  for (size_t i = 0; i < xs.size(); ++i) {
+    m.mask.copy_(masks[i]);
+    m(xs[i]);
+  }
+  convert(m);
+  for (size_t i = 0; i < xs.size(); ++i) {  // the calibration's pairs, each mask written again
+    m.mask.copy_(masks[i]);
+    ref.mask.copy_(masks[i]);
+    const Tensor want = ref(xs[i]), got = m(xs[i]);
+    EXPECT_GT(sqnr_of(want, got), 25.0);
+    EXPECT_GT(testing::relative_error(got, want), 1e-4);  // int8
+  }
+  EXPECT_EQ(uncalibrated_ops(m), 0);
+}
+
 // Calibrated, converted with strict_paths and run; then `write` changes a parameter: the next
 // call raises ControlFlowError with `message`.
 template <typename M, typename Write>
