@@ -1488,6 +1488,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:calibrated_values_test
+  NAME dbrq_tests_quant_calibrated_values_test
+  RUNFILE tests/quant/calibrated_values_test
+  SRCS
+    tests/quant/calibrated_values_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:calibration_fold_test
   NAME dbrq_tests_quant_calibration_fold_test
   RUNFILE tests/quant/calibration_fold_test

@@ -362,6 +362,41 @@ Storage::~Storage() {
 }
 
 AllocatorStats allocator_stats() { return allocator().stats(); }
+
+namespace {
+
+constexpr uint64_t kHashPrime1 = 0x9E3779B185EBCA87ull, kHashPrime2 = 0xC2B2AE3D27D4EB4Full;
+
+uint64_t hash_round(uint64_t acc, uint64_t word) {
+  acc += word * kHashPrime2;
+  acc = (acc << 31) | (acc >> 33);
+  return acc * kHashPrime1;
+}
+
+uint64_t load_le64(const unsigned char* p) {
+  uint64_t w = 0;
+  for (int i = 7; i >= 0; --i) w = (w << 8) | p[i];  // compiles to one load on little-endian targets
+  return w;
+}
+
+}  // namespace
+
+uint64_t hash_bytes(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t lane[4] = {kHashPrime1 + kHashPrime2, kHashPrime2, 0, 0 - kHashPrime1};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) lane[k] = hash_round(lane[k], load_le64(p + i + 8 * k));
+  }
+  uint64_t h = static_cast<uint64_t>(n) * kHashPrime1;
+  for (int k = 0; k < 4; ++k) h = hash_round(h ^ lane[k], static_cast<uint64_t>(k + 1));
+  for (; i + 8 <= n; i += 8) h = hash_round(h, load_le64(p + i));
+  for (; i < n; ++i) h = hash_round(h, p[i]);
+  h ^= h >> 33;
+  h *= kHashPrime2;
+  h ^= h >> 29;
+  return h;
+}
 void set_allocator_cache_limit(size_t bytes) { allocator().set_limit(bytes); }
 void release_cached_memory() { allocator().release_all(); }
 

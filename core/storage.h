@@ -115,4 +115,9 @@ void set_allocator_cache_limit(size_t bytes);
 // thread's small lists, at their next allocation or free for other threads' small lists.
 void release_cached_memory();
 
+// A 64-bit hash of `n` bytes, the same on every platform and in every process (little-endian
+// 64-bit words; 4 lanes, ~10 GB/s). Not cryptographic: it tells values calibration saw from other
+// values (tracer: calibrated parameter values), not adversarial inputs.
+uint64_t hash_bytes(const void* data, size_t n);
+
 }  // namespace dbrq

@@ -343,6 +343,14 @@ class ModelQuantState {
   // quant-state file's program replaces them).
   void clear_program();
 
+  // Parameter or buffer name -> hash_bytes of the values calibration saw, for each one whose
+  // values did not vary while calibrating (the tracer's QuantInterceptor keeps it): the ranges
+  // downstream of them describe those values, so convert raises when one holds others by then.
+  // Quant-state files carry it ("calibrated_values"): the deploy flow's convert checks that the
+  // weights loaded are the ones the file was calibrated with.
+  std::map<std::string, uint64_t>& calibrated_values() { return calibrated_values_; }
+  const std::map<std::string, uint64_t>& calibrated_values() const { return calibrated_values_; }
+
   // The recorded program changed (a record or an edge was added) since the last analysis.
   bool dirty() const { return dirty_; }
   void set_dirty(bool on) { dirty_ = on; }
@@ -362,6 +370,7 @@ class ModelQuantState {
   std::vector<ObserverSlot> slots_;
   std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
   std::map<int, std::unique_ptr<Observer>> inner_outputs_;  // record -> observer (see inner_output_observer)
+  std::map<std::string, uint64_t> calibrated_values_;
   std::vector<std::pair<AutoQuantizationState*, int>> records_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
 };

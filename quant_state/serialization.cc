@@ -339,6 +339,7 @@ struct Document {
   std::vector<FileRecord> records;  // by global index
   std::vector<FileSlot> slots;
   std::vector<FileInner> inner;
+  std::map<std::string, uint64_t> calibrated_values;  // ModelQuantState::calibrated_values
   uint64_t calls = 0;
 };
 
@@ -534,6 +535,13 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
     }
     if (!inner.empty()) doc["inner_outputs"] = inner;
   }
+  // The values of the parameters calibration saw (hashes): convert after loading the file checks
+  // that the weights loaded are those. Every file calibrated by this dbrq has them.
+  if (!model.calibrated_values().empty()) {
+    json values = json::object();
+    for (const auto& [name, hash] : model.calibrated_values()) values[name] = hex64(hash);
+    doc["calibrated_values"] = values;
+  }
   return doc.dump(1);
 }
 
@@ -650,6 +658,16 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
   std::map<std::string, Tensor> tensor_names;  // the model's parameters and buffers
   if (model.root() != nullptr) {
     for (const auto& [name, t] : model.root()->state_dict()) tensor_names.emplace(name, t);
+  }
+  if (doc.contains("calibrated_values")) {
+    const json& values = doc.at("calibrated_values");
+    if (!values.is_object()) throw WrongType("calibrated_values must be an object, got " + excerpt(values));
+    for (const auto& [name, hash] : values.items()) {
+      if (tensor_names.count(name) == 0) {
+        mismatch(source, absl::StrCat("the file has calibrated values of \"", name, "\", the model has no such parameter or buffer"));
+      }
+      d.calibrated_values[name] = get_hex64(hash, "a calibrated value's hash");
+    }
   }
   // Records first (their global indices must cover 0..n-1 once), then each module's notes.
   size_t total = 0;
@@ -1294,6 +1312,7 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
   for (size_t g = 0; g < identity.size(); ++g) identity[g] = static_cast<int>(g);
   restore_observers(model, {StatsSource{&d, identity}});
   restore_inner_outputs(model, {StatsSource{&d, identity}});
+  model.calibrated_values() = d.calibrated_values;  // the file's calibration, made with those values
 }
 
 void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_text,
@@ -1320,6 +1339,16 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   merged.modules = own.modules;
   merged.records = own.records;
   merged.calls = own.calls + rep.calls;
+  // Replicas of one model calibrate the same weights; a replica calibrated with others has ranges
+  // that describe another model.
+  merged.calibrated_values = own.calibrated_values;
+  for (const auto& [name, hash] : rep.calibrated_values) {
+    const auto it = merged.calibrated_values.emplace(name, hash).first;
+    if (it->second != hash) {
+      mismatch(source, absl::StrCat("the replica was calibrated with other values of \"", name,
+                                    "\" than this model; replicas must hold the same weights"));
+    }
+  }
   std::map<RecordKey, int> index;
   for (size_t g = 0; g < merged.records.size(); ++g) index[key_of(merged.records[g])] = static_cast<int>(g);
   std::vector<int> rep_to_merged(rep.records.size());
@@ -1398,6 +1427,7 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   for (size_t g = 0; g < rep.records.size(); ++g) rep_of[static_cast<size_t>(rep_to_merged[g])] = static_cast<int>(g);
   restore_observers(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
   restore_inner_outputs(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
+  into.calibrated_values() = merged.calibrated_values;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,7 +16,11 @@
 // the record and input it belongs to, its root (sharing), spec, scale and zero point, and
 // optionally the raw statistics so calibration can resume; with them also "inner_outputs", the
 // observed outputs of records inside fused chains (ModelQuantState::inner_output_observer), so a
-// merge or a later path that breaks such a chain starts from every call. Each record carries a check of its
+// merge or a later path that breaks such a chain starts from every call. "calibrated_values" holds
+// a hash of the values calibration saw of each parameter and buffer that did not vary while
+// calibrating (ModelQuantState::calibrated_values): convert raises UsageError when the loaded
+// weights are not those (files without it, older ones, are not checked); a name the model does
+// not have is a StateMismatchError, a malformed hash a FileFormatError. Each record carries a check of its
 // content (see reseal_quant_state).
 //
 // Loading rebuilds the program from the file (so paths the example run did not take are there),

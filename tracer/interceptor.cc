@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/container/inlined_vector.h"
@@ -239,6 +240,14 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
     if (regs.empty()) storage_versions_.push_back(StorageVersion{t.storage().get()});
     regs.push_back(Param{name, name_fingerprint(name), t});
   }
+  for (StorageVersion& v : storage_versions_) {  // named by its largest registration
+    for (const Param& p : params_.at(v.storage)) {
+      if (!v.tensor.defined() || p.tensor.numel() > v.tensor.numel()) {
+        v.name = p.fqn;
+        v.tensor = p.tensor;
+      }
+    }
+  }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
       if (t.defined()) param_owners_[t.storage().get()] = {m, fqn};
@@ -279,6 +288,7 @@ void QuantInterceptor::convert(bool int8_outputs) {
       q->unconverted_thread_ = std::thread::id();
     }
   } release{this};
+  check_calibrated_values();
   program_ = convert_model(*model_);
   // All but the ones whose values varied while calibrating (StorageVersion): those are activations
   // calibration saw change. Parameters loaded after prepare (the deploy flow: prepare,
@@ -288,6 +298,40 @@ void QuantInterceptor::convert(bool int8_outputs) {
   }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
+}
+
+uint64_t QuantInterceptor::hash_values(const Tensor& t) {
+  if (t.numel() == 0) return hash_bytes(nullptr, 0);
+  // The storage span the tensor covers (all of it, for the contiguous tensors parameters are).
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * std::abs(t.stride(d));
+  return hash_bytes(t.data_ptr(), static_cast<size_t>(span) * t.element_size());
+}
+
+// The ranges calibration recorded downstream of a parameter describe the values it had then.
+// Weights loaded after calibrating (or other weights than a loaded quant-state file's) would be
+// quantized anew at convert while every activation range after them stays the old one: clipped
+// or coarse, with no error. Values that varied while calibrating (a training loop's weights, a
+// mask set before each call) are not checked: calibration saw them change.
+void QuantInterceptor::check_calibrated_values() {
+  const auto& calibrated = model_->calibrated_values();
+  if (calibrated.empty()) return;
+  std::vector<std::string> changed;
+  for (const StorageVersion& v : storage_versions_) {
+    const auto it = v.varies ? calibrated.end() : calibrated.find(v.name);
+    if (it != calibrated.end() && it->second != hash_values(v.tensor)) changed.push_back("\"" + v.name + "\"");
+  }
+  if (changed.empty()) return;
+  std::string names = changed[0];
+  for (size_t i = 1; i < std::min<size_t>(changed.size(), 3); ++i) names += (i + 1 == changed.size() ? " and " : ", ") + changed[i];
+  if (changed.size() > 3) names += " and " + std::to_string(changed.size() - 3) + " more";
+  DBRQ_THROW(UsageError, "convert: ", changed.size() == 1 ? "parameter " : "parameters ", names,
+             changed.size() == 1 ? " holds" : " hold",
+             " other values than calibration saw (written after the last calibrating call, or not the weights the "
+             "loaded quant-state file was calibrated with): the int8 ranges after ",
+             changed.size() == 1 ? "it" : "them",
+             " describe the old values. Load the weights first, then calibrate (or load the quant-state file made "
+             "with them)");
 }
 
 const QuantInterceptor::Param* QuantInterceptor::param_of(const Tensor& w, bool* whole) const {
@@ -874,11 +918,20 @@ void QuantInterceptor::leave_unconverted() noexcept {
   if (--unconverted_depth_ == 0) {
     unconverted_thread_ = std::thread::id();
     // Also after a failed call: what it wrote, forward wrote.
+    last_call_calibrated_ = model_->phase() == Phase::kCalibrating;
+    const bool observed = last_call_calibrated_ && model_->observers_enabled();
+    auto& calibrated = model_->calibrated_values();
     for (StorageVersion& v : storage_versions_) {
       v.at_call_end = v.storage->version();
       v.varies |= v.at_call_end != v.at_call_start;
+      if (v.varies) {
+        calibrated.erase(v.name);
+      } else if (observed) {  // (hashed again only when written: a file's values loaded meanwhile give way)
+        if (v.hashed_version != v.at_call_end) v.hash = hash_values(v.tensor);
+        v.hashed_version = v.at_call_end;
+        calibrated[v.name] = v.hash;
+      }
     }
-    last_call_calibrated_ = model_->phase() == Phase::kCalibrating;
   }
 }
 

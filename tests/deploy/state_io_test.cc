@@ -248,7 +248,8 @@ TEST_F(StateFile, EditedRecordsAreCaughtByTheirCheck) {
   // Each record carries a check of its content: any edit (here a layer's weights: conv1 told to
   // use conv2's, and to drop its bias) is a corrupt file, named by module and op.
   const std::string text = read_text(saved("cnn.qstate.json"));
-  expect_load_error<FileFormatError>(edited(text, "\"conv1.weight\"", "\"conv2.weight\""),
+  // (The record's weight list, not the calibrated values' key "conv1.weight": ...)
+  expect_load_error<FileFormatError>(edited(text, "\"conv1.weight\",", "\"conv2.weight\","),
                                      {"module \"\" op 0 fails its check", "the record was edited or is corrupt"});
   nlohmann::json no_bias = nlohmann::json::parse(text);
   no_bias["modules"][0]["seen_ops"][0]["weights"] = {"conv1.weight"};

@@ -164,3 +164,25 @@ TEST(DequantizeLazy, CodesWrittenBeforeTheReadRaise) {
 }
 
 }  // namespace
+
+// hash_bytes names the values calibration saw in quant-state files: the same in every process and
+// on every platform (pinned values), and any change of value or length is another hash.
+TEST(HashBytes, PinnedValuesAndEveryChangeCounts) {
+  std::vector<unsigned char> bytes(100);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  // (Also what a Python transcription of the algorithm gives.)
+  EXPECT_EQ(dbrq::hash_bytes(bytes.data(), bytes.size()), 0x8091186947bdda29ull);
+  EXPECT_EQ(dbrq::hash_bytes("dbrq", 4), 0x2b5ddd6d559907aaull);
+  EXPECT_EQ(dbrq::hash_bytes(nullptr, 0), 0x85042a7de88d77e0ull);
+  const uint64_t h = dbrq::hash_bytes(bytes.data(), bytes.size());
+  for (size_t i : {size_t{0}, size_t{31}, size_t{32}, size_t{95}, size_t{99}}) {  // lanes, words, tail
+    std::vector<unsigned char> b = bytes;
+    b[i] ^= 0x10;
+    EXPECT_NE(dbrq::hash_bytes(b.data(), b.size()), h) << "byte " << i;
+  }
+  const std::vector<unsigned char> zeros(41, 0);
+  EXPECT_NE(dbrq::hash_bytes(zeros.data(), 40), dbrq::hash_bytes(zeros.data(), 41));
+  std::vector<unsigned char> shifted(bytes.size() + 1);  // any alignment
+  std::memcpy(shifted.data() + 1, bytes.data(), bytes.size());
+  EXPECT_EQ(dbrq::hash_bytes(shifted.data() + 1, bytes.size()), h);
+}
