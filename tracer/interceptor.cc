@@ -237,7 +237,10 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
   for (auto& [name, t] : root.state_dict()) {  // parameters and buffers (batch norm statistics)
     t.storage()->mark_model_state();
     auto& regs = params_[t.storage().get()];
-    if (regs.empty()) storage_versions_.push_back(StorageVersion{t.storage().get()});
+    if (regs.empty()) {
+      storage_versions_.emplace_back();
+      storage_versions_.back().storage = t.storage().get();
+    }
     regs.push_back(Param{name, name_fingerprint(name), t});
   }
   for (StorageVersion& v : storage_versions_) {  // named by its largest registration
@@ -295,6 +298,26 @@ void QuantInterceptor::convert(bool int8_outputs) {
   // load_state_dict, load_quant_state, convert) are checked from their loaded version.
   for (const StorageVersion& v : storage_versions_) {
     if (!v.varies) versions_at_convert_[v.storage] = v.storage->version();
+  }
+  kernel_params_.assign(program_.size(), {});
+  for (size_t g = 0; g < model_->records().size(); ++g) {
+    const SeenOpInfo& op = model_->record(static_cast<int>(g));
+    if (op.program_index < 0 || op.executor == nullptr) continue;
+    std::vector<ParamVersion>& list = kernel_params_[static_cast<size_t>(op.program_index)];
+    auto add = [&](const SeenOpInfo& o) {
+      for (const WeightInfo& w : o.weights) {
+        const auto it = w.tensor.defined() ? versions_at_convert_.find(w.tensor.storage().get()) : versions_at_convert_.end();
+        if (it == versions_at_convert_.end()) continue;
+        const auto* st = static_cast<const Storage*>(it->first);
+        if (std::none_of(list.begin(), list.end(), [&](const ParamVersion& p) { return p.storage == st; })) {
+          list.push_back({st, it->second});
+        }
+      }
+    };
+    add(op);
+    if (!op.fusion.fused() || op.fusion.position == 0) {
+      for (const SeenOpInfo* m : model_->chain_after(op)) add(*m);
+    }
   }
   int8_outputs_ = int8_outputs;
   model_->set_phase(Phase::kConverted);
@@ -373,6 +396,16 @@ int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* stat
   // Made outside any op of this model (a constant, another model's tensor): an fp32 source of its
   // own at this input.
   return model_->add_fp32_source(fingerprint_mix(fingerprint_mix(static_cast<uint64_t>(tag), k), state->fqn_fingerprint()));
+}
+
+const Storage* QuantInterceptor::written_kernel_param(const std::vector<ParamVersion>& list) {
+  for (const ParamVersion& p : list) {
+    if (__builtin_expect(p.storage->version() != p.version, 0)) {
+      stale_.store(true, std::memory_order_relaxed);
+      return p.storage;
+    }
+  }
+  return nullptr;
 }
 
 const void* QuantInterceptor::written_since_convert(const Tensor& t) {
@@ -745,6 +778,20 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
         });
       }
       return run_uncalibrated(call, owner, top, why);
+    }
+    // Its kernel's own weights (or a fused member's: a folded batch norm's statistics) written
+    // since convert: re-quantizing them would be right for the weights, but the op's output range
+    // and every range after it were calibrated on the old ones (load_state_dict of other weights
+    // after convert: clipped, no error). It runs fp32 (the members of its chain follow), and so
+    // does every quantizeable op after it. Weights computed per call are not parameters: their
+    // kernels re-quantize them (WeightedExec::kernel).
+    if (const auto& kp = kernel_params_[static_cast<size_t>(op.program_index)]; __builtin_expect(!kp.empty(), 0)) {
+      if (const Storage* written = written_kernel_param(kp); __builtin_expect(written != nullptr, 0)) {
+        return run_uncalibrated(call, owner, top,
+                                absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
+                                             "\", written since convert; calibration saw its old values (calibrate "
+                                             "again with the new ones: prepare, calibrate, convert)"));
+      }
     }
     // After such a read every op runs fp32: the values downstream of the parameter left the ranges
     // calibration saw (and a later call's ops may read them through the module's state).

@@ -233,6 +233,18 @@ class QuantInterceptor : public Interceptor {
   bool int8_outputs_ = false;  // the model's outputs stay int8 (default: dequantized to fp32)
   bool strict_paths_ = false;  // an uncalibrated path after convert raises
   ConvertedProgram program_;   // executors by SeenOpInfo::program_index, after convert
+  // By program index: the parameters and buffers whose values the record's int8 kernel was built
+  // from and calibrated downstream of (its weights, and those of the members of the chain it
+  // runs: a folded batch norm's statistics), with their versions at convert; the ones whose
+  // values varied while calibrating are left out. Written since, the record runs fp32 and the
+  // model goes stale (seen_op). A version compare per entry: no lookup on the converted path.
+  struct ParamVersion {
+    const Storage* storage;
+    uint64_t version;
+  };
+  std::vector<std::vector<ParamVersion>> kernel_params_;
+  // The parameter of `list` written since convert (marking the model stale), or null.
+  const Storage* written_kernel_param(const std::vector<ParamVersion>& list);
   std::atomic<int64_t> uncalibrated_{0};
   // Set (for good) when an op after convert reads a parameter or buffer written since convert
   // (written_since_convert): calibration no longer describes the model's values downstream of

@@ -922,6 +922,67 @@ TEST(ParameterOperand, TheResidualOfAFusedConvAddWrittenAfterConvertRaises) {
                    "with the new ones: prepare, calibrate, convert); it completes the fused conv2d+add");
 }
 
+// A layer's own weights written after convert (load_state_dict of other weights, a fine-tuning
+// step): the kernel re-quantized them, but its output range and every range after it came from
+// calibration with the old ones. Relative error against the fp32 model with the new weights: 0.70
+// (conv weights x4), 0.19 (the folded batch norm's statistics), 0.91 (fc's bias + 2: its output
+// range clipped), with only a warning that the weights were re-quantized. The op now runs fp32 (its fused chain with it), and so does every quantizeable
+// op after it.
+struct ConvBnReluHead : nn::CallableModule<ConvBnReluHead> {
+  ConvBnReluHead() {
+    conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(8));
+    conv2 = register_module("conv2", std::make_shared<Conv2d>(8, 8, 3, 1, 1));
+    fc = register_module("fc", std::make_shared<Linear>(8 * 36, 10));
+  }
+  Tensor forward(const Tensor& x) {
+    return (*fc)(flatten(relu((*conv2)(relu((*bn)((*conv)(x))))), 1));
+  }
+  std::shared_ptr<Conv2d> conv, conv2;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+  std::shared_ptr<Linear> fc;
+};
+
+template <typename Write>
+void expect_fp32_after_kernel_weights_written(Write write, const std::string& what) {
+  manual_seed(67);
+  ConvBnReluHead ref;
+  manual_seed(67);
+  ConvBnReluHead m;
+  ref.eval();
+  m.eval();
+  const auto xs = testing::random_batches(4, 68, {2, 3, 6, 6});
+  prepare_calibrate_convert(m, xs);
+  EXPECT_GT(testing::relative_error(m(xs[1]), ref(xs[1])), 1e-4) << what << ": int8 before the write";
+  write(ref);
+  write(m);
+  // The first call's ops before the read ran int8 (they do not depend on the parameter).
+  EXPECT_GT(sqnr_of(ref(xs[0]), m(xs[0])), 25.0) << what;
+  for (const Tensor& x : xs) testing::expect_close(m(x), ref(x), 1e-5, what);
+  EXPECT_GT(uncalibrated_ops(m), 0) << what;
+}
+
+TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
+  expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.conv->weight.mul_(4.0); }, "conv.weight");
+  expect_fp32_after_kernel_weights_written(
+      [](ConvBnReluHead& m) {
+        m.bn->running_mean.add_(0.5);
+        m.bn->weight.mul_(3.0);
+      },
+      "bn statistics");
+  expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.fc->bias.add_(2.0); }, "fc.bias");
+  // strict_paths raises instead, naming the parameter.
+  ConvBnReluHead m;
+  const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  ConvertOptions o;
+  o.strict_paths = true;
+  convert(m, o);
+  m.conv2->weight.mul_(2.0);
+  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, "reads parameter \"conv2.weight\", written since convert");
+}
+
 // Where no calibrated range is involved nothing changes: a dynamic matmul takes its ranges per
 // call, and a buffer that forward writes itself (a running state) is an activation calibration saw.
 struct RunningState : nn::CallableModule<RunningState> {
