@@ -398,6 +398,19 @@ int64_t QuantInterceptor::origin_of(const Tensor& t, AutoQuantizationState* stat
   return model_->add_fp32_source(fingerprint_mix(fingerprint_mix(static_cast<uint64_t>(tag), k), state->fqn_fingerprint()));
 }
 
+void QuantInterceptor::stale_read(const void* written, const std::string& reader) {
+  const std::string why = absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
+                                       "\", written since convert, and the int8 ops after it were calibrated on its old "
+                                       "values (calibrate again with the new ones: prepare, calibrate, convert)");
+  if (strict_paths_) DBRQ_THROW(ControlFlowError, "uncalibrated path after convert: ", why);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(warned_mu_);
+    first = warned_.insert({written, -1}).second;
+  }
+  if (first) log()->warn("{}: {}; the model's quantizeable ops run in fp32 from now on", reader, why);
+}
+
 const Storage* QuantInterceptor::written_kernel_param(const std::vector<ParamVersion>& list) {
   for (const ParamVersion& p : list) {
     if (__builtin_expect(p.storage->version() != p.version, 0)) {
@@ -503,24 +516,10 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top, 
     // weight): its output reaches int8 ops calibrated on the old values. They run fp32 from now on.
     for (const Tensor* t : call.inputs) {
       if (const void* written = written_since_convert(*t); __builtin_expect(written != nullptr, 0)) {
-        const std::string why = absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
-                                             "\", written since convert, and the int8 ops after it were calibrated on "
-                                             "its old values (calibrate again with the new ones: prepare, calibrate, "
-                                             "convert)");
-        if (strict_paths_) {
-          located(call.kind, site_of(owner, top, -1), [&]() -> Tensor {
-            DBRQ_THROW(ControlFlowError, "uncalibrated path after convert: ", why);
-          });
-        }
-        bool first = false;
-        {
-          std::lock_guard<std::mutex> lock(warned_mu_);
-          first = warned_.insert({written, -1}).second;
-        }
-        if (first) {
-          log()->warn("{} (module \"{}\"): {}; the model's quantizeable ops run in fp32 from now on", op_name(call.kind),
-                      owner->state->fqn(), why);
-        }
+        located(call.kind, site_of(owner, top, -1), [&] {
+          stale_read(written, absl::StrCat(op_name(call.kind), " (module \"", owner->state->fqn(), "\")"));
+          return Tensor();
+        });
       }
     }
   }
@@ -1015,9 +1014,18 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
     f.created_mark = tls_created.size();
     if (phase == Phase::kCalibrating) model_->count_call();
   }
-  if (dynamic_cast<NonTraceableInfo*>(ext) != nullptr) {
+  if (auto* untraced = dynamic_cast<NonTraceableInfo*>(ext)) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
+    // Its parameters and buffers are read where no op is seen: one written since convert reaches
+    // the int8 ops after the subtree with values calibration never saw.
+    if (phase == Phase::kConverted) {
+      for (const Tensor& t : untraced->state()) {
+        if (const void* written = written_since_convert(t); __builtin_expect(written != nullptr, 0)) {
+          self_located([&] { stale_read(written, absl::StrCat("the untraced module \"", untraced->fqn(), "\"")); });
+        }
+      }
+    }
     // The subtree reads its inputs outside any record: no fusion may hide them (and after
     // convert, a fused chain's inner tensor is not there to read).
     for (Tensor* t : inputs) {

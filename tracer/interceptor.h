@@ -43,13 +43,17 @@ namespace dbrq::tracer {
 // Marks a module whose subtree stays fp32 and is not traced.
 class NonTraceableInfo : public nn::ModuleExtension {
  public:
-  explicit NonTraceableInfo(std::string fqn) : fqn_(std::move(fqn)), fqn_fingerprint_(name_fingerprint(fqn_)) {}
+  // `state`: the subtree's parameters and buffers (checked for writes after convert).
+  NonTraceableInfo(std::string fqn, std::vector<Tensor> state)
+      : fqn_(std::move(fqn)), fqn_fingerprint_(name_fingerprint(fqn_)), state_(std::move(state)) {}
   const std::string& fqn() const { return fqn_; }
   uint64_t fqn_fingerprint() const { return fqn_fingerprint_; }
+  const std::vector<Tensor>& state() const { return state_; }
 
  private:
   std::string fqn_;
   uint64_t fqn_fingerprint_;
+  std::vector<Tensor> state_;
 };
 
 // One module call on the thread's stack.
@@ -253,6 +257,10 @@ class QuantInterceptor : public Interceptor {
   // The parameter or buffer storage `t` is on, when it was written since convert and its values
   // reach the ops after it as an activation; null otherwise. Also marks the model stale.
   const void* written_since_convert(const Tensor& t);
+  // `reader` (an fp32 op, an untraced module) read parameter `written`, written since convert,
+  // outside any int8 op: raises ControlFlowError under strict_paths, else warns once per parameter
+  // (written_since_convert marked the model stale).
+  void stale_read(const void* written, const std::string& reader);
   std::mutex warned_mu_;
   // Calls before convert (tracing, calibrating) record paths and feed observers without locks, so
   // they must not overlap: the thread whose call is in flight and how deep (its own nested calls).

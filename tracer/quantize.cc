@@ -102,7 +102,9 @@ void do_prepare(nn::Module& model, const std::function<void()>& run, QConfigMapp
     if (inside_skipped) continue;
     if (!fqn.empty() && (matches_any(options.non_traceable_module_classes, m->type_name()) ||
                          matches_any(options.non_traceable_module_names, fqn))) {
-      m->set_extension(std::make_shared<tracer::NonTraceableInfo>(fqn));
+      std::vector<Tensor> state;
+      for (auto& [name, t] : m->state_dict()) state.push_back(t);
+      m->set_extension(std::make_shared<tracer::NonTraceableInfo>(fqn, std::move(state)));
       skipped_prefixes.push_back(fqn);
       continue;
     }

@@ -983,6 +983,55 @@ TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
   EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, "reads parameter \"conv2.weight\", written since convert");
 }
 
+// A parameter of an untraced module (PrepareOptions::non_traceable_module_names: interception is
+// suspended inside) written after convert: nothing saw the read, and the int8 linear after the
+// module clipped its new outputs to the old range (relative error 0.67 for a scale x4). The
+// module's parameters are checked as it is entered; the model then runs fp32 from there on.
+struct Scaler : nn::CallableModule<Scaler> {
+  Scaler() { scale = register_parameter("scale", full({16}, 1.5)); }
+  Tensor forward(const Tensor& x) { return x * scale; }
+  Tensor scale;
+};
+
+struct UntracedScale : nn::CallableModule<UntracedScale> {
+  UntracedScale() {
+    side = register_module("side", std::make_shared<Scaler>());
+    fc = register_module("fc", std::make_shared<Linear>(16, 8));
+  }
+  Tensor forward(const Tensor& x) { return (*fc)((*side)(x)); }
+  std::shared_ptr<Scaler> side;
+  std::shared_ptr<Linear> fc;
+};
+
+std::unique_ptr<UntracedScale> untraced_scale_converted(const std::vector<Tensor>& xs, bool strict) {
+  manual_seed(70);
+  auto m = std::make_unique<UntracedScale>();
+  PrepareOptions opts;
+  opts.non_traceable_module_names = {"side"};
+  prepare(*m, {xs[0]}, default_qconfig_mapping("onednn"), BackendConfig::onednn(), opts);
+  for (const Tensor& x : xs) (*m)(x);
+  ConvertOptions o;
+  o.strict_paths = strict;
+  convert(*m, o);
+  return m;
+}
+
+TEST(ParameterOperand, AnUntracedModulesParameterWrittenAfterConvertRunsTheRestFp32) {
+  const auto xs = testing::random_batches(4, 71, {4, 16});
+  manual_seed(70);
+  UntracedScale ref;
+  auto m = untraced_scale_converted(xs, false);
+  EXPECT_GT(testing::relative_error((*m)(xs[1]), ref(xs[1])), 1e-4);  // int8
+  m->side->scale.mul_(4.0);
+  ref.side->scale.mul_(4.0);
+  for (const Tensor& x : xs) testing::expect_close((*m)(x), ref(x), 1e-5, "side.scale");
+  EXPECT_GT(uncalibrated_ops(*m), 0);
+  auto strict = untraced_scale_converted(xs, true);
+  strict->side->scale.mul_(4.0);
+  EXPECT_THROW_MSG((*strict)(xs[0]), ControlFlowError,
+                   "uncalibrated path after convert: reads parameter \"side.scale\", written since convert");
+}
+
 // Where no calibrated range is involved nothing changes: a dynamic matmul takes its ranges per
 // call, and a buffer that forward writes itself (a running state) is an activation calibration saw.
 struct RunningState : nn::CallableModule<RunningState> {
