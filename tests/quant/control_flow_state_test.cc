@@ -365,6 +365,49 @@ TEST(ControlFlowState, MergedReplicasKeepTheRangeOfAChainTheUnionBreaks) {
   }
 }
 
+// A malformed "inner_outputs" entry is a FileFormatError, and loading it changes nothing.
+TEST(ControlFlowState, MalformedInnerOutputsAreRefused) {
+  const auto make = [] {
+    manual_seed(5);
+    return std::make_shared<FusedThenBroken>();
+  };
+  std::vector<Tensor> xs;  // all on the fused path
+  for (const Tensor& x : testing::random_batches(2, 82, {2, 3, 8, 8})) xs.push_back(x * 4.0 + 2.0);
+  auto m = make();
+  prepare(*m, {xs[0]}, min_max_mapping());
+  for (const Tensor& x : xs) (*m)(x);
+  SaveQuantStateOptions opts;
+  opts.include_observer_stats = true;
+  const json good = json::parse(quant_state_to_json(model_quant_state(*m), m->type_name(), opts));
+  ASSERT_TRUE(good.contains("inner_outputs"));
+  const size_t records = model_quant_state(*m).records().size();
+  auto load = [&](const json& doc) {
+    auto fresh = make();
+    prepare(*fresh, {xs[0]}, min_max_mapping());
+    const std::string before = quant_state_to_json(model_quant_state(*fresh), fresh->type_name(), opts);
+    try {
+      quant_state_from_json(model_quant_state(*fresh), fresh->type_name(), doc.dump(1), "\"edited\"");
+    } catch (...) {
+      EXPECT_EQ(quant_state_to_json(model_quant_state(*fresh), fresh->type_name(), opts), before);
+      throw;
+    }
+  };
+  json out_of_range = good;
+  out_of_range["inner_outputs"][0]["record"] = records;
+  EXPECT_THROW_MSG(load(out_of_range), FileFormatError,
+                   absl::StrCat("inner output 0 is of record ", records, "; the file has ", records));
+  json negative = good;
+  negative["inner_outputs"][0]["record"] = -1;
+  EXPECT_THROW_MSG(load(negative), FileFormatError, "inner output 0 is of record -1");
+  json not_array = good;
+  not_array["inner_outputs"] = json::object();
+  EXPECT_THROW(load(not_array), FileFormatError);
+  json no_stats = good;
+  no_stats["inner_outputs"][0].erase("stats");
+  EXPECT_THROW(load(no_stats), FileFormatError);
+  load(good);  // the unedited document loads
+}
+
 TEST(ControlFlowState, MergingAReplicaOfAnotherModelIsAMismatch) {
   const Scenario<IfElse> sc = if_else();
   auto a = sc.make();
