@@ -83,7 +83,9 @@ class Analyzer {
   void discover_fusions(AutoQuantizationState& s) {
     auto& ops = s.seen_ops();
     for (size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i].fusion.fused() || !quantizable(ops[i])) continue;
+      // An op with a scalar operand (x + 0.5) runs on its own kernel (ScalarExec), which has no
+      // post-ops: as a chain's base, its relu would be dropped.
+      if (ops[i].fusion.fused() || !quantizable(ops[i]) || ops[i].has_scalar) continue;
       for (const auto& pattern : m_.backend().fusion_patterns()) {
         if (pattern[0] != ops[i].kind) continue;
         std::vector<int> chain = {static_cast<int>(i)};
@@ -184,7 +186,7 @@ class Analyzer {
         if (r == nullptr || r->record < 0) continue;
         const int pg = r->record;
         SeenOpInfo& p = rec_op(pg);
-        if (&state_of(pg) == cs || p.absorbs >= 0 || !quantizable(p)) continue;
+        if (&state_of(pg) == cs || p.absorbs >= 0 || !quantizable(p) || p.has_scalar) continue;
         if (p.outputs.size() != 1 || p.consumers.size() != 1 || p.read_by_fp32 || p.read_twice || p.model_output) {
           continue;
         }
@@ -194,7 +196,7 @@ class Analyzer {
         std::vector<OpKind> chain = p.fusion.fused() ? p.fusion.pattern : std::vector<OpKind>{p.kind};
         if (p.fusion.fused() && p.fusion.residual_input >= 0) continue;  // a chain with its add already
         const SeenOpInfo& base = chain_base(pg);
-        if (!quantizable(base)) continue;
+        if (!quantizable(base) || base.has_scalar) continue;
         if (c.fusion.fused()) {
           chain.insert(chain.end(), c.fusion.pattern.begin(), c.fusion.pattern.end());
         } else {
@@ -437,21 +439,29 @@ class Analyzer {
         require_u8(g, 1);
         return new_output(g);
       case QuantRole::kCat: {
+        // The int8 inputs observed like the cat's own output share one range (no requantization).
+        // Another kind of range is not united: a fixed one (sigmoid's [0, 1) in 1/256 steps) would
+        // clip every other input to [0, 1), and an observer of another kind cannot take the
+        // other's statistics. Such an input is observed into the shared range and brought to it.
+        const ObserverSpec& spec = op.qconfig->activation;
+        auto unitable = [&](const Record& r) {
+          return r.inf_dtype == DType::kU8 && r.slot >= 0 && m_.observer(r.slot).spec() == spec;
+        };
         int shared = -1;
         for (const QTensorInfo& in : op.inputs) {
           for (int64_t id : origins(in)) {
             Record& r = rec(id);
-            if (r.inf_dtype == DType::kU8 && r.slot >= 0) shared = shared < 0 ? m_.find(r.slot) : m_.unite(shared, r.slot);
+            if (unitable(r)) shared = shared < 0 ? m_.find(r.slot) : m_.unite(shared, r.slot);
           }
         }
-        if (shared < 0) shared = m_.ensure_slot(g, -1, op.qconfig->activation, op.outputs[0].id, owner);
+        if (shared < 0) shared = m_.ensure_slot(g, -1, spec, op.outputs[0].id, owner);
         for (size_t k = 0; k < op.inputs.size(); ++k) {
-          bool all_u8 = true;
+          bool all_shared = true;
           for (int64_t id : origins(op.inputs[k])) {
             const Record& r = rec(id);
-            all_u8 = all_u8 && r.inf_dtype == DType::kU8 && r.slot >= 0;
+            all_shared = all_shared && unitable(r) && m_.find(r.slot) == m_.find(shared);
           }
-          if (!all_u8) op.input_observers[k] = shared;
+          if (!all_shared) op.input_observers[k] = shared;
           op.inputs[k].inf_dtype = DType::kU8;
         }
         return set_output(op, DType::kU8, shared);

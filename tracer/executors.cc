@@ -488,15 +488,19 @@ QuantParamsPtr ScalarExec::derive(const ScalarAffine& affine, const QuantParams&
 
 Tensor ScalarExec::run(const OpCall& call) {
   const Tensor& x = call.input(0);
+  // Codes unchanged (x * c for c > 0, x + c within range): the same codes in new storage, as the
+  // fp32 op's result is a new tensor. Sharing x's storage under other parameters, an in-place op
+  // on either one (`y = x * 2; y.relu_()`) wrote its codes into the other.
+  auto same_codes = [&](const QuantParamsPtr& out) { return kernels::copy(x, MemoryFormat::kPreserve, DType::kU8).with_qparams(out); };
   if (x.dtype() == DType::kU8 && x.qparams_ptr() == in_) {
-    return identity_ ? x.with_qparams(out_) : kernels::apply_lut(x, lut_, out_);
+    return identity_ ? same_codes(out_) : kernels::apply_lut(x, lut_, out_);
   }
   if (x.dtype() == DType::kU8 && x.is_quantized() && !x.qparams()->is_per_channel()) {
     // Parameters other than expected: derive for these (rare; allocates).
     kernels::Lut lut;
     bool identity;
     QuantParamsPtr out = derive(affine_, *x.qparams(), &lut, &identity);
-    return identity ? x.with_qparams(out) : kernels::apply_lut(x, lut, out);
+    return identity ? same_codes(out) : kernels::apply_lut(x, lut, out);
   }
   return run_fp32(call);
 }

@@ -1,0 +1,148 @@
+// Wrong values after convert that came from the int8 program's structure, not from a kernel
+// (found by a read-only review, confirmed by these tests failing before their fixes):
+//  - an op with a scalar operand as the base of a fused chain (`relu(conv(x) + 0.5)`): its kernel
+//    has no post-ops, and the relu was dropped;
+//  - cat of a fixed-range output (sigmoid) with another tensor: the inputs' ranges were united,
+//    the other tensor clipped to sigmoid's [0, 1);
+//  - a scalar op whose codes stay the same (`x * 2`) returned its input's storage under new
+//    parameters, so an in-place op on the result wrote into the input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "dbrq.h"
+#include "tests/quant/quant_test_util.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+using Conv2d = nn::Conv2dImpl;
+using testing::sqnr_of;
+
+// fp32 reference, then prepared on the first batch, calibrated on all, converted.
+template <typename M>
+std::vector<Tensor> fp32_then_convert(M& m, const std::vector<Tensor>& xs) {
+  std::vector<Tensor> want;
+  for (const Tensor& x : xs) want.push_back(m(x));
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  convert(m);
+  return want;
+}
+
+float min_of(const Tensor& t) {
+  const std::vector<float> v = t.contiguous().to_vector<float>();
+  return *std::min_element(v.begin(), v.end());
+}
+
+struct ScalarAddRelu : nn::CallableModule<ScalarAddRelu> {
+  ScalarAddRelu() { conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1)); }
+  Tensor forward(const Tensor& x) { return relu((*conv)(x) + 0.5); }
+  std::shared_ptr<Conv2d> conv;
+};
+
+// The same across a module boundary: the child returns conv(x) + 0.5, the parent applies relu.
+struct AddsScalar : nn::CallableModule<AddsScalar> {
+  AddsScalar() { conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1)); }
+  Tensor forward(const Tensor& x) { return (*conv)(x) * 1.0 + 0.5; }
+  std::shared_ptr<Conv2d> conv;
+};
+struct ReluOfChild : nn::CallableModule<ReluOfChild> {
+  ReluOfChild() { child = register_module("child", std::make_shared<AddsScalar>()); }
+  Tensor forward(const Tensor& x) { return relu((*child)(x)); }
+  std::shared_ptr<AddsScalar> child;
+};
+
+template <typename M>
+void expect_relu_kept(const std::string& what) {
+  manual_seed(90);
+  M m;
+  const auto xs = testing::random_batches(4, 91, {2, 3, 8, 8});
+  const std::vector<Tensor> want = fp32_then_convert(m, xs);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor got = m(xs[i]);
+    EXPECT_GE(min_of(got), 0.0f) << what << ": the relu was dropped";
+    EXPECT_GT(sqnr_of(want[i], got), 25.0) << what;
+  }
+}
+
+TEST(ScalarOpChain, TheReluAfterAScalarAddIsKept) {
+  expect_relu_kept<ScalarAddRelu>("relu(conv(x) + 0.5)");
+  expect_relu_kept<ReluOfChild>("a child's conv(x) + 0.5, the parent's relu");
+}
+
+struct CatWithSigmoid : nn::CallableModule<CatWithSigmoid> {
+  explicit CatWithSigmoid(bool sigmoid_first) : sigmoid_first_(sigmoid_first) {
+    a = register_module("a", std::make_shared<Conv2d>(3, 4, 1));
+    b = register_module("b", std::make_shared<Conv2d>(3, 4, 1));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor s = sigmoid((*a)(x)), y = (*b)(x);
+    return sigmoid_first_ ? cat({s, y}, 1) : cat({y, s}, 1);
+  }
+  bool sigmoid_first_;
+  std::shared_ptr<Conv2d> a, b;
+};
+
+// The model's input (fp32) next to a sigmoid output.
+struct CatInputWithSigmoid : nn::CallableModule<CatInputWithSigmoid> {
+  CatInputWithSigmoid() { a = register_module("a", std::make_shared<Conv2d>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) { return cat({x * 3.0, sigmoid((*a)(x))}, 1); }
+  std::shared_ptr<Conv2d> a;
+};
+
+template <typename M>
+void expect_cat_keeps_each_range(M& m, int64_t other_at, int64_t other_channels, const std::string& what) {
+  const auto xs = testing::random_batches(4, 92, {2, 3, 8, 8});
+  const std::vector<Tensor> want = fp32_then_convert(m, xs);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor got = m(xs[i]);
+    const Tensor other = got.narrow(1, other_at, other_channels).contiguous();
+    const Tensor other_want = want[i].narrow(1, other_at, other_channels).contiguous();
+    EXPECT_LT(min_of(other), -0.5f) << what << ": the other input was clipped to the sigmoid's [0, 1)";
+    EXPECT_GT(sqnr_of(other_want, other), 25.0) << what;
+    EXPECT_GT(sqnr_of(want[i], got), 25.0) << what;
+  }
+}
+
+TEST(CatOfAFixedRange, EachInputKeepsItsRange) {
+  manual_seed(93);
+  CatWithSigmoid first(true);
+  expect_cat_keeps_each_range(first, 4, 4, "cat({sigmoid(a(x)), b(x)})");
+  manual_seed(93);
+  CatWithSigmoid second(false);
+  expect_cat_keeps_each_range(second, 0, 4, "cat({b(x), sigmoid(a(x))})");
+  manual_seed(93);
+  CatInputWithSigmoid input;
+  expect_cat_keeps_each_range(input, 0, 3, "cat({x * 3, sigmoid(a(x))})");
+}
+
+struct ScaledThenReluInPlace : nn::CallableModule<ScaledThenReluInPlace> {
+  ScaledThenReluInPlace() { conv = register_module("conv", std::make_shared<Conv2d>(3, 8, 3, 1, 1)); }
+  Tensor forward(const Tensor& in) {
+    const Tensor x = (*conv)(in);
+    Tensor y = x * 2.0;
+    y.relu_();
+    return x + y;  // negative where x is
+  }
+  std::shared_ptr<Conv2d> conv;
+};
+
+TEST(ScalarOpResult, AnInPlaceOpOnItLeavesItsInputAlone) {
+  manual_seed(94);
+  ScaledThenReluInPlace m;
+  const auto xs = testing::random_batches(4, 95, {2, 3, 8, 8});
+  const std::vector<Tensor> want = fp32_then_convert(m, xs);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor got = m(xs[i]);
+    ASSERT_LT(min_of(want[i]), -0.5f);
+    EXPECT_LT(min_of(got), -0.5f) << "x was rectified through y's storage";
+    EXPECT_GT(sqnr_of(want[i], got), 25.0);
+  }
+}
+
+}  // namespace
+}  // namespace dbrq
