@@ -28,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -350,6 +351,12 @@ class ModelQuantState {
   // weights loaded are the ones the file was calibrated with.
   std::map<std::string, uint64_t>& calibrated_values() { return calibrated_values_; }
   const std::map<std::string, uint64_t>& calibrated_values() const { return calibrated_values_; }
+  // The parameters and buffers whose values varied while calibrating (written by a calibrating
+  // call, or between two: a running state, a mask set before each call). Neither convert nor
+  // the converted model checks them; files carry them ("varied_values"), so a deployed copy does
+  // not take the next mask for a changed weight.
+  std::set<std::string>& varied_values() { return varied_values_; }
+  const std::set<std::string>& varied_values() const { return varied_values_; }
 
   // The recorded program changed (a record or an edge was added) since the last analysis.
   bool dirty() const { return dirty_; }
@@ -371,6 +378,7 @@ class ModelQuantState {
   std::map<std::pair<int, int>, int> slot_index_;  // (record, input) -> slot
   std::map<int, std::unique_ptr<Observer>> inner_outputs_;  // record -> observer (see inner_output_observer)
   std::map<std::string, uint64_t> calibrated_values_;
+  std::set<std::string> varied_values_;
   std::vector<std::pair<AutoQuantizationState*, int>> records_;
   std::vector<AutoQuantizationState*> states_;  // owned by their modules; fqn order
 };

@@ -340,6 +340,7 @@ struct Document {
   std::vector<FileSlot> slots;
   std::vector<FileInner> inner;
   std::map<std::string, uint64_t> calibrated_values;  // ModelQuantState::calibrated_values
+  std::set<std::string> varied_values;                // ModelQuantState::varied_values
   uint64_t calls = 0;
 };
 
@@ -542,6 +543,7 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
     for (const auto& [name, hash] : model.calibrated_values()) values[name] = hex64(hash);
     doc["calibrated_values"] = values;
   }
+  if (!model.varied_values().empty()) doc["varied_values"] = model.varied_values();
   return doc.dump(1);
 }
 
@@ -667,6 +669,16 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
         mismatch(source, absl::StrCat("the file has calibrated values of \"", name, "\", the model has no such parameter or buffer"));
       }
       d.calibrated_values[name] = get_hex64(hash, "a calibrated value's hash");
+    }
+  }
+  if (doc.contains("varied_values")) {
+    for (const json& j : get_array(doc.at("varied_values"), "varied_values")) {
+      const std::string& name = get_string(j, "a varied value's name");
+      if (tensor_names.count(name) == 0) {
+        mismatch(source, absl::StrCat("the file has varied values of \"", name, "\", the model has no such parameter or buffer"));
+      }
+      d.varied_values.insert(name);
+      d.calibrated_values.erase(name);
     }
   }
   // Records first (their global indices must cover 0..n-1 once), then each module's notes.
@@ -1313,6 +1325,7 @@ void quant_state_from_json(ModelQuantState& model, const std::string& model_type
   restore_observers(model, {StatsSource{&d, identity}});
   restore_inner_outputs(model, {StatsSource{&d, identity}});
   model.calibrated_values() = d.calibrated_values;  // the file's calibration, made with those values
+  model.varied_values() = d.varied_values;
 }
 
 void merge_quant_state(ModelQuantState& into, const std::string& model_type, const std::string& replica_text,
@@ -1339,12 +1352,26 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   merged.modules = own.modules;
   merged.records = own.records;
   merged.calls = own.calls + rep.calls;
-  // Replicas of one model calibrate the same weights; a replica calibrated with others has ranges
-  // that describe another model.
-  merged.calibrated_values = own.calibrated_values;
-  for (const auto& [name, hash] : rep.calibrated_values) {
-    const auto it = merged.calibrated_values.emplace(name, hash).first;
-    if (it->second != hash) {
+  // Replicas of one model calibrate the same weights: a replica calibrated with other values of a
+  // parameter has ranges that describe another model. A buffer whose values differ between them
+  // varied while calibrating (a mask set before each call, one call per replica); so did anything
+  // either one saw vary.
+  merged.varied_values = own.varied_values;
+  merged.varied_values.insert(rep.varied_values.begin(), rep.varied_values.end());
+  std::set<std::string> parameter_names;
+  if (into.root() != nullptr) {
+    for (const auto& [name, t] : into.root()->named_parameters()) parameter_names.insert(name);
+  }
+  for (const Document* d : {&own, &rep}) {
+    for (const auto& [name, hash] : d->calibrated_values) {
+      if (merged.varied_values.count(name) != 0) continue;
+      const auto it = merged.calibrated_values.emplace(name, hash).first;
+      if (it->second == hash) continue;
+      if (parameter_names.count(name) == 0) {
+        merged.calibrated_values.erase(it);
+        merged.varied_values.insert(name);
+        continue;
+      }
       mismatch(source, absl::StrCat("the replica was calibrated with other values of \"", name,
                                     "\" than this model; replicas must hold the same weights"));
     }
@@ -1428,6 +1455,7 @@ void merge_quant_state(ModelQuantState& into, const std::string& model_type, con
   restore_observers(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
   restore_inner_outputs(into, {StatsSource{&own, own_of}, StatsSource{&rep, rep_of}});
   into.calibrated_values() = merged.calibrated_values;
+  into.varied_values() = merged.varied_values;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@
 // a hash of the values calibration saw of each parameter and buffer that did not vary while
 // calibrating (ModelQuantState::calibrated_values): convert raises UsageError when the loaded
 // weights are not those (files without it, older ones, are not checked); a name the model does
-// not have is a StateMismatchError, a malformed hash a FileFormatError. Each record carries a check of its
+// not have is a StateMismatchError, a malformed hash a FileFormatError. "varied_values" names the
+// ones that varied while calibrating (ModelQuantState::varied_values): neither convert nor the
+// converted model checks those. Each record carries a check of its
 // content (see reseal_quant_state).
 //
 // Loading rebuilds the program from the file (so paths the example run did not take are there),

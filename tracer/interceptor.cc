@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 
 #include "absl/container/inlined_vector.h"
@@ -244,12 +245,22 @@ QuantInterceptor::QuantInterceptor(std::shared_ptr<ModelQuantState> model, nn::M
     regs.push_back(Param{name, name_fingerprint(name), t});
   }
   for (StorageVersion& v : storage_versions_) {  // named by its largest registration
+    int64_t largest = -1;
+    v.lo = std::numeric_limits<int64_t>::max();
+    v.hi = 0;
     for (const Param& p : params_.at(v.storage)) {
-      if (!v.tensor.defined() || p.tensor.numel() > v.tensor.numel()) {
+      if (p.tensor.numel() > largest) {
+        largest = p.tensor.numel();
         v.name = p.fqn;
-        v.tensor = p.tensor;
       }
+      v.itemsize = p.tensor.element_size();
+      if (p.tensor.numel() == 0) continue;
+      int64_t end = p.tensor.storage_offset() + 1;
+      for (int64_t d = 0; d < p.tensor.dim(); ++d) end += (p.tensor.size(d) - 1) * std::abs(p.tensor.stride(d));
+      v.lo = std::min(v.lo, p.tensor.storage_offset());
+      v.hi = std::max(v.hi, end);
     }
+    if (v.hi <= v.lo) v.lo = v.hi = 0;
   }
   for (const auto& [fqn, m] : root.named_modules()) {
     for (auto& [name, t] : m->named_parameters(/*recurse=*/false)) {
@@ -323,12 +334,11 @@ void QuantInterceptor::convert(bool int8_outputs) {
   model_->set_phase(Phase::kConverted);
 }
 
-uint64_t QuantInterceptor::hash_values(const Tensor& t) {
-  if (t.numel() == 0) return hash_bytes(nullptr, 0);
-  // The storage span the tensor covers (all of it, for the contiguous tensors parameters are).
-  int64_t span = 1;
-  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * std::abs(t.stride(d));
-  return hash_bytes(t.data_ptr(), static_cast<size_t>(span) * t.element_size());
+// Throws what Storage::data() throws (a lazy fill that fails, superseded contents).
+uint64_t QuantInterceptor::hash_values(const StorageVersion& v) {
+  if (v.hi == v.lo) return hash_bytes(nullptr, 0);
+  const char* base = static_cast<const char*>(v.storage->data());
+  return hash_bytes(base + v.lo * static_cast<int64_t>(v.itemsize), static_cast<size_t>(v.hi - v.lo) * v.itemsize);
 }
 
 // The ranges calibration recorded downstream of a parameter describe the values it had then.
@@ -337,12 +347,29 @@ uint64_t QuantInterceptor::hash_values(const Tensor& t) {
 // or coarse, with no error. Values that varied while calibrating (a training loop's weights, a
 // mask set before each call) are not checked: calibration saw them change.
 void QuantInterceptor::check_calibrated_values() {
+  // Values a quant-state file (or merged replicas) saw vary are exempt here too, and after convert.
+  for (StorageVersion& v : storage_versions_) v.varies |= model_->varied_values().count(v.name) != 0;
   const auto& calibrated = model_->calibrated_values();
-  if (calibrated.empty()) return;
+  // Only calibrated ranges depend on the values (a model quantized dynamically only has none).
+  bool static_ranges = false;
+  for (size_t g = 0; g < model_->records().size() && !static_ranges; ++g) {
+    const SeenOpInfo& op = model_->record(static_cast<int>(g));
+    static_ranges = op.role != QuantRole::kNone && op.qconfig != nullptr && !op.qconfig->is_dynamic();
+  }
+  if (calibrated.empty() || !static_ranges) return;
   std::vector<std::string> changed;
   for (const StorageVersion& v : storage_versions_) {
     const auto it = v.varies ? calibrated.end() : calibrated.find(v.name);
-    if (it != calibrated.end() && it->second != hash_values(v.tensor)) changed.push_back("\"" + v.name + "\"");
+    if (it == calibrated.end()) continue;
+    // Not written since this process hashed it (also: written through a pointer taken before,
+    // which no version sees; calibration saw those values).
+    if (v.hashed_version == v.storage->version() && v.hash == it->second) continue;
+    bool same = false;
+    try {
+      same = hash_values(v) == it->second;
+    } catch (const Error&) {  // contents that cannot be read are not the ones calibration saw
+    }
+    if (!same) changed.push_back("\"" + v.name + "\"");
   }
   if (changed.empty()) return;
   std::string names = changed[0];
@@ -785,7 +812,7 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     // does every quantizeable op after it. Weights computed per call are not parameters: their
     // kernels re-quantize them (WeightedExec::kernel).
     if (const auto& kp = kernel_params_[static_cast<size_t>(op.program_index)]; __builtin_expect(!kp.empty(), 0)) {
-      if (const Storage* written = written_kernel_param(kp); __builtin_expect(written != nullptr, 0)) {
+      if (const Storage* written = written_kernel_param(kp); __builtin_expect(written != nullptr, 0) && calibrated_ranges) {
         return run_uncalibrated(call, owner, top,
                                 absl::StrCat("reads parameter \"", params_.at(written).front().fqn,
                                              "\", written since convert; calibration saw its old values (calibrate "
@@ -952,9 +979,12 @@ void QuantInterceptor::enter_unconverted() {
   }
   unconverted_thread_ = me;
   if (unconverted_depth_++ == 0) {
+    // Written between two observed calls: calibration saw it change (a mask set before each call,
+    // a training step). Writes around calls that observe nothing do not count.
+    const bool observing = model_->phase() == Phase::kCalibrating && model_->observers_enabled();
     for (StorageVersion& v : storage_versions_) {
       v.at_call_start = v.storage->version();
-      v.varies |= last_call_calibrated_ && v.at_call_start != v.at_call_end;
+      if (observing && observed_once_ && !v.varies && v.at_call_start != v.at_observed_end) v.varies = true;
     }
   }
 }
@@ -964,18 +994,26 @@ void QuantInterceptor::leave_unconverted() noexcept {
   if (--unconverted_depth_ == 0) {
     unconverted_thread_ = std::thread::id();
     // Also after a failed call: what it wrote, forward wrote.
-    last_call_calibrated_ = model_->phase() == Phase::kCalibrating;
-    const bool observed = last_call_calibrated_ && model_->observers_enabled();
+    const bool observed = model_->phase() == Phase::kCalibrating && model_->observers_enabled();
+    if (!observed) return;
+    observed_once_ = true;
     auto& calibrated = model_->calibrated_values();
     for (StorageVersion& v : storage_versions_) {
-      v.at_call_end = v.storage->version();
-      v.varies |= v.at_call_end != v.at_call_start;
-      if (v.varies) {
+      const uint64_t end = v.storage->version();
+      v.at_observed_end = end;
+      v.varies |= end != v.at_call_start;  // written by the call: a running state, a cache
+      try {
+        if (v.varies) {
+          calibrated.erase(v.name);
+          model_->varied_values().insert(v.name);
+        } else {  // (hashed again only when written: a file's values loaded meanwhile give way)
+          if (v.hashed_version != end) v.hash = hash_values(v);
+          v.hashed_version = end;
+          calibrated[v.name] = v.hash;
+        }
+      } catch (...) {  // unreadable contents (or no memory): not checked
         calibrated.erase(v.name);
-      } else if (observed) {  // (hashed again only when written: a file's values loaded meanwhile give way)
-        if (v.hashed_version != v.at_call_end) v.hash = hash_values(v.tensor);
-        v.hashed_version = v.at_call_end;
-        calibrated[v.name] = v.hash;
+        v.hashed_version = ~uint64_t{0};
       }
     }
   }

@@ -209,22 +209,25 @@ class QuantInterceptor : public Interceptor {
   // activation, so it is not checked after convert. Other writes do not count: weights loaded
   // after prepare (before calibration, or with load_quant_state) are calibrated on what they hold.
   // Touched only by the thread holding the calibration guard (enter_unconverted / leave_unconverted).
-  // Also a hash of its values (the largest registration on it, `name`) as the last calibrating
-  // call ended, kept in ModelQuantState::calibrated_values while it does not vary; convert raises
-  // when the values differ by then (check_calibrated_values).
+  // Only calls that feed observers count (not prepare's example run, nor calls with observers
+  // disabled). Also a hash of its values (every element any registration on it covers; named by
+  // the largest registration, `name`) as the last observed call ended, kept in
+  // ModelQuantState::calibrated_values while it does not vary (varied ones go to varied_values);
+  // convert raises when the values differ by then (check_calibrated_values).
   struct StorageVersion {
     const Storage* storage;
-    uint64_t at_call_start = 0, at_call_end = 0;
+    uint64_t at_call_start = 0, at_observed_end = 0;
     bool varies = false;
     std::string name;
-    Tensor tensor;
+    int64_t lo = 0, hi = 0;  // the element range the registrations cover
+    size_t itemsize = 0;
     uint64_t hashed_version = ~uint64_t{0};  // version when hashed; none yet
     uint64_t hash = 0;
   };
-  static uint64_t hash_values(const Tensor& t);
+  static uint64_t hash_values(const StorageVersion& v);
   void check_calibrated_values();
   std::vector<StorageVersion> storage_versions_;
-  bool last_call_calibrated_ = false;  // the last call before convert fed observers (not prepare's)
+  bool observed_once_ = false;  // an observed call ended
   // storage -> the module that owns the parameter directly (a layer's weight -> the layer).
   std::unordered_map<const void*, std::pair<const nn::Module*, std::string>> param_owners_;
   // A functional op running a layer's own computation on that layer's parameters outside the

@@ -232,6 +232,150 @@ TEST(CalibratedValues, MergingAReplicaCalibratedWithOtherWeightsRaises) {
   EXPECT_GT(sqnr_of((*make(20))(xs[1]), (*a)(xs[1])), 25.0);
 }
 
+// Calls that observe nothing (observers disabled: an evaluation between loading weights and
+// converting) do not make a write look like something calibration saw vary.
+TEST(CalibratedValues, CallsWithObserversDisabledDoNotHideAWrite) {
+  auto m = make(20), other = make(21);
+  const auto xs = batches();
+  prepare(*m, {xs[0]});
+  for (const Tensor& x : xs) (*m)(x);
+  m->load_state_dict(weights_of(*other));
+  disable_observers(*m);
+  (*m)(xs[0]);  // evaluating the fp32 model with the new weights
+  EXPECT_THROW_MSG(convert(*m), UsageError, "convert: parameters \"fc.weight\"");
+  // Weights loaded around unobserved calls before calibrating are the calibrated ones.
+  auto n = make(20);
+  prepare(*n, {xs[0]});
+  disable_observers(*n);
+  (*n)(xs[0]);
+  n->load_state_dict(weights_of(*other));
+  enable_observers(*n);
+  for (const Tensor& x : xs) (*n)(x);
+  n->fc2->weight.mul_(3.0);
+  EXPECT_THROW_MSG(convert(*n), UsageError, "convert: parameter \"fc2.weight\" holds");
+}
+
+// A buffer the application fills through a pointer it took once: no write is versioned, and
+// calibration saw its values change call by call. Not a change at convert.
+struct RawBuffer : nn::CallableModule<RawBuffer> {
+  RawBuffer() {
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(16, 8));
+    offset = register_buffer("offset", zeros({4, 16}));
+    raw = offset.mutable_data<float>();
+  }
+  Tensor forward(const Tensor& x) { return (*fc)(x + offset); }
+  std::shared_ptr<nn::LinearImpl> fc;
+  Tensor offset;
+  float* raw;
+};
+
+TEST(CalibratedValues, ABufferWrittenThroughAnEarlierPointerIsNotAChange) {
+  RawBuffer m;
+  const auto xs = batches();
+  prepare(m, {xs[0]});
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int k = 0; k < 64; ++k) m.raw[k] = 0.1f * static_cast<float>(i);
+    m(xs[i]);
+  }
+  convert(m);
+  EXPECT_TRUE(is_converted(m));
+}
+
+// Dynamic quantization takes its ranges per call: nothing depends on the calibrated values.
+TEST(CalibratedValues, ADynamicOnlyModelIsNotChecked) {
+  auto m = make(20), other = make(21);
+  const auto xs = batches();
+  prepare(*m, {xs[0]}, default_dynamic_qconfig_mapping());
+  for (const Tensor& x : xs) (*m)(x);
+  m->load_state_dict(weights_of(*other));
+  convert(*m);
+  EXPECT_GT(sqnr_of((*other)(xs[1]), (*m)(xs[1])), 25.0);
+  // After convert, a dynamic linear whose weights are written still runs int8 (its ranges are
+  // per call), and does not raise under strict_paths.
+  auto s = make(20);
+  prepare(*s, {xs[0]}, default_dynamic_qconfig_mapping());
+  ConvertOptions o;
+  o.strict_paths = true;
+  convert(*s, o);
+  s->fc2->weight.mul_(2.0);
+  auto ref = make(20);
+  ref->fc2->weight.mul_(2.0);
+  EXPECT_GT(sqnr_of((*ref)(xs[1]), (*s)(xs[1])), 25.0);
+  EXPECT_EQ(uncalibrated_ops(*s), 0);
+}
+
+// Three parameters as views of one storage (a packed q, k, v): each part is covered.
+struct PackedViews : nn::CallableModule<PackedViews> {
+  PackedViews() {
+    const Tensor packed = randn({3, 16}, 31);
+    q = register_parameter("q", packed.narrow(0, 0, 1));
+    k = register_parameter("k", packed.narrow(0, 1, 1));
+    v = register_parameter("v", packed.narrow(0, 2, 1));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(16, 8));
+  }
+  Tensor forward(const Tensor& x) { return (*fc)(x * q + k * v); }
+  Tensor q, k, v;
+  std::shared_ptr<nn::LinearImpl> fc;
+};
+
+TEST(CalibratedValues, EveryViewOfASharedStorageIsCovered) {
+  PackedViews m;
+  const auto xs = batches();
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  m.v.mul_(4.0);  // not the largest registration, nor the first
+  EXPECT_THROW(convert(m), UsageError);
+}
+
+// A buffer set before each call (a mask), calibrated by replicas making one call each: each saw
+// one value, the merge saw it vary. Nor does a file saying so make a deployed copy's next mask a
+// change after convert.
+struct MaskedLinear : nn::CallableModule<MaskedLinear> {
+  MaskedLinear() {
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(16, 8));
+    mask = register_buffer("mask", ones({4, 16}));
+  }
+  Tensor forward(const Tensor& x) { return (*fc)(x * mask); }
+  std::shared_ptr<nn::LinearImpl> fc;
+  Tensor mask;
+};
+
+TEST(CalibratedValues, AMaskSetBeforeEachCallVariesAcrossReplicasAndFiles) {
+  const auto xs = batches();
+  std::vector<Tensor> masks;
+  for (const Tensor& r : testing::random_batches(4, 51, {4, 16})) masks.push_back(tanh(r) * 0.5 + 0.5);
+  std::vector<std::unique_ptr<MaskedLinear>> replicas;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    manual_seed(22);
+    replicas.push_back(std::make_unique<MaskedLinear>());
+    MaskedLinear& r = *replicas.back();
+    prepare(r, {xs[0]});
+    r.mask.copy_(masks[i]);
+    r(xs[i]);
+  }
+  for (size_t i = 1; i < replicas.size(); ++i) merge_calibration(*replicas[0], *replicas[i]);
+  EXPECT_EQ(model_quant_state(*replicas[0]).varied_values().count("mask"), 1u);
+  EXPECT_EQ(model_quant_state(*replicas[0]).calibrated_values().count("mask"), 0u);
+  EXPECT_EQ(model_quant_state(*replicas[0]).calibrated_values().count("fc.weight"), 1u);
+  const std::string path = testing::temp_file("masked.qstate.json");
+  save_quant_state(*replicas[0], path);
+  manual_seed(22);
+  MaskedLinear deployed;
+  manual_seed(22);
+  MaskedLinear ref;
+  prepare(deployed, {xs[0]});
+  load_quant_state(deployed, path);
+  convert(deployed);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    deployed.mask.copy_(masks[i]);
+    ref.mask.copy_(masks[i]);
+    const Tensor got = deployed(xs[i]);
+    EXPECT_GT(sqnr_of(ref(xs[i]), got), 25.0);
+    EXPECT_GT(testing::relative_error(got, ref(xs[i])), 1e-4);  // int8
+  }
+  EXPECT_EQ(uncalibrated_ops(deployed), 0);
+}
+
 }  // namespace
 }  // namespace dbrq
 
