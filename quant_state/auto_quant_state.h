@@ -223,13 +223,15 @@ struct ObserverSlot {
   int input = -1;         // that record's input it observes; -1: its output
   QuantParamsPtr qparams;  // computed by convert, or fixed by a loaded file
   bool frozen = false;     // qparams came from a file: convert keeps them, whatever the observer saw
-  // The tensor it observed last (storage id, version, offset): several consumers of one fp32
-  // tensor feed its observer, which takes each tensor once.
+  // The tensor it observed last (storage id, version, offset, element count): several consumers
+  // of one fp32 tensor feed its observer, which takes each tensor once (and a narrower view of
+  // the same storage, cat({s.narrow(1, 0, 2), s}), is not the same tensor).
   struct Last {
     uint64_t call = 0;  // ModelQuantState::call_count() when observed
     uint64_t storage = 0;
     uint64_t version = 0;
     int64_t offset = -1;
+    int64_t numel = -1;
   } last;
   // Observes `t` unless it is the tensor observed last in this call (`call`), an op's result
   // unchanged since (a tensor no op made is observed every time).

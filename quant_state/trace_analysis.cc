@@ -443,7 +443,22 @@ class Analyzer {
         // Another kind of range is not united: a fixed one (sigmoid's [0, 1) in 1/256 steps) would
         // clip every other input to [0, 1), and an observer of another kind cannot take the
         // other's statistics. Such an input is observed into the shared range and brought to it.
-        const ObserverSpec& spec = op.qconfig->activation;
+        // (All of them int8 with one kind of range, two sigmoids say: united as they are, exact.)
+        const ObserverSpec* common = nullptr;
+        bool alike = true;
+        for (const QTensorInfo& in : op.inputs) {
+          for (int64_t id : origins(in)) {
+            const Record& r = rec(id);
+            if (r.inf_dtype != DType::kU8 || r.slot < 0) {
+              alike = false;
+            } else if (common == nullptr) {
+              common = &m_.observer(r.slot).spec();
+            } else {
+              alike = alike && m_.observer(r.slot).spec() == *common;
+            }
+          }
+        }
+        const ObserverSpec spec = alike && common != nullptr ? *common : op.qconfig->activation;
         auto unitable = [&](const Record& r) {
           return r.inf_dtype == DType::kU8 && r.slot >= 0 && m_.observer(r.slot).spec() == spec;
         };
@@ -454,7 +469,7 @@ class Analyzer {
             if (unitable(r)) shared = shared < 0 ? m_.find(r.slot) : m_.unite(shared, r.slot);
           }
         }
-        if (shared < 0) shared = m_.ensure_slot(g, -1, spec, op.outputs[0].id, owner);
+        if (shared < 0) shared = m_.ensure_slot(g, -1, op.qconfig->activation, op.outputs[0].id, owner);
         for (size_t k = 0; k < op.inputs.size(); ++k) {
           bool all_shared = true;
           for (int64_t id : origins(op.inputs[k])) {

@@ -3,12 +3,14 @@
 //  - an op with a scalar operand as the base of a fused chain (`relu(conv(x) + 0.5)`): its kernel
 //    has no post-ops, and the relu was dropped;
 //  - cat of a fixed-range output (sigmoid) with another tensor: the inputs' ranges were united,
-//    the other tensor clipped to sigmoid's [0, 1);
+//    the other tensor clipped to sigmoid's [0, 1) (inputs all with one kind of range, two
+//    sigmoids, stay united: exact);
 //  - a scalar op whose codes stay the same (`x * 2`) returned its input's storage under new
 //    parameters, so an in-place op on the result wrote into the input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -142,6 +144,55 @@ TEST(ScalarOpResult, AnInPlaceOpOnItLeavesItsInputAlone) {
     EXPECT_LT(min_of(got), -0.5f) << "x was rectified through y's storage";
     EXPECT_GT(sqnr_of(want[i], got), 25.0);
   }
+}
+
+}  // namespace
+}  // namespace dbrq
+
+namespace dbrq {
+namespace {
+
+// Two sigmoid outputs: one kind of range, united as they are; the cat passes the codes on (its
+// output on sigmoid's 1/256 grid, within half a step of the fp32 values), not requantized into a
+// calibrated range that could clip confidences near 1.
+struct CatOfSigmoids : nn::CallableModule<CatOfSigmoids> {
+  CatOfSigmoids() {
+    a = register_module("a", std::make_shared<nn::Conv2dImpl>(3, 4, 1));
+    b = register_module("b", std::make_shared<nn::Conv2dImpl>(3, 4, 1));
+  }
+  Tensor forward(const Tensor& x) { return cat({sigmoid((*a)(x) * 3.0), sigmoid((*b)(x))}, 1); }
+  std::shared_ptr<nn::Conv2dImpl> a, b;
+};
+
+TEST(CatOfAFixedRange, InputsWithOneKindOfRangeStayUnited) {
+  manual_seed(96);
+  CatOfSigmoids m;
+  const auto xs = testing::random_batches(3, 97, {2, 3, 6, 6});
+  const std::vector<Tensor> want = fp32_then_convert(m, xs);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::vector<float> got = m(xs[i]).contiguous().to_vector<float>();
+    const std::vector<float> ref = want[i].contiguous().to_vector<float>();
+    for (size_t k = 0; k < got.size(); ++k) {
+      ASSERT_NEAR(got[k] * 256.0f, std::nearbyint(got[k] * 256.0f), 1e-3) << "not on the 1/256 grid at " << k;
+      ASSERT_NEAR(got[k], ref[k], 4.0 / 256) << k;  // (the conv output before each sigmoid is int8)
+    }
+  }
+}
+
+// observe_once takes each tensor once per call; a narrower view of the same storage at the same
+// offset is another tensor (its observation was skipped: the range saw 2 of 10 values).
+TEST(ObserveOnce, ANarrowerViewOfTheSameStorageIsAnotherTensor) {
+  ObserverSlot slot;
+  slot.observer = make_observer(ObserverSpec::min_max());
+  Tensor t = arange(10);
+  t.set_trace_id(7);  // an op's result
+  Tensor head = t.narrow(0, 0, 2);
+  head.set_trace_id(7);
+  slot.observe_once(head, 1);
+  slot.observe_once(t, 1);
+  EXPECT_EQ(slot.observer->max_val(), 9.0f);
+  slot.observe_once(t, 1);  // the same tensor again: once
+  EXPECT_EQ(slot.observer->max_val(), 9.0f);
 }
 
 }  // namespace
