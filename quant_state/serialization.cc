@@ -537,7 +537,7 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
     if (!inner.empty()) doc["inner_outputs"] = inner;
   }
   // The values of the parameters calibration saw (hashes): convert after loading the file checks
-  // that the weights loaded are those. Every file calibrated by this dbrq has them.
+  // that the weights loaded are those (files from before these hashes are not checked).
   if (!model.calibrated_values().empty()) {
     json values = json::object();
     for (const auto& [name, hash] : model.calibrated_values()) values[name] = hex64(hash);

@@ -203,8 +203,8 @@ class QuantInterceptor : public Interceptor {
   // from calibration with the old values (seen_op).
   std::unordered_map<const void*, uint64_t> versions_at_convert_;
   // Every parameter and buffer storage, with its version when the current call before convert
-  // began and when the last one ended, and whether its values varied while calibrating: written by
-  // a call (a running state, a cache that forward writes), or between two calibrating calls (a
+  // began and when the last observed one ended, and whether its values varied while calibrating:
+  // written by an observed call (a running state, a cache that forward writes), or between two (a
   // mask the application sets before each call). Calibration saw such a buffer change like any
   // activation, so it is not checked after convert. Other writes do not count: weights loaded
   // after prepare (before calibration, or with load_quant_state) are calibrated on what they hold.
