@@ -56,6 +56,8 @@ class Storage {
   void supersede() { lazy_state_.store(kSuperseded, std::memory_order_release); }
   bool superseded() const { return lazy_state_.load(std::memory_order_acquire) == kSuperseded; }
   size_t nbytes() const { return nbytes_; }
+  // Memory owned elsewhere (wrap(), Tensor::from_blob): its owner can read and write it directly.
+  bool wraps_memory() const { return !owned_; }
 
   // Bumped by every write through dbrq's API (in-place ops, copies, load_state_dict, mutable data
   // access). Caches of derived data (prepacked weights) compare it to detect stale entries.

@@ -158,14 +158,16 @@ int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const
   return static_cast<int>(slots_.size()) - 1;
 }
 
-void ObserverSlot::observe_once(const Tensor& t, uint64_t call) {
+void ObserverSlot::observe_once(const Tensor& t, uint64_t call, uint64_t consumer) {
   const Last now{call, t.defined() ? t.storage()->id() : 0, t.defined() ? t.storage()->version() : 0,
-                 t.storage_offset(), t.defined() ? t.numel() : 0};
+                 t.storage_offset(), t.defined() ? t.numel() : 0, consumer};
   // Only an op's result (or a module input) is known to be the same tensor: a buffer no op made may
   // be refilled through a raw pointer without its version moving (forward filling one buffer per
   // loop iteration), and each refill must be observed.
   if (now.storage != 0 && t.trace_id() != 0 && now.call == last.call && now.storage == last.storage &&
-      now.version == last.version && now.offset == last.offset && now.numel == last.numel) {
+      now.version == last.version && now.offset == last.offset && now.numel == last.numel &&
+      now.consumer != last.consumer) {
+    last.consumer = consumer;  // its next look at the same tensor is a new iteration's
     return;
   }
   observer->observe(t);

@@ -232,10 +232,14 @@ struct ObserverSlot {
     uint64_t version = 0;
     int64_t offset = -1;
     int64_t numel = -1;
+    uint64_t consumer = 0;  // the record and input that observed it
   } last;
   // Observes `t` unless it is the tensor observed last in this call (`call`), an op's result
   // unchanged since (a tensor no op made is observed every time).
-  void observe_once(const Tensor& t, uint64_t call);
+  // `consumer` names the record input observing it: the same tensor seen by another consumer is
+  // taken once; by the same consumer again (a loop's next iteration, the buffer possibly refilled
+  // through a pointer no version sees) it is observed again.
+  void observe_once(const Tensor& t, uint64_t call, uint64_t consumer);
 };
 
 // Model-wide quantization state shared by every module's AutoQuantizationState. Calibration of one

@@ -28,6 +28,7 @@ struct QuantizeMemo {
   uint64_t version = 0;
   const QuantParams* want = nullptr;
   MemoryFormat format = MemoryFormat::kPreserve;
+  const InputSpec* by = nullptr;  // the consumer that quantized it
   Tensor result;
 };
 thread_local QuantizeMemo tls_memo;
@@ -35,16 +36,18 @@ thread_local QuantizeMemo tls_memo;
 Tensor quantize_memoized(const Tensor& t, const InputSpec& spec) {
   // Only the results of ops (and the model's inputs) are remembered: a tensor no op made (a buffer
   // forward fills through a raw pointer taken once, per loop iteration) may change without its
-  // version moving, and each iteration got the first one's quantization.
+  // version moving, and each iteration got the first one's quantization. And only for another
+  // consumer (q, k and v reading one x): the same consumer again is a loop's next iteration,
+  // whose buffer (a clone, or handed to a child module) may have been refilled the same way.
   if (t.trace_id() == 0) return kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
   QuantizeMemo& m = tls_memo;
-  if (m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
+  if (m.by != &spec && m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
       m.source.storage_offset() == t.storage_offset() && m.source.sizes() == t.sizes() &&
       m.source.strides() == t.strides() && m.version == t.storage()->version()) {
     return m.result;
   }
   Tensor q = kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
-  m = QuantizeMemo{t, t.storage()->version(), spec.want.get(), spec.format, q};
+  m = QuantizeMemo{t, t.storage()->version(), spec.want.get(), spec.format, &spec, q};
   return q;
 }
 
@@ -197,8 +200,11 @@ Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind) {
                             *out.qparams() == *self.qparams());
   const bool shares = out.storage() == self.storage();
   if (shares && same_params && out.storage_offset() == self.storage_offset()) return out;  // written where asked
-  // Holders of the storage besides the handle the call rebinds (and `out` itself, when it shares it).
-  auto others = [&] { return self.storage().use_count() - 1 - (shares ? 1 : 0); };
+  // Holders of the storage besides the handle the call rebinds (and `out` itself, when it shares
+  // it); wrapped memory (from_blob) is also seen by whoever owns it.
+  auto others = [&] {
+    return self.storage().use_count() - 1 - (shares ? 1 : 0) + (self.storage()->wraps_memory() ? 1 : 0);
+  };
   if (others() <= 0) return out;  // nobody else can see the old values
   release_internal_holds(self.storage().get());
   if (others() <= 0) return out;
@@ -515,7 +521,7 @@ Tensor CatExec::run(const OpCall& call) {
   absl::InlinedVector<Tensor, 8> prepared;
   absl::InlinedVector<const Tensor*, 8> ptrs;
   prepared.reserve(call.inputs.size());
-  for (const Tensor* t : call.inputs) prepared.push_back(prepare_input(*t, InputSpec{shared_, MemoryFormat::kPreserve}));
+  for (const Tensor* t : call.inputs) prepared.push_back(prepare_input(*t, spec_));
   for (const Tensor& t : prepared) ptrs.push_back(&t);
   OpCall c = call;
   c.inputs = absl::MakeConstSpan(ptrs);

@@ -219,12 +219,13 @@ class ScalarExec : public ConvertedOp {
 // cat of int8 tensors with one shared set of parameters (the eager kernel joins the codes).
 class CatExec : public ConvertedOp {
  public:
-  explicit CatExec(QuantParamsPtr shared) : shared_(std::move(shared)) {}
+  explicit CatExec(QuantParamsPtr shared) : shared_(std::move(shared)), spec_{shared_, MemoryFormat::kPreserve} {}
   Tensor run(const OpCall& call) override;
   std::string describe() const override { return "int8 cat (shared parameters)"; }
 
  private:
   QuantParamsPtr shared_;
+  InputSpec spec_;  // every input brought to shared_ (one consumer for prepare_input's memo)
 };
 
 // Ops int8 passes through with unchanged parameters: the OpDef's int8_share (relu, clamps, average

@@ -878,7 +878,8 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     auto observe_inputs = [&] {
       for (size_t k = 0; k < op.input_observers.size() && k < call.inputs.size(); ++k) {
         if (op.input_observers[k] >= 0) {
-          model_->slot(op.input_observers[k]).observe_once(*call.inputs[k], model_->call_count());
+          model_->slot(op.input_observers[k]).observe_once(*call.inputs[k], model_->call_count(),
+                                                           static_cast<uint64_t>(op.global_index) << 8 | k);
         }
       }
     };

@@ -188,11 +188,22 @@ TEST(ObserveOnce, ANarrowerViewOfTheSameStorageIsAnotherTensor) {
   t.set_trace_id(7);  // an op's result
   Tensor head = t.narrow(0, 0, 2);
   head.set_trace_id(7);
-  slot.observe_once(head, 1);
-  slot.observe_once(t, 1);
+  slot.observe_once(head, 1, /*consumer=*/1);
+  slot.observe_once(t, 1, /*consumer=*/2);
   EXPECT_EQ(slot.observer->max_val(), 9.0f);
-  slot.observe_once(t, 1);  // the same tensor again: once
-  EXPECT_EQ(slot.observer->max_val(), 9.0f);
+  // The same tensor again: by another consumer, taken once; by the same consumer (a loop's next
+  // iteration, maybe refilled through a pointer no version sees), observed again.
+  t.raw_mutable_data<float>()[9] = 20.0f;  // (bumps the version: write through the pointer taken before)
+  float* p = t.raw_mutable_data<float>();
+  p[9] = 30.0f;
+  const Tensor same = t;
+  slot.observe_once(same, 1, /*consumer=*/3);
+  EXPECT_EQ(slot.observer->max_val(), 30.0f);  // a new version
+  p[9] = 40.0f;  // no version moves
+  slot.observe_once(same, 1, /*consumer=*/4);
+  EXPECT_EQ(slot.observer->max_val(), 30.0f);  // another consumer: the same tensor, taken once
+  slot.observe_once(same, 1, /*consumer=*/4);
+  EXPECT_EQ(slot.observer->max_val(), 40.0f);  // the same consumer again: observed
 }
 
 }  // namespace

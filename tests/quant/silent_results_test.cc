@@ -713,6 +713,83 @@ TEST(InputBuffer, RefilledThroughARawPointerWithinACallIsQuantizedAgain) {
   }
 }
 
+// The same buffer handed to a child module, or made by an op (x.clone()) and read by a layer or a
+// functional linear: the child's input, and the clone, carry an op's tag, so the memo served
+// iterations 1 and 2 the first one's quantization (-1.8 to -10.8 dB). The memo now serves only
+// another consumer than the one that quantized it (q, k and v reading one x), never the same
+// consumer again (a loop's next iteration).
+struct LinearChild : nn::CallableModule<LinearChild> {
+  LinearChild() { fc = register_module("fc", std::make_shared<Linear>(16, 16)); }
+  Tensor forward(const Tensor& x) { return (*fc)(x); }
+  std::shared_ptr<Linear> fc;
+};
+
+struct RefillsForAConsumer : nn::CallableModule<RefillsForAConsumer> {
+  enum Mode { kChildModule, kClonedForALayer, kClonedForAFunctionalLinear };
+  explicit RefillsForAConsumer(Mode mode) : mode_(mode) {
+    body = register_module("body", std::make_shared<LinearChild>());
+    w = register_parameter("w", randn({16, 16}, 73) * 0.25);
+  }
+  Tensor forward(const Tensor& x) {
+    const std::vector<float> xv = x.to_vector<float>();
+    Tensor buf = mode_ == kChildModule ? zeros({1, 16}) : x.clone();
+    float* p = buf.mutable_data<float>();
+    std::vector<Tensor> outs;
+    for (int t = 0; t < 3; ++t) {
+      for (size_t i = 0; i < 16; ++i) p[i] = xv[i] * static_cast<float>(t + 1) - static_cast<float>(t);
+      outs.push_back(mode_ == kChildModule       ? (*body)(buf)
+                     : mode_ == kClonedForALayer ? (*body->fc)(buf)
+                                                 : linear(buf, w));
+    }
+    return cat(outs, 0);
+  }
+  Mode mode_;
+  std::shared_ptr<LinearChild> body;
+  Tensor w;
+};
+
+TEST(InputBuffer, RefilledForAChildOrAsACloneIsQuantizedAgain) {
+  for (auto mode : {RefillsForAConsumer::kChildModule, RefillsForAConsumer::kClonedForALayer,
+                    RefillsForAConsumer::kClonedForAFunctionalLinear}) {
+    manual_seed(4);
+    RefillsForAConsumer ref(mode);
+    manual_seed(4);
+    RefillsForAConsumer m(mode);
+    const auto xs = testing::random_batches(4, 64, {1, 16});
+    prepare_calibrate_convert(m, xs);
+    for (const Tensor& x : xs) {
+      const Tensor want = ref(x), got = m(x);
+      for (int64_t t = 0; t < 3; ++t) {
+        EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "mode " << mode << ", iteration " << t;
+      }
+    }
+  }
+}
+
+// An in-place op on a tensor wrapping the caller's memory (from_blob), the only handle on it: the
+// int8 result rebound the handle and never reached the memory (it kept its old values).
+struct AddsIntoABlob : nn::CallableModule<AddsIntoABlob> {
+  AddsIntoABlob() { fc = register_module("fc", std::make_shared<Linear>(16, 16)); }
+  Tensor forward(const Tensor& x) {
+    Tensor acc = Tensor::from_blob(state.data(), {1, 16}, DType::kF32);
+    acc.add_((*fc)(x));
+    return acc;
+  }
+  std::vector<float> state = std::vector<float>(16, 1.f);
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(InPlaceAfterConvert, ReachesFromBlobMemoryHeldByOneHandle) {
+  manual_seed(9);
+  AddsIntoABlob m;
+  prepare_calibrate_convert(m, testing::random_batches(4, 71, {1, 16}));
+  std::fill(m.state.begin(), m.state.end(), 1.f);
+  const Tensor x = testing::random_batches(1, 72, {1, 16})[0];
+  const std::vector<float> returned = m(x).to_vector<float>();
+  EXPECT_EQ(m.state, returned);
+  EXPECT_NE(m.state, std::vector<float>(16, 1.f));
+}
+
 // ---- a parameter read as an activation, written after convert ----
 
 // matmul(x, w) and x + p with w, p parameters: an int8 op quantizes them with the range
