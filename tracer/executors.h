@@ -41,6 +41,13 @@ Tensor prepare_input(const Tensor& t, const InputSpec& spec);
 // When nothing but `q` holds the codes (the caller moved them in), the f32 result is filled from
 // them when first read (kernels::dequantize_lazy): a cache passed back unread is never dequantized.
 Tensor dequantize_returned_output(Tensor q);
+// Every quantized tensor among a converted model's outputs, dequantized for the caller. Outputs
+// that are views of one storage of codes (`return {y, y.view({-1})}`, or y twice) stay views of
+// one f32 storage, as they were in the fp32 model: a write through one is seen through the others
+// (dequantized one by one, each got a copy of its own, and such a write was silently lost). An
+// output with no values of its own (the inner tensor of a fused chain, reached through a raw view)
+// raises ControlFlowError.
+void dequantize_returned_outputs(absl::Span<Tensor* const> outputs);
 struct ReturnedStats {
   uint64_t remembered = 0;  // outputs dequantized with their codes kept
   uint64_t reused = 0;      // prepare_input calls that returned kept codes

@@ -1148,6 +1148,11 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
           if (r != nullptr && r->record >= 0) {
             self_located([&] { throw_reads_inner("the model's output", model_->record(r->record)); });
           }
+        } else if (t->value_withheld()) {
+          // The same, reached through a raw view (Tensor::raw_view: no trace origin, so the records
+          // did not see it escape while calibrating). Its lazily dequantized copy would have read
+          // the storage directly: the chain's result.
+          self_located([&] { (void)t->data_ptr(); });
         }
       }
     }
@@ -1208,9 +1213,7 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   // The model's outputs are fp32 unless configured otherwise.
   if (!int8_outputs_ && phase == Phase::kConverted) {
     InterceptorScope none(nullptr);
-    for (Tensor* t : outputs) {
-      if (t->defined() && t->is_quantized()) *t = dequantize_returned_output(std::move(*t));
-    }
+    dequantize_returned_outputs(outputs);
   }
 }
 

@@ -9,6 +9,7 @@
 // compile-time halves (code that must not compile) are in tests/compile_fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -788,6 +789,84 @@ TEST(InPlaceAfterConvert, ReachesFromBlobMemoryHeldByOneHandle) {
   const std::vector<float> returned = m(x).to_vector<float>();
   EXPECT_EQ(m.state, returned);
   EXPECT_NE(m.state, std::vector<float>(16, 1.f));
+}
+
+// ---- outputs that alias one another ----
+
+// forward returns y with a view of y, y twice, or two overlapping narrows of y: in fp32 they share
+// one storage, and a write through one is seen through the others. After convert each output was
+// dequantized into a storage of its own, so such a write was silently lost.
+struct ReturnsAliases : nn::CallableModule<ReturnsAliases> {
+  explicit ReturnsAliases(int mode) : mode(mode) { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
+  std::vector<Tensor> forward(const Tensor& x) {
+    Tensor y = (*fc)(x);
+    if (mode == 0) return {y, y.view({-1})};
+    if (mode == 1) return {y, y};
+    return {y.narrow(1, 0, 4), y, y.narrow(1, 2, 3)};
+  }
+  int mode;
+  std::shared_ptr<Linear> fc;
+};
+
+// Writes the first output in place and checks that every other output sees it as fp32 would.
+void expect_aliases_see_a_write(std::vector<Tensor> outs, int mode) {
+  ASSERT_EQ(outs.size(), mode == 2 ? 3u : 2u);
+  const std::vector<float> c_before = mode == 2 ? outs[2].contiguous().to_vector<float>() : std::vector<float>();
+  outs[0].add_(1.0);
+  if (mode == 0) EXPECT_EQ(outs[1].to_vector<float>(), outs[0].contiguous().to_vector<float>());
+  if (mode == 1) EXPECT_EQ(outs[1].to_vector<float>(), outs[0].to_vector<float>());
+  if (mode == 2) {
+    EXPECT_EQ(outs[1].narrow(1, 0, 4).contiguous().to_vector<float>(), outs[0].contiguous().to_vector<float>());
+    const std::vector<float> c = outs[2].contiguous().to_vector<float>();  // y's columns 2, 3 (written), 4
+    for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], c_before[i] + (i % 3 < 2 ? 1.f : 0.f)) << i;
+  }
+}
+
+TEST(ReturnedOutputs, AliasingOutputsStayAliased) {
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(mode);
+    manual_seed(1);
+    ReturnsAliases m(mode);
+    const auto xs = testing::random_batches(3, 10, {2, 8});
+    const std::vector<Tensor> want = m(xs[0]);
+    expect_aliases_see_a_write(m(xs[0]), mode);  // what fp32 does
+    prepare_calibrate_convert(m, xs);
+    std::vector<Tensor> got = m(xs[0]);
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].dtype(), DType::kF32);
+      EXPECT_EQ(got[k].storage().get(), got[0].storage().get()) << k;
+      EXPECT_GT(sqnr_of(want[k].contiguous(), got[k].contiguous()), 25.0) << k;
+    }
+    expect_aliases_see_a_write(got, mode);
+  }
+}
+
+// The inner tensor of a fused linear -> relu returned through a raw view: a raw view has no trace
+// origin, so calibration did not see it escape and kept the fusion; after convert the caller got
+// the relu's values (every negative 0) where the fp32 model returned the linear's.
+struct ReturnsInnerThroughARawView : nn::CallableModule<ReturnsInnerThroughARawView> {
+  ReturnsInnerThroughARawView() { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) {
+    Tensor y = (*fc)(x);
+    Tensor r = relu(y);
+    return y.raw_view({y.numel()});
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(InnerTensorOfAFusedChain, ReturnedThroughARawViewRaises) {
+  manual_seed(2);
+  ReturnsInnerThroughARawView m;
+  const auto xs = testing::random_batches(3, 20, {2, 8});
+  const std::vector<float> fp32 = m(xs[0]).to_vector<float>();  // the linear's values, negatives included
+  EXPECT_LT(*std::min_element(fp32.begin(), fp32.end()), 0.f);
+  prepare_calibrate_convert(m, xs);
+  try {
+    m(xs[0]);
+    FAIL() << "no error";
+  } catch (const ControlFlowError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no values of its own"), std::string::npos) << e.what();
+  }
 }
 
 // ---- a parameter read as an activation, written after convert ----
