@@ -282,6 +282,24 @@ Tensor write_back_inplace(const Tensor& self, Tensor out, OpKind kind) {
     kernels::copy_into(dst, out);  // the codes, as they are
     return dst;
   }
+  // An f32 result into int8 codes (an op that ran fp32 on a view of an int8 tensor: relu_, fill_,
+  // copy_ in a module without a qconfig): written as codes of the storage's parameters when every
+  // value lies on their range (relu_ of codes gives codes back exactly), so every tensor sharing
+  // the storage sees it and the handle stays a view of it. Values outside the range would clip:
+  // those supersede the storage below instead.
+  if (!out.is_quantized() && out.dtype() == DType::kF32 && self.is_quantized() && self.dtype() == DType::kU8 &&
+      !self.qparams()->is_per_channel()) {
+    const Tensor values = out.contiguous();
+    const float* v = values.data<float>();
+    const double scale = self.qparams()->scale(), zp = static_cast<double>(self.qparams()->zero_point());
+    const double lo = (0.0 - zp - 0.5) * scale, hi = (255.0 - zp + 0.5) * scale;
+    bool fits = true;
+    for (int64_t i = 0; i < values.numel() && fits; ++i) fits = v[i] >= lo && v[i] <= hi;
+    if (fits) {
+      kernels::copy_into(dst, kernels::quantize_to(values, self.qparams_ptr(), DType::kU8, MemoryFormat::kContiguous));
+      return dst;
+    }
+  }
   // Codes with other parameters (mul_ by a scalar rescales them; an add's sum has a range of its
   // own): requantizing them into the storage's parameters would lose precision on the handle the
   // model goes on with (a residual `x += f(x)` whose caller's copy of x is never read again) or
@@ -321,7 +339,22 @@ Tensor run_fp32(const OpCall& call) {
   }
   OpCall c = call;
   c.inputs = absl::MakeConstSpan(ptrs);
-  return c.run(c);
+  Tensor r = c.run(c);
+  // A view op (narrow, select, view, transpose, dropout, ...) gave a view of the dequantized copy:
+  // a write through it (y.narrow(1, 0, 4).relu_() in a module without a qconfig, or on a path never
+  // calibrated) would never reach the int8 tensor it views, which kept its old values. These ops'
+  // eager kernels take int8 as it is (QuantRole::kShare without int8_share): the op runs again on
+  // the codes and its result is a view of them, as an int8 pass-through's is. Whoever reads it
+  // dequantizes it.
+  const OpDef& def = op_def(call.kind);
+  if (!call.inplace && def.role == QuantRole::kShare && def.int8_share == nullptr && r.defined()) {
+    for (size_t i = 0; i < call.inputs.size(); ++i) {
+      if (deq[i].defined() && r.storage() == deq[i].storage() && !call.inputs[i]->qparams()->is_per_channel()) {
+        return call.run(call);
+      }
+    }
+  }
+  return r;
 }
 
 Tensor run_bf16(const OpCall& call) {
@@ -596,7 +629,17 @@ Tensor ShareExec::run(const OpCall& call) {
   if (!call.input(0).is_quantized()) return call.run(call);
   const Tensor x = prepare_input(call.input(0), input_);
   if (def_.int8_share != nullptr) return def_.int8_share(x, params_.get());
-  return run_on(call, x);  // shape ops, max pooling, dropout, identity: their eager kernels keep int8
+  Tensor r = run_on(call, x);  // shape ops, max pooling, dropout, identity: their eager kernels keep int8
+  // A view of a requantized copy (the input came with other parameters: a record reading tensors
+  // of several origins, a shared layer's outputs) would swallow a write through it
+  // (a.narrow(1, 0, 4).relu_() never reached a). The view is taken of the input's own codes
+  // instead; its readers requantize it as they would have this copy.
+  const Tensor& in = call.input(0);
+  if (!call.inplace && r.storage() == x.storage() && x.storage() != in.storage() && in.dtype() == DType::kU8 &&
+      !in.qparams()->is_per_channel()) {
+    return run_on(call, in);
+  }
+  return r;
 }
 
 std::string ShareExec::describe() const { return absl::StrCat("int8 ", def_.name, " (shares parameters)"); }
