@@ -20,6 +20,9 @@
 // This is the one bench/ program that includes kernels/ headers: it needs the kernels the
 // converted model calls in order to call them directly.
 //
+// `--profile=1` runs only the converted model, `reps` times, and prints nothing: a target for
+// `perf record` that holds the convert-mode path alone.
+//
 // `--avg_pool=1` times the int8 average pooling kernel instead (not part of compare.sh): Inception's
 // pool branches (3x3, stride 1, padding 1) on channels-last u8, the vectorized path
 // (kernels/int8_pool.cc) against the strided scalar loop that ran every layout before it (fed the
@@ -117,7 +120,7 @@ int count_substr(const std::string& s, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ops = 1000, numel = 64, reps = 1000, threads = 1, avg_pool = 0;
+  int ops = 1000, numel = 64, reps = 1000, threads = 1, avg_pool = 0, profile = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -132,10 +135,12 @@ int main(int argc, char** argv) {
       reps = v;
     } else if (k == "--threads") {
       threads = v;
+    } else if (k == "--profile") {
+      profile = v;
     } else if (k == "--avg_pool") {
       avg_pool = v;
     } else {
-      std::cerr << "usage: overhead_bench [--ops=1000] [--numel=64] [--reps=1000] [--threads=1] [--avg_pool=1]\n";
+      std::cerr << "usage: overhead_bench [--ops=1000] [--numel=64] [--reps=1000] [--threads=1] [--avg_pool=1] [--profile=1]\n";
       return 2;
     }
   }
@@ -149,6 +154,10 @@ int main(int argc, char** argv) {
   dbrq::prepare(qmodel, {x, y}, dbrq::default_qconfig_mapping("onednn"));
   for (uint64_t s = 0; s < 4; ++s) qmodel(dbrq::randn({1, numel}, 10 + s), dbrq::randn({1, numel}, 20 + s));
   dbrq::convert(qmodel);
+  if (profile != 0) {
+    for (int r = 0; r < reps; ++r) qmodel(x, y);
+    return 0;
+  }
   const int int8_adds = count_substr(dbrq::quant_state_to_string(qmodel), "-> int8 add");
 
   AddChain fmodel(ops);

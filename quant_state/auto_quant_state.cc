@@ -4,7 +4,9 @@
 #include <map>
 #include <sstream>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 namespace dbrq {
 
@@ -158,15 +160,35 @@ int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const
   return static_cast<int>(slots_.size()) - 1;
 }
 
+namespace {
+
+// A hash of the tensor's values (in logical order), for telling a refilled buffer from the same one.
+uint64_t values_hash(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return 0;
+  const Tensor c = t.is_contiguous() ? t : t.contiguous();
+  const auto bytes = absl::string_view(static_cast<const char*>(c.data_ptr()),
+                                       static_cast<size_t>(c.numel()) * c.element_size());
+  return absl::Hash<absl::string_view>()(bytes);
+}
+
+}  // namespace
+
 void ObserverSlot::observe_once(const Tensor& t, uint64_t call, uint64_t consumer) {
-  const Last now{call, t.defined() ? t.storage()->id() : 0, t.defined() ? t.storage()->version() : 0,
-                 t.storage_offset(), t.defined() ? t.numel() : 0, consumer};
   // Only an op's result (or a module input) is known to be the same tensor: a buffer no op made may
   // be refilled through a raw pointer without its version moving (forward filling one buffer per
-  // loop iteration), and each refill must be observed.
-  if (now.storage != 0 && t.trace_id() != 0 && now.call == last.call && now.storage == last.storage &&
-      now.version == last.version && now.offset == last.offset && now.numel == last.numel &&
-      now.consumer != last.consumer) {
+  // loop iteration), and each refill must be observed. An op's result may be refilled that way too
+  // (a clone's pointer, taken once): the values are compared as well, by their hash.
+  const bool known = t.defined() && t.trace_id() != 0;
+  const Last now{call,
+                 t.defined() ? t.storage()->id() : 0,
+                 t.defined() ? t.storage()->version() : 0,
+                 t.storage_offset(),
+                 t.defined() ? t.numel() : 0,
+                 consumer,
+                 known ? values_hash(t) : 0};
+  if (known && now.call == last.call && now.storage == last.storage && now.version == last.version &&
+      now.offset == last.offset && now.numel == last.numel && now.consumer != last.consumer &&
+      now.hash == last.hash) {
     last.consumer = consumer;  // its next look at the same tensor is a new iteration's
     return;
   }

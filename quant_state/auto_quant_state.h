@@ -233,12 +233,13 @@ struct ObserverSlot {
     int64_t offset = -1;
     int64_t numel = -1;
     uint64_t consumer = 0;  // the record and input that observed it
+    uint64_t hash = 0;      // of its values (an op's result only)
   } last;
   // Observes `t` unless it is the tensor observed last in this call (`call`), an op's result
   // unchanged since (a tensor no op made is observed every time).
   // `consumer` names the record input observing it: the same tensor seen by another consumer is
   // taken once; by the same consumer again (a loop's next iteration, the buffer possibly refilled
-  // through a pointer no version sees) it is observed again.
+  // through a pointer no version sees) it is observed again, and so it is when its values changed.
   void observe_once(const Tensor& t, uint64_t call, uint64_t consumer);
 };
 

@@ -30,25 +30,41 @@ struct QuantizeMemo {
   const QuantParams* want = nullptr;
   MemoryFormat format = MemoryFormat::kPreserve;
   const InputSpec* by = nullptr;  // the consumer that quantized it
+  size_t snapshot = 0;            // bytes of the source's values in tls_memo_bytes (0: none)
   Tensor result;
 };
 thread_local QuantizeMemo tls_memo;
+// The memo's source values when it is small and dense (kMemoSnapshotBytes at most): the same
+// consumer reading the same tensor again (a loop's next iteration) gets the memo only if its
+// values are these. A fixed buffer: taking a snapshot allocates nothing.
+constexpr size_t kMemoSnapshotBytes = 4096;
+thread_local char tls_memo_bytes[kMemoSnapshotBytes];
+
+bool small_dense(const Tensor& t) {
+  return t.is_contiguous() && static_cast<size_t>(t.numel()) * t.element_size() <= kMemoSnapshotBytes;
+}
 
 Tensor quantize_memoized(const Tensor& t, const InputSpec& spec) {
   // Only the results of ops (and the model's inputs) are remembered: a tensor no op made (a buffer
   // forward fills through a raw pointer taken once, per loop iteration) may change without its
-  // version moving, and each iteration got the first one's quantization. And only for another
-  // consumer (q, k and v reading one x): the same consumer again is a loop's next iteration,
-  // whose buffer (a clone, or handed to a child module) may have been refilled the same way.
+  // version moving, and each iteration got the first one's quantization. The same consumer again
+  // is a loop's next iteration, whose buffer (a clone, or handed to a child module) may have been
+  // refilled the same way. A small dense tensor's values are compared with a snapshot instead,
+  // for any consumer: an unchanged operand of a loop's op (y in `for (..) z = z + y`) is
+  // quantized once, a refilled one again.
   if (t.trace_id() == 0) return kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
   QuantizeMemo& m = tls_memo;
-  if (m.by != &spec && m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
+  if (m.want == spec.want.get() && m.format == spec.format && m.source.storage() == t.storage() &&
       m.source.storage_offset() == t.storage_offset() && m.source.sizes() == t.sizes() &&
       m.source.strides() == t.strides() && m.version == t.storage()->version()) {
-    return m.result;
+    if (m.snapshot != 0 ? std::memcmp(tls_memo_bytes, t.data_ptr(), m.snapshot) == 0 : m.by != &spec) {
+      return m.result;
+    }
   }
   Tensor q = kernels::quantize_to(t, spec.want, DType::kU8, spec.format);
-  m = QuantizeMemo{t, t.storage()->version(), spec.want.get(), spec.format, &spec, q};
+  const size_t snapshot = small_dense(t) ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
+  if (snapshot != 0) std::memcpy(tls_memo_bytes, t.data_ptr(), snapshot);
+  m = QuantizeMemo{t, t.storage()->version(), spec.want.get(), spec.format, &spec, snapshot, q};
   return q;
 }
 

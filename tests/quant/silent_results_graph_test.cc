@@ -191,19 +191,23 @@ TEST(ObserveOnce, ANarrowerViewOfTheSameStorageIsAnotherTensor) {
   slot.observe_once(head, 1, /*consumer=*/1);
   slot.observe_once(t, 1, /*consumer=*/2);
   EXPECT_EQ(slot.observer->max_val(), 9.0f);
-  // The same tensor again: by another consumer, taken once; by the same consumer (a loop's next
-  // iteration, maybe refilled through a pointer no version sees), observed again.
+  // The same tensor again: by another consumer, taken once unless its values changed; by the same
+  // consumer (a loop's next iteration, maybe refilled through a pointer no version sees), observed
+  // again.
   t.raw_mutable_data<float>()[9] = 20.0f;  // (bumps the version: write through the pointer taken before)
   float* p = t.raw_mutable_data<float>();
   p[9] = 30.0f;
   const Tensor same = t;
   slot.observe_once(same, 1, /*consumer=*/3);
   EXPECT_EQ(slot.observer->max_val(), 30.0f);  // a new version
-  p[9] = 40.0f;  // no version moves
-  slot.observe_once(same, 1, /*consumer=*/4);
-  EXPECT_EQ(slot.observer->max_val(), 30.0f);  // another consumer: the same tensor, taken once
-  slot.observe_once(same, 1, /*consumer=*/4);
-  EXPECT_EQ(slot.observer->max_val(), 40.0f);  // the same consumer again: observed
+  const int64_t batches = slot.observer->stats().num_batches;
+  slot.observe_once(same, 1, /*consumer=*/4);  // another consumer, the same values: taken once
+  EXPECT_EQ(slot.observer->stats().num_batches, batches);
+  slot.observe_once(same, 1, /*consumer=*/4);  // the same consumer again: observed
+  EXPECT_EQ(slot.observer->stats().num_batches, batches + 1);
+  p[9] = 40.0f;  // no version moves, but the values changed
+  slot.observe_once(same, 1, /*consumer=*/5);
+  EXPECT_EQ(slot.observer->max_val(), 40.0f);  // another consumer observes them too
 }
 
 }  // namespace

@@ -716,9 +716,8 @@ TEST(InputBuffer, RefilledThroughARawPointerWithinACallIsQuantizedAgain) {
 
 // The same buffer handed to a child module, or made by an op (x.clone()) and read by a layer or a
 // functional linear: the child's input, and the clone, carry an op's tag, so the memo served
-// iterations 1 and 2 the first one's quantization (-1.8 to -10.8 dB). The memo now serves only
-// another consumer than the one that quantized it (q, k and v reading one x), never the same
-// consumer again (a loop's next iteration).
+// iterations 1 and 2 the first one's quantization (-1.8 to -10.8 dB). The memo now serves the
+// same consumer again (a loop's next iteration) only a small tensor whose values it compared.
 struct LinearChild : nn::CallableModule<LinearChild> {
   LinearChild() { fc = register_module("fc", std::make_shared<Linear>(16, 16)); }
   Tensor forward(const Tensor& x) { return (*fc)(x); }
@@ -764,6 +763,41 @@ TEST(InputBuffer, RefilledForAChildOrAsACloneIsQuantizedAgain) {
         EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "mode " << mode << ", iteration " << t;
       }
     }
+  }
+}
+
+// Two consumers taking turns on one buffer refilled through a raw pointer (a clone: an op made it):
+// the memo served the second consumer the first one's quantization, made before the refill. A
+// small tensor's memo now holds its values and serves only while they are unchanged.
+struct RefillsForTwoConsumers : nn::CallableModule<RefillsForTwoConsumers> {
+  RefillsForTwoConsumers() {
+    a = register_module("a", std::make_shared<Linear>(16, 16));
+    b = register_module("b", std::make_shared<Linear>(16, 16));
+  }
+  Tensor forward(const Tensor& x) {
+    const std::vector<float> xv = x.to_vector<float>();
+    Tensor buf = x.clone();
+    float* p = buf.mutable_data<float>();
+    std::vector<Tensor> outs;
+    for (int t = 0; t < 4; ++t) {
+      for (size_t i = 0; i < 16; ++i) p[i] = xv[i] * static_cast<float>(t + 1) - static_cast<float>(t);
+      outs.push_back(t % 2 == 0 ? (*a)(buf) : (*b)(buf));
+    }
+    return cat(outs, 0);
+  }
+  std::shared_ptr<Linear> a, b;
+};
+
+TEST(InputBuffer, RefilledBetweenTwoConsumersIsQuantizedAgain) {
+  manual_seed(5);
+  RefillsForTwoConsumers ref;
+  manual_seed(5);
+  RefillsForTwoConsumers m;
+  const auto xs = testing::random_batches(4, 65, {1, 16});
+  prepare_calibrate_convert(m, xs);
+  for (const Tensor& x : xs) {
+    const Tensor want = ref(x), got = m(x);
+    for (int64_t t = 0; t < 4; ++t) EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "iteration " << t;
   }
 }
 

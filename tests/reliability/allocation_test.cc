@@ -191,5 +191,39 @@ TEST(Allocation, ConvertedCallAllocatesOnlyActivations) {
   EXPECT_EQ(l.onednn, c.onednn);
 }
 
+// z = z + y in a loop: the loop's adds are one record (one consumer), and y, the same small
+// tensor every iteration, is quantized once per call (the memo compares its values), not once per
+// iteration: each iteration allocates only its add's output.
+struct AddLoop : nn::CallableModule<AddLoop> {
+  explicit AddLoop(int n) : n(n) {}
+  Tensor forward(const Tensor& x, const Tensor& y) {
+    Tensor z = x;
+    for (int i = 0; i < n; ++i) z = z + y;
+    return z;
+  }
+  int n;
+};
+
+int64_t add_loop_activations(int n) {
+  AddLoop m(n);
+  m.eval();
+  const Tensor x = randn({1, 64}, 1), y = randn({1, 64}, 2);
+  prepare(m, {x, y});
+  for (uint64_t s = 0; s < 3; ++s) m(randn({1, 64}, 10 + s), randn({1, 64}, 20 + s));
+  convert(m);
+  for (int i = 0; i < 3; ++i) m(x, y);
+  Counts c;
+  g_counts = &c;
+  const Tensor z = m(x, y);
+  g_counts = nullptr;
+  EXPECT_EQ(c.dbrq, 0);
+  EXPECT_EQ(z.dtype(), DType::kF32);
+  return c.activation;
+}
+
+TEST(Allocation, ALoopsUnchangedOperandIsQuantizedOncePerCall) {
+  EXPECT_EQ(add_loop_activations(20) - add_loop_activations(10), 10);
+}
+
 }  // namespace
 }  // namespace dbrq
