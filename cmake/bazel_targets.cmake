@@ -1884,6 +1884,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/quant:silent_results_paths_test
+  NAME dbrq_tests_quant_silent_results_paths_test
+  RUNFILE tests/quant/silent_results_paths_test
+  SRCS
+    tests/quant/silent_results_paths_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/quant:silent_results_test
   NAME dbrq_tests_quant_silent_results_test
   RUNFILE tests/quant/silent_results_test

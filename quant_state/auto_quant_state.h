@@ -281,13 +281,13 @@ class ModelQuantState {
   // by a portable 64-bit `source` (built from fqn and op fingerprints, the same in every process);
   // its origin id in this model is a function of it, so converted calls compute it without a
   // table, and a quant-state file names it by `source`. Bit 62 is set (record outputs are
-  // counted from 1), bit 61 clear (see the tracer's kInnerFusedBit).
+  // counted from 1), bits 61 and 60 clear (see the tracer's kInnerFusedBit and kUncalibratedBit).
   int64_t fp32_source_id(uint64_t source) const {
     uint64_t h = (source ^ reinterpret_cast<uintptr_t>(this)) * 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
     h ^= h >> 32;
-    return static_cast<int64_t>((h & ((uint64_t{1} << 61) - 1)) | (uint64_t{1} << 62));
+    return static_cast<int64_t>((h & ((uint64_t{1} << 60) - 1)) | (uint64_t{1} << 62));
   }
   // The same, registering the source (while tracing or calibrating).
   int64_t add_fp32_source(uint64_t source);

@@ -597,6 +597,50 @@ class Analyzer {
         }
       }
     }
+    // An input slot new to this analysis (the record's input has a second origin: a branch or a
+    // loop iteration found by this call) starts from what its origins' observers saw: until now
+    // every arrival was one of them, taken with their parameters. Without this it saw only the
+    // calls after the new path was found, and the earlier path's values were clipped to the new
+    // one's range after convert (1.4 dB; PathsAfterConvert.ABranchFoundLateKeepsTheRangesOfTheOneBefore).
+    // Only from an observer whose every value arrived here: a tensor with one producing record,
+    // read by this input alone (no other record input, no fp32 reader, not returned), with a slot
+    // of its own. Otherwise the observer saw values that never arrive here (a folded loop's
+    // output also feeds the loop's next iteration), which would widen the range, and a replica
+    // that found the path later than another would no longer merge into what one process
+    // calibrates (ControlFlowState.MergedReplicasMatchOneProcess). Such an input still starts
+    // empty when its second origin is found late (docs/control_flow.md).
+    std::map<int64_t, int> producers_of, readers_of;  // tensor id -> records making it, record inputs reading it
+    for (const auto& [st, k] : m_.records()) {
+      const SeenOpInfo& op = st->seen_ops()[static_cast<size_t>(k)];
+      ++producers_of[op.outputs[0].id];
+      for (const QTensorInfo& in : op.inputs) {
+        for (const int64_t id : origins(in)) ++readers_of[id];
+      }
+    }
+    std::map<int, int> members;  // root -> slots in it
+    for (size_t i = 0; i < m_.num_slots(); ++i) ++members[m_.find(static_cast<int>(i))];
+    for (size_t i = 0; i < m_.num_slots(); ++i) {
+      const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
+      if (n.input < 0 || n.record < 0 || old_by_key.count({n.record, n.input}) != 0) continue;
+      const int root = m_.find(static_cast<int>(i));
+      std::set<int> taken = {root};
+      for (const int64_t id : origins(m_.record(n.record).inputs[static_cast<size_t>(n.input)])) {
+        const Record* r = m_.tensor(id);
+        if (r == nullptr || r->slot < 0 || r->record < 0 || producers_of[id] != 1 || readers_of[id] != 1) continue;
+        const SeenOpInfo& p = m_.record(r->record);
+        if (p.escapes || p.read_by_fp32 || p.model_output) continue;
+        const int from = m_.find(r->slot);
+        if (members[from] != 1 || !taken.insert(from).second) continue;
+        const Observer* src = m_.slot(from).observer.get();
+        ObserverSlot& dst = m_.slot(root);
+        if (src == nullptr || !src->has_data() || !(src->spec() == dst.observer->spec())) continue;
+        if (dst.observer->has_data()) {
+          dst.observer->merge(*src);
+        } else {
+          dst.observer->load_stats(src->stats());
+        }
+      }
+    }
     // An output slot new to this analysis, of a record that ran inside a fused chain until now
     // (the chain broke on a new path): it starts from what that inner output was observed to be
     // on every earlier call. Without this it saw only the calls after the break: conv + relu

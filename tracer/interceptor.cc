@@ -201,6 +201,16 @@ std::vector<int64_t> origins_of(const QTensorInfo& t) {
 // reads one is caught without a table lookup.
 constexpr int64_t kInnerFusedBit = int64_t{1} << 61;
 
+// After convert, a value computed on a path never calibrated (run_uncalibrated) carries this bit in
+// its origin, and so does every value computed from it: by fp32 ops, untraced modules, a child
+// module (whose outputs keep their origin). An int8 op reading one runs fp32 as well: its ranges
+// were calibrated on other values (`h = use_b ? relu(b(x)) : relu(a(x)); head(h)` calibrated with a
+// only: both relus have one tag, and head quantized b's values into a's range). Fp32 source ids
+// keep the bit clear (ModelQuantState::fp32_source_id), record output ids are counted from 1.
+constexpr int64_t kUncalibratedBit = int64_t{1} << 60;
+
+bool uncalibrated_value(const Tensor& t) { return t.defined() && (t.trace_origin() & kUncalibratedBit) != 0; }
+
 // Whether a seen op's output, after convert, is a fused chain's inner tensor (see kInnerFusedBit).
 bool inner_output(const SeenOpInfo& op) {
   return (op.fusion.fused() && op.fusion.position + 1 < static_cast<int>(op.fusion.members.size())) ||
@@ -555,7 +565,13 @@ Tensor QuantInterceptor::other_op(const OpCall& call, Frame* owner, Frame* top, 
   Tensor out = located(call.kind, site_of(owner, top, -1), [&] { return bf16 ? run_bf16(call) : run_fp32(call); });
   out.set_trace_id(tag);
   const uint64_t source = fingerprint_mix(static_cast<uint64_t>(tag), owner->state->fqn_fingerprint());
-  out.set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));
+  if (phase != Phase::kConverted) {
+    out.set_trace_origin(model_->add_fp32_source(source));
+  } else {
+    const bool uncalibrated = std::any_of(call.inputs.begin(), call.inputs.end(),
+                                          [](const Tensor* t) { return uncalibrated_value(*t); });
+    out.set_trace_origin(model_->fp32_source_id(source) | (uncalibrated ? kUncalibratedBit : 0));
+  }
   return out;
 }
 
@@ -736,9 +752,22 @@ Tensor QuantInterceptor::run_uncalibrated(const OpCall& call, Frame* owner, Fram
     if (call.inputs[i]->defined()) producers.push_back(producer_tag(*call.inputs[i]));
   }
   out.set_trace_id(s.output_tag(op_tag(call, top->leaf, def, n_act, true), call.kind, producers));
-  out.set_trace_origin(0);
+  out.set_trace_origin(kUncalibratedBit);
   if (const Probes* p = probe_of_this_thread()) p->op(s, nullptr, call.kind, top->leaf != nullptr ? top->leaf->fqn() : s.fqn(), out);
   return out;
+}
+
+bool QuantInterceptor::after_fp32_record(const OpCall& call, size_t n_act) const {
+  for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
+    const int64_t o = call.inputs[i]->defined() ? call.inputs[i]->trace_origin() : 0;
+    if (o == 0 || (o & (kInnerFusedBit | kUncalibratedBit)) != 0) continue;
+    const ModelQuantState::TensorRecord* r = model_->tensor(o);
+    if (r != nullptr && r->record >= 0) {
+      const SeenOpInfo& p = model_->record(r->record);
+      if (p.executor != nullptr && p.executor->fp32 && p.fusion.fused()) return true;
+    }
+  }
+  return false;
 }
 
 Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, int order) {
@@ -748,8 +777,10 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
   const size_t n_act = def.activation_inputs(call.inputs.size());
   const int64_t tag = op_tag(call, leaf, def, n_act, true);
   ProducerTags producers;
+  bool reads_uncalibrated = false;
   for (size_t i = 0; i < n_act && i < call.inputs.size(); ++i) {
     if (call.inputs[i]->defined()) producers.push_back(producer_tag(*call.inputs[i]));
+    reads_uncalibrated |= uncalibrated_value(*call.inputs[i]);
   }
   const Phase phase = model_->phase();
   int r = -1;
@@ -762,12 +793,16 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
   }
   if (model_->strict() && owner->recording && r >= 0) s.first_sequence().push_back(r);
   if (r < 0) return run_uncalibrated(call, owner, top, "was never run while calibrating");
+  if (__builtin_expect(reads_uncalibrated, 0) && phase == Phase::kConverted) {
+    return run_uncalibrated(call, owner, top, "reads a value computed on a path never calibrated");
+  }
   if (owner->last_record >= 0 && s.next_hint(owner->last_record) != r) s.set_next_hint(owner->last_record, r);
   owner->last_record = r;
   owner->path[static_cast<size_t>(r / 64) % 4] |= uint64_t{1} << (r % 64);
   SeenOpInfo& op = s.seen_ops()[static_cast<size_t>(r)];
   const OpSite where = site_of(owner, top, op.index);
   Tensor out;
+  bool fp32_member = false;  // a fused chain's member computing in fp32 (after_fp32_record)
   if (phase == Phase::kConverted) {
     // An input from elsewhere than calibration saw is fine (it is brought to the parameters the
     // op was converted with), except a fused chain's inner tensor, which does not exist.
@@ -841,9 +876,15 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     }
     // A fused chain's later member computes nothing of its own: its base's kernel did. When the
     // base ran fp32 (above), no input carries the chain's inner tensor, and it must compute.
+    // When the base is a calibrated record that runs fp32 after convert (one relu after two calls
+    // of a batch norm, one of whose inputs is never int8: the chain was fused with the other), it
+    // computes in fp32, as calibration observed it.
     if (__builtin_expect(op.fusion.fused() && op.fusion.position > 0, 0) && !op.executor->fp32 &&
         !reads_inner_fused(call)) {
-      return run_uncalibrated(call, owner, top, "follows the base of its fused chain, which ran fp32");
+      if (!after_fp32_record(call, n_act)) {
+        return run_uncalibrated(call, owner, top, "follows the base of its fused chain, which ran fp32");
+      }
+      fp32_member = true;
     }
     // An activation or add fused across a module boundary (SeenOpInfo::absorbed_by) passes on
     // (or completes) what its producer's kernel computed. Handed any other tensor there (a path
@@ -858,11 +899,11 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
       return run_uncalibrated(call, owner, top, "reads another tensor than the one calibration saw it fused with");
     }
     ConvertedOp* exec = program_[static_cast<size_t>(op.program_index)].get();
-    out = located(call.kind, where, [&] { return exec->run(call); });
+    out = located(call.kind, where, [&] { return fp32_member ? run_fp32(call) : exec->run(call); });
     // An inner output's storage holds the chain's result (or nothing yet): user code reading it
     // raises (unless the chain runs fp32, unfused). A chain's last op returns its predecessor's
     // tensor: the chain's result, readable again.
-    out.set_value_withheld(inner_output(op) && !op.executor->fp32);
+    out.set_value_withheld(inner_output(op) && !op.executor->fp32 && !fp32_member);
     if (const Probes* p = probe_of_this_thread()) p->op(s, &op, call.kind, op.fqn, out);
   } else {
     note_inputs(call, owner, op);
@@ -904,7 +945,8 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
     });
   }
   out.set_trace_id(op.out_tag);
-  const bool inner = phase == Phase::kConverted && inner_output(op);
+  // (An fp32 record's output is its own: the chain it is a base of runs int8 only from other bases.)
+  const bool inner = phase == Phase::kConverted && inner_output(op) && !op.executor->fp32 && !fp32_member;
   out.set_trace_origin(op.outputs[0].id | (inner ? kInnerFusedBit : 0));
   return out;
 }
@@ -1056,6 +1098,9 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
   if (auto* untraced = dynamic_cast<NonTraceableInfo*>(ext)) {
     // Module I/O hook: the subtree runs fp32, untraced, with interception suspended inside.
     f.fp32_region = true;
+    if (phase == Phase::kConverted) {
+      f.reads_uncalibrated = std::any_of(inputs.begin(), inputs.end(), [](const Tensor* t) { return uncalibrated_value(*t); });
+    }
     // Its parameters and buffers are read where no op is seen: one written since convert reaches
     // the int8 ops after the subtree with values calibration never saw.
     if (phase == Phase::kConverted) {
@@ -1171,7 +1216,9 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
       const int64_t tag = child_output_tag(module_fingerprint(module), j);
       t->set_trace_id(tag);
       const uint64_t source = static_cast<uint64_t>(tag);
-      t->set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source) : model_->fp32_source_id(source));
+      t->set_trace_origin(phase != Phase::kConverted ? model_->add_fp32_source(source)
+                                                     : model_->fp32_source_id(source) |
+                                                           (f.reads_uncalibrated ? kUncalibratedBit : 0));
     }
   } else if (f.leaf == nullptr) {
     if (f.state != nullptr) {

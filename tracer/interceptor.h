@@ -66,6 +66,7 @@ struct Frame {
   int last_record = -1;                     // the record the module ran last (a lookup hint)
   std::array<uint64_t, 4> path{};           // the records this call ran (PathInfo::mask)
   bool fp32_region = false;                 // non-traceable: interception suspended inside
+  bool reads_uncalibrated = false;          // fp32 region after convert: an input came from an uncalibrated path
   Interceptor* saved = nullptr;             // the interceptor to restore after an fp32 region
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
@@ -169,6 +170,8 @@ class QuantInterceptor : public Interceptor {
   void note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op);
   // An uncalibrated path after convert: fp32, logged once, counted (or ControlFlowError).
   Tensor run_uncalibrated(const OpCall& call, Frame* owner, Frame* top, const std::string& why);
+  // Whether an activation input of `call` is the output of a calibrated record that runs fp32.
+  bool after_fp32_record(const OpCall& call, size_t n_act) const;
   Tensor seen_op(const OpCall& call, Frame* owner, Frame* top, int order);
   // on_op's work for any op (on_op adds the in-place write-back after convert).
   Tensor run_op(const OpCall& call);
