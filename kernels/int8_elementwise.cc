@@ -98,7 +98,9 @@ Tensor requantize(const Tensor& x, const QuantParamsPtr& qparams) {
   const float inv = inverse(qparams->scale());
   for (int q = 0; q < 256; ++q) {
     const float v = (static_cast<float>(q) - zp_in) * s;
-    lut[q] = saturate_u8(static_cast<int32_t>(std::nearbyint(v * inv)) + qparams->zero_point());
+    // (saturated in float first: a scale ratio beyond int32 must not overflow the conversion)
+    lut[q] = saturate_u8(static_cast<int32_t>(std::min(std::max(std::nearbyint(v * inv), -1024.0f), 1024.0f)) +
+                         qparams->zero_point());
   }
   return apply_lut(x, lut, qparams);
 }
@@ -272,10 +274,13 @@ Tensor qclamp(const Tensor& x, double lo, double hi) {
   check_u8("quantized clamp", x);
   const float s = x.q_scale();
   const int32_t zp = x.q_zero_point();
+  // Saturated before the integer conversion: a finite bound beyond the codes (clamp(x, 0, 1e10),
+  // FLT_MAX as "no bound") overflowed int32 (undefined; INT_MIN on x86, so every code became 0).
   auto code = [&](double v) -> int32_t {
-    if (v == std::numeric_limits<double>::infinity()) return 255;
-    if (v == -std::numeric_limits<double>::infinity()) return 0;
-    return std::min(std::max(static_cast<int32_t>(std::nearbyint(static_cast<float>(v) * (1.0f / s))) + zp, 0), 255);
+    const float r = std::nearbyint(static_cast<float>(v) * (1.0f / s));  // +-inf beyond float's range
+    if (!(r > -1024.0f)) return 0;                                      // (and NaN: no bound)
+    if (!(r < 1024.0f)) return 255;
+    return std::min(std::max(static_cast<int32_t>(r) + zp, 0), 255);
   };
   const int32_t qlo = code(lo), qhi = code(hi);
   Lut lut;

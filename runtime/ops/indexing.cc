@@ -182,6 +182,9 @@ Tensor run_index_select(const OpCall& c) {
   const std::vector<int64_t> idx = index_values("index_select", index);
   DBRQ_ENSURE(index.dim() <= 1, ShapeError, "index_select: index must be 1-D, got sizes ", index.shape_string());
   const int64_t d = x.dim() == 0 ? 0 : x.wrap_dim(c.p<DimParams>().dims.at(0));
+  // A 0-D input has one element: PyTorch takes one index value (more wrote past the 1-element output).
+  DBRQ_ENSURE(x.dim() > 0 || idx.size() == 1, IndexError, "index_select: a 0-D input takes exactly one index value, got ",
+              idx.size());
   const Slices s = x.dim() == 0 ? Slices{} : slices(x, d);
   for (int64_t v : idx) {
     DBRQ_ENSURE(v >= 0 && v < s.n, IndexError, "index_select: index ", v, " is out of range for dim ", d, " of size ",

@@ -218,6 +218,16 @@ TEST(QClamp, LowerOnly) { QClampTester().range(-0.5, kInf).Test(); }
 
 TEST(QClamp, UpperOnly) { QClampTester().range(-kInf, 1.5).Test(); }
 
+// Finite bounds beyond the codes' range (and beyond int32 once divided by the scale): before, the
+// upper bound's code overflowed the int32 conversion and every output became code 0.
+TEST(QClamp, FiniteBoundsBeyondTheCodes) {
+  QClampTester().range(0.0, 1e10).Test();
+  QClampTester().range(-1e10, 0.5).Test();
+  QClampTester().range(-1e30, 1e30).qparams(0.02f, 128).Test();
+  QClampTester().range(0.0, 3.4028234663852886e38).Test();
+  QClampTester().range(-1.7976931348623157e308, 1.7976931348623157e308).Test();
+}
+
 TEST(QClamp, Layouts) {
   for (Layout l : {Layout::kChannelsLast, Layout::kTransposed, Layout::kSliced}) QClampTester().layout(l).Test();
 }

@@ -568,6 +568,9 @@ TEST(OpErrors, Indexing) {
                    "index_select: index 3 is out of range for dim 1 of size 3");
   EXPECT_THROW_MSG(index_select(x, 1, from_vector<int64_t>({-1})), IndexError, "index_select: index -1 is out of range");
   EXPECT_THROW_MSG(index_select(x, 1, f32({2})), DTypeError, "index_select: index must be s64 (or s32), got f32");
+  EXPECT_THROW_MSG(index_select(full({}, 3.0), 0, from_vector<int64_t>(std::vector<int64_t>(64, 0))), IndexError,
+                   "index_select: a 0-D input takes exactly one index value, got 64");
+  EXPECT_EQ(index_select(full({}, 3.0), 0, from_vector<int64_t>({0})).item<float>(), 3.f);
   EXPECT_THROW_MSG(index_select(x, 1, zeros({1, 1}, DType::kS64)), ShapeError,
                    "index_select: index must be 1-D, got sizes [1, 1]");
   EXPECT_THROW_MSG(gather(x, 1, zeros({2}, DType::kS64)), ShapeError,
