@@ -290,28 +290,36 @@ QuantInterceptor& QuantInterceptor::of(const nn::Module& model, const char* what
   return *i;
 }
 
+void QuantInterceptor::acquire_exclusive(const char* what, const char* advice) {
+  std::lock_guard<std::mutex> lock(unconverted_mu_);
+  const nn::Module* root = model_->root();
+  DBRQ_ENSURE(unconverted_depth_ == 0, UsageError, what, ": ",
+              root != nullptr ? root->type_name() : std::string("the model"),
+              " is being called (on this thread or another); ", advice);
+  unconverted_depth_ = 1;
+  unconverted_thread_ = std::this_thread::get_id();
+}
+
+void QuantInterceptor::release_exclusive() noexcept {
+  std::lock_guard<std::mutex> lock(unconverted_mu_);
+  unconverted_depth_ = 0;
+  unconverted_thread_ = std::thread::id();
+}
+
 void QuantInterceptor::convert(bool int8_outputs) {
   // Not while a call before convert is in flight (its thread is writing records and observers
   // that convert reads), and once: calls that start meanwhile raise (enter_unconverted).
-  {
-    std::lock_guard<std::mutex> lock(unconverted_mu_);
-    const nn::Module* root = model_->root();
-    const std::string name = root != nullptr ? root->type_name() : std::string("the model");
-    DBRQ_ENSURE(unconverted_depth_ == 0, UsageError, "convert: ", name,
-                " is being called (on this thread or another); convert between calls, once calibration is done");
-    DBRQ_ENSURE(model_->phase() != Phase::kConverted, UsageError, "convert: ", name,
-                " is already converted; convert once per prepared model");
-    unconverted_depth_ = 1;
-    unconverted_thread_ = std::this_thread::get_id();
-  }
+  acquire_exclusive("convert", "convert between calls, once calibration is done");
   struct Release {
     QuantInterceptor* q;
-    ~Release() {
-      std::lock_guard<std::mutex> lock(q->unconverted_mu_);
-      q->unconverted_depth_ = 0;
-      q->unconverted_thread_ = std::thread::id();
-    }
+    ~Release() { q->release_exclusive(); }
   } release{this};
+  {
+    const nn::Module* root = model_->root();
+    DBRQ_ENSURE(model_->phase() != Phase::kConverted, UsageError, "convert: ",
+                root != nullptr ? root->type_name() : std::string("the model"),
+                " is already converted; convert once per prepared model");
+  }
   check_calibrated_values();
   program_ = convert_model(*model_);
   // All but the ones whose values varied while calibrating (StorageVersion): those are activations

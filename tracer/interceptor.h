@@ -274,6 +274,16 @@ class QuantInterceptor : public Interceptor {
   // statistics (scales off in the last bits).
   void enter_unconverted();
   void leave_unconverted() noexcept;
+
+ public:
+  // Holds the model as a call before convert does, for an operation that rebuilds its records or
+  // reads its observers (convert, load_quant_state, merge_calibration): UsageError ("`what`: X is
+  // being called (on this thread or another); `advice`") while a call is in flight on any thread;
+  // calls that start meanwhile raise. Undone by release_exclusive.
+  void acquire_exclusive(const char* what, const char* advice);
+  void release_exclusive() noexcept;
+
+ private:
   struct UnconvertedHold {  // leaves on destruction unless owner is reset
     QuantInterceptor* owner = nullptr;
     ~UnconvertedHold() {

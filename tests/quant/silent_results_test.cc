@@ -1577,6 +1577,45 @@ TEST(CalibrationThreads, ConvertDuringACallRaises) {
   EXPECT_EQ(m(x).dtype(), DType::kF32);
 }
 
+// load_quant_state and merge_calibration rebuild the records a calibrating call is using and read
+// the observers it writes: during a call (of the model or of the replica) they raced with it.
+TEST(CalibrationThreads, LoadAndMergeDuringACallRaise) {
+  manual_seed(74);
+  Blocking m;
+  manual_seed(74);
+  Blocking replica;  // the same weights
+  const Tensor x = randn({2, 8}, 73);
+  prepare(m, {x});
+  prepare(replica, {x});
+  m(x);
+  replica(x);
+  const std::string path = ::testing::TempDir() + "/blocking_state.json";
+  save_quant_state(m, path);
+  for (Blocking* busy : {&m, &replica}) {
+    busy->block = true;
+    busy->entered = false;
+    busy->release = false;
+    std::thread call([&] { (*busy)(x); });
+    while (!busy->entered) std::this_thread::yield();
+    busy->block = false;
+    EXPECT_THROW_MSG(merge_calibration(m, replica), UsageError,
+                     "merge_calibration: Blocking is being called (on this thread or another); merge replicas once "
+                     "their calibrating calls have returned");
+    if (busy == &m) {
+      EXPECT_THROW_MSG(load_quant_state(m, path), UsageError,
+                       "load_quant_state: Blocking is being called (on this thread or another); load calibration "
+                       "between calls");
+    }
+    busy->release = true;
+    call.join();
+  }
+  merge_calibration(m, replica);  // once the calls returned
+  load_quant_state(m, path);
+  m(x);  // nothing was left held
+  convert(m);
+  EXPECT_EQ(m(x).dtype(), DType::kF32);
+}
+
 struct ConvertsInForward : nn::CallableModule<ConvertsInForward> {
   ConvertsInForward() { fc = register_module("fc", std::make_shared<Linear>(8, 8)); }
   Tensor forward(const Tensor& x) {
