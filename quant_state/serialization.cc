@@ -1229,6 +1229,19 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
         add(op.input_observers[a], k, fr.input_observers[a]);
       }
       add(op.output_observer, k, fr.output_observer);
+      // The model's input has an observer of its own (several origins) where this source's had
+      // none (one origin there, taken with its parameters): the values that arrived there are in
+      // the observers of its sole origins. Without them a replica that took one branch lost its
+      // ranges to one that also took the other (2-5 dB against 37-40 dB;
+      // PathsAfterConvert.AReplicaThatTookOneBranchKeepsItsRanges).
+      for (size_t a = 0; a < op.input_observers.size(); ++a) {
+        if (op.input_observers[a] < 0 || op.inputs[a].num_origins() < 2) continue;
+        if (a < fr.input_observers.size() && fr.input_observers[a] >= 0) continue;
+        for (const int64_t id : sole_origins(model, static_cast<int>(g), a)) {
+          const int producer = sources[k].record_of[static_cast<size_t>(model.tensor(id)->record)];
+          if (producer >= 0) add(op.input_observers[a], k, sources[k].doc->records[static_cast<size_t>(producer)].output_observer);
+        }
+      }
     }
   }
   for (auto& [root, list] : from) {

@@ -602,35 +602,20 @@ class Analyzer {
     // every arrival was one of them, taken with their parameters. Without this it saw only the
     // calls after the new path was found, and the earlier path's values were clipped to the new
     // one's range after convert (1.4 dB; PathsAfterConvert.ABranchFoundLateKeepsTheRangesOfTheOneBefore).
-    // Only from an observer whose every value arrived here: a tensor with one producing record,
-    // read by this input alone (no other record input, no fp32 reader, not returned), with a slot
-    // of its own. Otherwise the observer saw values that never arrive here (a folded loop's
-    // output also feeds the loop's next iteration), which would widen the range, and a replica
-    // that found the path later than another would no longer merge into what one process
-    // calibrates (ControlFlowState.MergedReplicasMatchOneProcess). Such an input still starts
-    // empty when its second origin is found late (docs/control_flow.md).
-    std::map<int64_t, int> producers_of, readers_of;  // tensor id -> records making it, record inputs reading it
-    for (const auto& [st, k] : m_.records()) {
-      const SeenOpInfo& op = st->seen_ops()[static_cast<size_t>(k)];
-      ++producers_of[op.outputs[0].id];
-      for (const QTensorInfo& in : op.inputs) {
-        for (const int64_t id : origins(in)) ++readers_of[id];
-      }
-    }
-    std::map<int, int> members;  // root -> slots in it
-    for (size_t i = 0; i < m_.num_slots(); ++i) ++members[m_.find(static_cast<int>(i))];
+    // Only from an observer whose every value arrived here (sole_origins). Otherwise the observer
+    // saw values that never arrive here (a folded loop's output also feeds the loop's next
+    // iteration), which would widen the range, and a replica that found the path later than
+    // another would no longer merge into what one process calibrates
+    // (ControlFlowState.MergedReplicasMatchOneProcess). Such an input still starts empty when its
+    // second origin is found late (docs/control_flow.md).
     for (size_t i = 0; i < m_.num_slots(); ++i) {
       const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
       if (n.input < 0 || n.record < 0 || old_by_key.count({n.record, n.input}) != 0) continue;
       const int root = m_.find(static_cast<int>(i));
       std::set<int> taken = {root};
-      for (const int64_t id : origins(m_.record(n.record).inputs[static_cast<size_t>(n.input)])) {
-        const Record* r = m_.tensor(id);
-        if (r == nullptr || r->slot < 0 || r->record < 0 || producers_of[id] != 1 || readers_of[id] != 1) continue;
-        const SeenOpInfo& p = m_.record(r->record);
-        if (p.escapes || p.read_by_fp32 || p.model_output) continue;
-        const int from = m_.find(r->slot);
-        if (members[from] != 1 || !taken.insert(from).second) continue;
+      for (const int64_t id : sole_origins(m_, n.record, static_cast<size_t>(n.input))) {
+        const int from = m_.find(m_.tensor(id)->slot);
+        if (!taken.insert(from).second) continue;
         const Observer* src = m_.slot(from).observer.get();
         ObserverSlot& dst = m_.slot(root);
         if (src == nullptr || !src->has_data() || !(src->spec() == dst.observer->spec())) continue;
@@ -671,6 +656,34 @@ class Analyzer {
 };
 
 }  // namespace
+
+std::vector<int64_t> sole_origins(ModelQuantState& model, int g, size_t k) {
+  const SeenOpInfo& op = model.record(g);
+  if (k >= op.inputs.size()) return {};
+  std::map<int64_t, int> producers, readers;  // tensor id -> records making it, record inputs reading it
+  for (const auto& [st, i] : model.records()) {
+    const SeenOpInfo& o = st->seen_ops()[static_cast<size_t>(i)];
+    ++producers[o.outputs[0].id];
+    for (const QTensorInfo& in : o.inputs) {
+      ++readers[in.id];
+      for (const int64_t id : in.more_ids) ++readers[id];
+    }
+  }
+  std::vector<int64_t> ids = {op.inputs[k].id};
+  ids.insert(ids.end(), op.inputs[k].more_ids.begin(), op.inputs[k].more_ids.end());
+  std::vector<int64_t> sole;
+  for (const int64_t id : ids) {
+    const ModelQuantState::TensorRecord* r = model.tensor(id);
+    if (r == nullptr || r->slot < 0 || r->record < 0 || producers[id] != 1 || readers[id] != 1) continue;
+    const SeenOpInfo& p = model.record(r->record);
+    if (p.escapes || p.read_by_fp32 || p.model_output) continue;
+    const int root = model.find(r->slot);
+    int members = 0;
+    for (size_t j = 0; j < model.num_slots() && members < 2; ++j) members += model.find(static_cast<int>(j)) == root;
+    if (members == 1) sole.push_back(id);
+  }
+  return sole;
+}
 
 void analyze_program(ModelQuantState& model) {
   Analyzer(model).run();

@@ -122,6 +122,44 @@ TEST(PathsAfterConvert, ABranchFoundLateKeepsTheRangesOfTheOneBefore) {
   EXPECT_EQ(uncalibrated_ops(mixed), 0);
 }
 
+// Replicas: one took branch a on wide inputs only, the other branch a on narrow inputs and then
+// branch b. Merged (either way round), head's input observer held only the second replica's
+// statistics: the wide values were clipped (2-5 dB against 37-40 dB for one process on both
+// shards). The first replica's values, in its observer of a's output, are now merged in. With
+// the second replica on branch b alone, convert raised NotCalibratedError.
+TEST(PathsAfterConvert, AReplicaThatTookOneBranchKeepsItsRanges) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const int into_first = mode % 2;
+    const bool b_only = mode >= 2;  // the second replica took only branch b: convert raised
+                                     // NotCalibratedError (head's input observer saw nothing)
+    manual_seed(16);
+    LateBranch ref;
+    std::vector<std::unique_ptr<LateBranch>> ms;
+    for (int i = 0; i < 3; ++i) {
+      manual_seed(16);
+      ms.push_back(std::make_unique<LateBranch>());
+      prepare(*ms.back(), {scaled(1, {4, 16}, 4, 3)});
+    }
+    LateBranch &whole = *ms[0], &r1 = *ms[1], &r2 = *ms[2];
+    std::vector<Tensor> s1, s2;
+    for (uint64_t i = 0; i < 4; ++i) s1.push_back(scaled(10 + i, {4, 16}, 8, 6));       // a, wide
+    for (uint64_t i = 0; i < (b_only ? 0 : 4); ++i) s2.push_back(scaled(20 + i, {4, 16}, 1, 1));  // a, narrow
+    for (uint64_t i = 0; i < 2; ++i) s2.push_back(scaled(30 + i, {4, 16}, 0.2, -0.3));  // b
+    for (const Tensor& x : s1) r1(x), whole(x);
+    for (const Tensor& x : s2) r2(x), whole(x);
+    LateBranch& merged = into_first == 1 ? r1 : r2;
+    merge_calibration(merged, into_first == 1 ? r2 : r1);
+    convert(whole);
+    convert(merged);
+    for (uint64_t i = 0; i < 3; ++i) {
+      const Tensor big = scaled(40 + i, {4, 16}, 8, 6), small = scaled(50 + i, {4, 16}, 0.2, -0.3);
+      EXPECT_GT(sqnr_of(merged(big), ref(big)), sqnr_of(whole(big), ref(big)) - 1.0) << mode << " " << i;
+      EXPECT_GT(sqnr_of(merged(small), ref(small)), 15.0) << mode << " " << i;
+    }
+    EXPECT_EQ(uncalibrated_ops(merged), 0);
+  }
+}
+
 // ---- an op on a path never calibrated hands its result to a calibrated record ----
 
 // Only branch a was calibrated (narrow inputs); after convert branch b runs fp32 (uncalibrated),
