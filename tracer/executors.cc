@@ -390,7 +390,9 @@ bool same_geometry(const Tensor& a, const Tensor& b) {
          a.strides() == b.strides();
 }
 
-// Element by element on raw memory (not through the dispatcher: this runs inside a converted op).
+
+}  // namespace
+
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
   const size_t es = a.element_size();
@@ -410,8 +412,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   }
   return true;
 }
-
-}  // namespace
 
 Tensor FollowerExec::run(const OpCall& call) {
   for (size_t k = 0; k < folded_.size() && k + 1 < call.inputs.size(); ++k) {

@@ -75,6 +75,10 @@ class Fp32Exec : public ConvertedOp {
   std::string why_;
 };
 
+// Whether two tensors hold bit-identical values (dtype, sizes, then element by element on raw memory,
+// not through the dispatcher: it runs inside converted ops).
+bool same_bits(const Tensor& a, const Tensor& b);
+
 // The tensors a cached int8 kernel was built from (weight, bias, folded batch-norm statistics),
 // to tell whether a later call hands the same values. Holding them keeps their storage alive, so
 // a later tensor on the same storage, with the same geometry and storage version, holds the same

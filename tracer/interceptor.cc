@@ -862,6 +862,25 @@ Tensor QuantInterceptor::seen_op(const OpCall& call, Frame* owner, Frame* top, i
                                              "again with the new ones: prepare, calibrate, convert)"));
       }
     }
+    // The same for a layer whose weight member was given another tensor since convert
+    // (`conv->weight = w * 4`: no version moves, the convert-time storage is unchanged). Its
+    // kernel re-quantized the new weights, with a warning, while the ranges after it stayed the
+    // old weights'.
+    // The same values in another tensor are no change (compared per call while it lasts). A fused
+    // chain's later member (a batch norm folded into the conv) is checked by the chain's kernel.
+    for (size_t k = 0; k < op.weights.size() && n_act + k < call.inputs.size() && op.fusion.position <= 0; ++k) {
+      const WeightInfo& w = op.weights[k];
+      const Tensor& t = *call.inputs[n_act + k];
+      if (__builtin_expect(w.fqn.empty() || !w.tensor.defined() || !t.defined() || t.storage() == w.tensor.storage(), 1) ||
+          !calibrated_ranges || same_bits(t, w.tensor)) {
+        continue;
+      }
+      stale_.store(true, std::memory_order_relaxed);
+      return run_uncalibrated(call, owner, top,
+                              absl::StrCat("reads parameter \"", w.fqn, "\", replaced by another tensor since convert; "
+                                           "calibration saw the old one (calibrate again with the new one: prepare, "
+                                           "calibrate, convert)"));
+    }
     // After such a read every op runs fp32: the values downstream of the parameter left the ranges
     // calibration saw (and a later call's ops may read them through the module's state).
     if (__builtin_expect(stale_.load(std::memory_order_relaxed), 0) && calibrated_ranges) {

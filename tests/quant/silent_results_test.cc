@@ -1251,6 +1251,29 @@ TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
   EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, "reads parameter \"conv2.weight\", written since convert");
 }
 
+// The same with the member given another tensor (`conv->weight = conv->weight * 4`) instead of
+// written in place: no version moved, so the kernel re-quantized the new weights with a warning
+// and the ranges after it stayed calibration's (relative error 0.7 for conv x4).
+TEST(ParameterOperand, ALayersWeightReplacedAfterConvertRunsFp32) {
+  expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.conv->weight = m.conv->weight * 4.0; },
+                                           "conv.weight replaced");
+  expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.fc->bias = m.fc->bias + 2.0; },
+                                           "fc.bias replaced");
+  ConvBnReluHead m;
+  const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  ConvertOptions o;
+  o.strict_paths = true;
+  convert(m, o);
+  m.conv2->weight = m.conv2->weight.clone();  // the same values in another tensor: no change
+  const int64_t before = uncalibrated_ops(m);
+  m(xs[0]);
+  EXPECT_EQ(uncalibrated_ops(m), before);
+  m.conv2->weight = m.conv2->weight * 2.0;
+  EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, "reads parameter \"conv2.weight\", replaced by another tensor since convert");
+}
+
 // A parameter of an untraced module (PrepareOptions::non_traceable_module_names: interception is
 // suspended inside) written after convert: nothing saw the read, and the int8 linear after the
 // module clipped its new outputs to the old range (relative error 0.67 for a scale x4). The
