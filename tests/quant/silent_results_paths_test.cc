@@ -165,18 +165,29 @@ TEST(PathsAfterConvert, AReplicaThatTookOneBranchKeepsItsRanges) {
 // Only branch a was calibrated (narrow inputs); after convert branch b runs fp32 (uncalibrated),
 // but its relu has the calibrated relu's tag, so head found its calibrated record and quantized
 // b's wide output into a's range: clipped, though the path was reported as running fp32.
-TEST(PathsAfterConvert, AnUncalibratedOpsResultIsNotTakenForACalibratedOne) {
-  manual_seed(13);
-  LateBranch ref;
-  manual_seed(13);
-  LateBranch m;
-  prepare(m, {scaled(1, {4, 16}, 0.2, 0.3)});
-  for (uint64_t i = 0; i < 6; ++i) m(scaled(10 + i, {4, 16}, 0.2, 0.3));  // branch a only
-  convert(m);
-  const int64_t before = uncalibrated_ops(m);
+// Calibrated on branch a only (narrow inputs), then run on a wide input taking branch b: the
+// whole path after b must run fp32 (counted), matching the fp32 twin; branch a still runs int8.
+template <typename M>
+void expect_uncalibrated_branch_runs_fp32(uint64_t seed) {
+  manual_seed(seed);
+  M ref;
+  manual_seed(seed);
+  auto m = std::make_unique<M>();
+  prepare(*m, {scaled(1, {4, 16}, 0.2, 0.3)});
+  for (uint64_t i = 0; i < 6; ++i) (*m)(scaled(10 + i, {4, 16}, 0.2, 0.3));  // branch a only
+  convert(*m);
+  const int64_t before = uncalibrated_ops(*m);
   const Tensor wide = scaled(50, {4, 16}, 6, -4);  // branch b, never calibrated
-  EXPECT_GT(sqnr_of(m(wide), ref(wide)), 40.0) << "an uncalibrated path runs fp32 to the end";
-  EXPECT_GT(uncalibrated_ops(m), before);
+  EXPECT_GT(sqnr_of((*m)(wide), ref(wide)), 40.0) << "an uncalibrated path runs fp32 to the end";
+  EXPECT_GT(uncalibrated_ops(*m), before);
+  const Tensor narrow = scaled(51, {4, 16}, 0.2, 0.3);  // the calibrated path still runs int8
+  const int64_t after = uncalibrated_ops(*m);
+  EXPECT_GT(sqnr_of((*m)(narrow), ref(narrow)), 20.0);
+  EXPECT_EQ(uncalibrated_ops(*m), after);
+}
+
+TEST(PathsAfterConvert, AnUncalibratedOpsResultIsNotTakenForACalibratedOne) {
+  expect_uncalibrated_branch_runs_fp32<LateBranch>(13);
 }
 
 // The same through an fp32 op between the paths (a flatten of b's output, then a reshape back)
@@ -204,19 +215,7 @@ struct JoinsAcrossAModule : nn::CallableModule<JoinsAcrossAModule> {
 };
 
 TEST(PathsAfterConvert, AValueFromAnUncalibratedPathRunsFp32AcrossModulesAndFp32Ops) {
-  manual_seed(15);
-  JoinsAcrossAModule ref;
-  manual_seed(15);
-  JoinsAcrossAModule m;
-  prepare(m, {scaled(1, {4, 16}, 0.2, 0.3)});
-  for (uint64_t i = 0; i < 6; ++i) m(scaled(10 + i, {4, 16}, 0.2, 0.3));  // branch a only
-  convert(m);
-  const Tensor wide = scaled(50, {4, 16}, 6, -4);  // branch b, never calibrated
-  EXPECT_GT(sqnr_of(m(wide), ref(wide)), 40.0);
-  const Tensor narrow = scaled(51, {4, 16}, 0.2, 0.3);  // the calibrated path still runs int8
-  const int64_t before = uncalibrated_ops(m);
-  EXPECT_GT(sqnr_of(m(narrow), ref(narrow)), 20.0);
-  EXPECT_EQ(uncalibrated_ops(m), before);
+  expect_uncalibrated_branch_runs_fp32<JoinsAcrossAModule>(15);
 }
 
 // ---- a path taken once, behind a cat ----

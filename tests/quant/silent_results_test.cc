@@ -701,17 +701,26 @@ struct RefillsABufferInForward : nn::CallableModule<RefillsABufferInForward> {
   std::shared_ptr<Linear> fc;
 };
 
-TEST(InputBuffer, RefilledThroughARawPointerWithinACallIsQuantizedAgain) {
-  manual_seed(4);
-  RefillsABufferInForward ref;
-  manual_seed(4);
-  RefillsABufferInForward m;
-  const auto xs = testing::random_batches(4, 64, {1, 16});
+// A model of type M whose forward returns one row per loop iteration: converted (calibrated on
+// 4 rows of seed `data_seed`), each iteration's row must match the fp32 twin's.
+template <typename M>
+void expect_every_iteration_right(uint64_t weight_seed, uint64_t data_seed, int64_t iterations) {
+  manual_seed(weight_seed);
+  M ref;
+  manual_seed(weight_seed);
+  M m;
+  const auto xs = testing::random_batches(4, data_seed, {1, 16});
   prepare_calibrate_convert(m, xs);
   for (const Tensor& x : xs) {
     const Tensor want = ref(x), got = m(x);
-    for (int64_t t = 0; t < 3; ++t) EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "iteration " << t;
+    for (int64_t t = 0; t < iterations; ++t) {
+      EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "iteration " << t;
+    }
   }
+}
+
+TEST(InputBuffer, RefilledThroughARawPointerWithinACallIsQuantizedAgain) {
+  expect_every_iteration_right<RefillsABufferInForward>(4, 64, 3);
 }
 
 // The same buffer handed to a child module, or made by an op (x.clone()) and read by a layer or a
@@ -789,16 +798,7 @@ struct RefillsForTwoConsumers : nn::CallableModule<RefillsForTwoConsumers> {
 };
 
 TEST(InputBuffer, RefilledBetweenTwoConsumersIsQuantizedAgain) {
-  manual_seed(5);
-  RefillsForTwoConsumers ref;
-  manual_seed(5);
-  RefillsForTwoConsumers m;
-  const auto xs = testing::random_batches(4, 65, {1, 16});
-  prepare_calibrate_convert(m, xs);
-  for (const Tensor& x : xs) {
-    const Tensor want = ref(x), got = m(x);
-    for (int64_t t = 0; t < 4; ++t) EXPECT_GT(sqnr_of(want.narrow(0, t, 1), got.narrow(0, t, 1)), 25.0) << "iteration " << t;
-  }
+  expect_every_iteration_right<RefillsForTwoConsumers>(5, 65, 4);
 }
 
 // An in-place op on a tensor wrapping the caller's memory (from_blob), the only handle on it: the
@@ -1230,6 +1230,15 @@ void expect_fp32_after_kernel_weights_written(Write write, const std::string& wh
   EXPECT_GT(uncalibrated_ops(m), 0) << what;
 }
 
+// Prepared on xs[0], calibrated on xs, converted with ConvertOptions::strict_paths.
+void convert_strict(ConvBnReluHead& m, const std::vector<Tensor>& xs) {
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  ConvertOptions o;
+  o.strict_paths = true;
+  convert(m, o);
+}
+
 TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
   expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.conv->weight.mul_(4.0); }, "conv.weight");
   expect_fp32_after_kernel_weights_written(
@@ -1242,11 +1251,7 @@ TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
   // strict_paths raises instead, naming the parameter.
   ConvBnReluHead m;
   const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  ConvertOptions o;
-  o.strict_paths = true;
-  convert(m, o);
+  convert_strict(m, xs);
   m.conv2->weight.mul_(2.0);
   EXPECT_THROW_MSG(m(xs[0]), ControlFlowError, "reads parameter \"conv2.weight\", written since convert");
 }
@@ -1261,11 +1266,7 @@ TEST(ParameterOperand, ALayersWeightReplacedAfterConvertRunsFp32) {
                                            "fc.bias replaced");
   ConvBnReluHead m;
   const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
-  prepare(m, {xs[0]});
-  for (const Tensor& x : xs) m(x);
-  ConvertOptions o;
-  o.strict_paths = true;
-  convert(m, o);
+  convert_strict(m, xs);
   m.conv2->weight = m.conv2->weight.clone();  // the same values in another tensor: no change
   const int64_t before = uncalibrated_ops(m);
   m(xs[0]);
