@@ -162,13 +162,19 @@ int ModelQuantState::new_slot(const ObserverSpec& spec, int64_t tensor_id, const
 
 namespace {
 
-// A hash of the tensor's values (in logical order), for telling a refilled buffer from the same one.
+// A hash of the tensor's values, for telling a refilled buffer from the same one (the geometry is
+// compared apart): a dense tensor's memory as it lies, any other's elements in logical order. Read
+// directly, never through the dispatcher (Tensor::contiguous is an op: called while calibrating it
+// would be traced as one of the model's).
 uint64_t values_hash(const Tensor& t) {
   if (!t.defined() || t.numel() == 0) return 0;
-  const Tensor c = t.is_contiguous() ? t : t.contiguous();
-  const auto bytes = absl::string_view(static_cast<const char*>(c.data_ptr()),
-                                       static_cast<size_t>(c.numel()) * c.element_size());
-  return absl::Hash<absl::string_view>()(bytes);
+  if (t.is_non_overlapping_and_dense()) {
+    return absl::Hash<absl::string_view>()(absl::string_view(static_cast<const char*>(t.data_ptr()),
+                                                             static_cast<size_t>(t.numel()) * t.element_size()));
+  }
+  const std::vector<float> v = t.to_vector<float>();
+  return absl::Hash<absl::string_view>()(
+      absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
 }
 
 }  // namespace

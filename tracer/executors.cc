@@ -34,9 +34,9 @@ struct QuantizeMemo {
   Tensor result;
 };
 thread_local QuantizeMemo tls_memo;
-// The memo's source values when it is small and dense (kMemoSnapshotBytes at most): the same
-// consumer reading the same tensor again (a loop's next iteration) gets the memo only if its
-// values are these. A fixed buffer: taking a snapshot allocates nothing.
+// The memo's source values when it is small and contiguous (kMemoSnapshotBytes at most): a
+// consumer reading the same tensor again (another consumer, or a loop's next iteration) gets the
+// memo only while its values are these. A fixed buffer: taking a snapshot allocates nothing.
 constexpr size_t kMemoSnapshotBytes = 4096;
 thread_local char tls_memo_bytes[kMemoSnapshotBytes];
 
@@ -389,7 +389,6 @@ bool same_geometry(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
          a.strides() == b.strides();
 }
-
 
 }  // namespace
 
