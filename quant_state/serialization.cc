@@ -1232,7 +1232,7 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
       // The model's input has an observer of its own (several origins) where this source's had
       // none (one origin there, taken with its parameters): the values that arrived there are in
       // the observers of its sole origins. Without them a replica that took one branch lost its
-      // ranges to one that also took the other (2-5 dB against 37-40 dB;
+      // ranges to one that also took the other (2-5 dB against 36-39 dB;
       // PathsAfterConvert.AReplicaThatTookOneBranchKeepsItsRanges).
       for (size_t a = 0; a < op.input_observers.size(); ++a) {
         if (op.input_observers[a] < 0 || op.inputs[a].num_origins() < 2) continue;

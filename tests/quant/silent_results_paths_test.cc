@@ -124,7 +124,7 @@ TEST(PathsAfterConvert, ABranchFoundLateKeepsTheRangesOfTheOneBefore) {
 
 // Replicas: one took branch a on wide inputs only, the other branch a on narrow inputs and then
 // branch b. Merged (either way round), head's input observer held only the second replica's
-// statistics: the wide values were clipped (2-5 dB against 37-40 dB for one process on both
+// statistics: the wide values were clipped (2-5 dB against 36-39 dB for one process on both
 // shards). The first replica's values, in its observer of a's output, are now merged in. With
 // the second replica on branch b alone it was worse (0.6-1.4 dB).
 TEST(PathsAfterConvert, AReplicaThatTookOneBranchKeepsItsRanges) {
