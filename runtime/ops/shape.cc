@@ -42,10 +42,13 @@ Tensor run_view(const OpCall& c) {
   const DimVector target = infer_reshape(c.p<ShapeParams>().sizes, x.numel(), x.sizes());
   check_not_per_channel("view", x);
   Tensor v = x.raw_view(target);
-  if (!v.defined() && x.dim() == 4 && x.is_channels_last()) {
-    // dbrq keeps conv and pooling activations channels-last; the tensor the user holds is NCHW and
-    // view() must mean what it means on NCHW. Its memory cannot be viewed that way, so view reads
-    // it through a row-major copy, like reshape (writes to the result do not reach x).
+  if (!v.defined() && x.dim() >= 3 && x.stride(1) == 1 && x.size(1) > 1) {
+    // dbrq keeps conv and pooling activations channels-last (conv1d's and pool1d's too, [N, C, L]
+    // with C innermost); the tensor the user holds is NCHW and view() must mean what it means on
+    // NCHW, also after narrowing the channels (`y.narrow(1, 0, c).view({n, -1})` works on a
+    // PyTorch conv output). Such memory cannot be viewed that way, so view reads it through a
+    // row-major copy, like reshape (writes to the result do not reach x). A user's own tensor with
+    // its channels innermost (a permute) that PyTorch would refuse to view is copied the same way.
     return kernels::copy(x, MemoryFormat::kContiguous, x.dtype()).raw_view(target);
   }
   DBRQ_ENSURE(v.defined(), ShapeError, "view: sizes ", shape_to_string(target), " are not compatible with the strides of a tensor of sizes ",

@@ -214,6 +214,21 @@ TEST(ViewAfterConv, MeansTheNchwViewFp32AndInt8) {
   EXPECT_GT(sqnr_of(m(x), expected), 20.0);
 }
 
+// The same for a conv1d or pool1d output ([N, C, L], channels innermost inside) and for a conv
+// output with its channels narrowed: view({N, -1}) raised ShapeError where PyTorch succeeds.
+TEST(ViewAfterConv, Conv1dPool1dAndChannelNarrowedOutputsViewAsInPyTorch) {
+  manual_seed(6);
+  nn::Conv1dImpl conv1d(nn::Conv1dOptions(3, 4, 3).padding(1));
+  Conv2d conv2d(3, 4, 3, 1, 1);
+  const Tensor y1 = conv1d(randn({2, 3, 7}, 10));
+  const Tensor p1 = max_pool1d(y1, 2);
+  const Tensor y2 = conv2d(randn({2, 3, 5, 5}, 11)).narrow(1, 1, 2);
+  for (const Tensor& y : {y1, p1, y2}) {
+    SCOPED_TRACE(y.shape_string());
+    EXPECT_EQ(y.view({2, -1}).to_vector<float>(), y.contiguous().view({2, -1}).to_vector<float>());
+  }
+}
+
 // ---- raw memory of a conv output ----
 
 // A libtorch port reading a conv output's elements through a pointer (out.data_ptr<float>() there)
