@@ -32,6 +32,12 @@ class Converter {
     for (auto& [state, index] : m_.execution_order()) {
       SeenOpInfo& op = state->seen_ops()[index];
       program[op.program_index] = build(*state, op);
+      // Built first all the same: the parameters it derives for its consumers stay the plan's.
+      if (op.role != QuantRole::kNone && !(op.fusion.fused() && op.fusion.position > 0) && op.absorbs < 0 &&
+          op.absorbed_by < 0 && chain_saw_infinities(op)) {
+        program[op.program_index] = std::make_unique<Fp32Exec>(
+            "saw +-inf while calibrating (an additive -inf mask?), which int8 cannot hold");
+      }
     }
     // What each op chose, for printing and introspection (every parameter is known by now).
     for (auto& [state, index] : m_.execution_order()) {
@@ -135,6 +141,41 @@ class Converter {
       if (d.eltwise != nullptr) post.push_back(d.eltwise(m->params.get()));
     }
     return post;
+  }
+
+  // +-inf in what calibration saw at an op's inputs or output: an additive attention mask of 0 /
+  // -inf, and the scores it was added to. Observers skip infinities, so the mask's range was
+  // [0, 0]; quantizing clamped -inf to a finite code and the mask vanished after convert (masked
+  // keys got ordinary attention weights, no error). Such an op, and every op of its fused chain,
+  // runs fp32; its consumers quantize its f32 output with the parameters they were converted
+  // with. Only where at least one infinity per observed tensor was seen on average: a stray Inf in
+  // calibration data (skipped, counted and warned about by its observer) does not count.
+  bool saw_infinities(const SeenOpInfo& op) {
+    auto bad = [&](int slot) {
+      if (slot < 0) return false;
+      const Observer* o = m_.slot(slot).observer.get();
+      return o != nullptr && o->inf_count() > 0 && o->inf_count() >= o->num_batches();
+    };
+    auto bad_tensor = [&](int64_t id) {
+      const ModelQuantState::TensorRecord* r = m_.tensor(id);
+      return r != nullptr && bad(r->slot);
+    };
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (k < op.input_observers.size() && bad(op.input_observers[k])) return true;
+      if (bad_tensor(op.inputs[k].id)) return true;
+      for (const int64_t id : op.inputs[k].more_ids) {
+        if (bad_tensor(id)) return true;
+      }
+    }
+    return bad(op.output_observer) || (!op.outputs.empty() && bad_tensor(op.outputs[0].id));
+  }
+  bool chain_saw_infinities(const SeenOpInfo& base) {
+    if (saw_infinities(base)) return true;
+    if (!base.fusion.fused()) return false;
+    for (const SeenOpInfo* m : m_.chain_after(base)) {
+      if (saw_infinities(*m)) return true;
+    }
+    return false;
   }
 
   std::unique_ptr<ConvertedOp> build(AutoQuantizationState& s, SeenOpInfo& op) {

@@ -212,3 +212,62 @@ TEST(ObserveOnce, ANarrowerViewOfTheSameStorageIsAnotherTensor) {
 
 }  // namespace
 }  // namespace dbrq
+
+namespace dbrq {
+namespace {
+
+// An additive causal mask of 0 / -inf before softmax (GPT-2 style attention). Observers skip
+// infinities, so the mask's range was [0, 0] and quantizing clamped -inf to 0.0: after convert
+// every query attended to every key, with no error. The add and the softmax now run fp32 (they
+// saw infinities on every call); the projections and matmuls stay int8.
+struct MaskedAttention : nn::CallableModule<MaskedAttention> {
+  MaskedAttention() {
+    q = register_module("q", std::make_shared<nn::LinearImpl>(16, 16));
+    k = register_module("k", std::make_shared<nn::LinearImpl>(16, 16));
+    v = register_module("v", std::make_shared<nn::LinearImpl>(16, 16));
+  }
+  Tensor forward(const Tensor& x, const Tensor& mask) {
+    const Tensor s = matmul((*q)(x), (*k)(x).transpose(-1, -2)) * 0.25;
+    return matmul(softmax(s + mask, -1), (*v)(x));
+  }
+  std::shared_ptr<nn::LinearImpl> q, k, v;
+};
+
+TEST(InfiniteMask, AnAdditiveMinusInfMaskStaysAMask) {
+  const int64_t t = 6;
+  std::vector<float> m(static_cast<size_t>(t * t), 0.f);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = i + 1; j < t; ++j) m[static_cast<size_t>(i * t + j)] = -INFINITY;
+  }
+  const Tensor mask = from_vector<float>(m, {t, t});
+  manual_seed(21);
+  MaskedAttention ref;
+  manual_seed(21);
+  MaskedAttention att;
+  const auto xs = testing::random_batches(4, 22, {2, t, 16});
+  prepare(att, {xs[0], mask});
+  for (const Tensor& x : xs) att(x, mask);
+  convert(att);
+  for (const Tensor& x : xs) {
+    const Tensor want = ref(x, mask), got = att(x, mask);
+    // Row 0 attends to key 0 alone: its output is v(x)[0] in fp32, and so it must stay.
+    EXPECT_GT(sqnr_of(want.select(1, 0), got.select(1, 0)), 25.0) << "row 0 attended to masked keys";
+    EXPECT_GT(sqnr_of(want, got), 25.0);
+  }
+  EXPECT_EQ(uncalibrated_ops(att), 0);
+  // What runs int8: the three projections and the two matmuls, not the add or the softmax.
+  int int8 = 0;
+  for (const SeenOpInfo& op : testing::state_of(att).seen_ops()) {
+    if (op.executor == nullptr || op.role == QuantRole::kNone) continue;
+    if (op.kind == OpKind::kAdd || op.kind == OpKind::kSoftmax) {
+      EXPECT_TRUE(op.executor->fp32) << op_name(op.kind);
+    } else if (op.kind == OpKind::kLinear || op.kind == OpKind::kMatmul) {
+      EXPECT_FALSE(op.executor->fp32) << op_name(op.kind);
+      int8 += op.executor->fp32 ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(int8, 5);
+}
+
+}  // namespace
+}  // namespace dbrq
