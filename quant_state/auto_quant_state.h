@@ -223,6 +223,14 @@ struct ObserverSlot {
   int input = -1;         // that record's input it observes; -1: its output
   QuantParamsPtr qparams;  // computed by convert, or fixed by a loaded file
   bool frozen = false;     // qparams came from a file: convert keeps them, whatever the observer saw
+  // Calibration saw +-inf here at least once per observed tensor on average (an additive -inf
+  // mask): int8 cannot hold the values, and convert runs the ops reading or writing them fp32.
+  // Set from a quant-state file too (parameters-only files have no statistics to tell).
+  bool infinite = false;
+  bool saw_infinities() const {
+    return infinite || (observer != nullptr && observer->inf_count() > 0 &&
+                        observer->inf_count() >= observer->num_batches());
+  }
   // The tensor it observed last (storage id, version, offset, element count): several consumers
   // of one fp32 tensor feed its observer, which takes each tensor once (and a narrower view of
   // the same storage, cat({s.narrow(1, 0, 2), s}), is not the same tensor).

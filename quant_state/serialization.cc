@@ -324,6 +324,7 @@ struct FileSlot {
   std::optional<ObserverSpec> spec;  // roots
   QuantParamsPtr qparams;
   bool frozen = false;  // qparams fixed by an earlier load: convert uses them, not the statistics
+  bool infinite = false;  // ObserverSlot::infinite
   std::optional<Observer::Stats> stats;
 };
 
@@ -512,6 +513,9 @@ std::string quant_state_to_json(const ModelQuantState& model_const, const std::s
       // Parameters fixed by a loaded file stay fixed (convert uses them, not the statistics);
       // without statistics every file's parameters are.
       if (options.include_observer_stats && slot.frozen) j["frozen"] = true;
+      // Infinities seen here (an additive -inf mask): convert runs its ops fp32, also from a file
+      // without statistics.
+      if (slot.saw_infinities()) j["infinities"] = true;
       // An observer that saw nothing has no statistics to restore (its range would be written as
       // null, which no loader could read back): its slot keeps its fresh observer. The range is
       // for readers of the file; only files with statistics have it (loading restores it, so a
@@ -898,6 +902,7 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
       fs.spec = spec;
       fs.qparams = qparams_from_json(j.at("qparams"), spec, where, i, max_slot_values(spec));
       if (j.contains("frozen")) fs.frozen = get_bool(j.at("frozen"), "frozen");
+      if (j.contains("infinities")) fs.infinite = get_bool(j.at("infinities"), "infinities");
       DBRQ_ENSURE(!fs.frozen || fs.qparams != nullptr, FileFormatError, where, ": observer ", i,
                   " is frozen but has no parameters");
       if (j.contains("stats")) {
@@ -1265,6 +1270,7 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
         params_only = fs.qparams;
       }
     }
+    for (auto [k, fr] : list) slot.infinite |= sources[k].doc->slots[static_cast<size_t>(fr)].infinite;
     // Frozen parameters stay frozen; a parameters-only file freezes its parameters; statistics
     // are turned into parameters at convert.
     slot.qparams = frozen != nullptr ? frozen : (have_stats ? nullptr : params_only);

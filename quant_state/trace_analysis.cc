@@ -588,9 +588,11 @@ class Analyzer {
           }
           n.qparams = os.qparams;
           n.frozen = os.frozen;
+          n.infinite = n.infinite || os.infinite;
           n.last = os.last;
           first = false;
         } else if (src->has_data()) {
+          n.infinite = n.infinite || os.infinite;
           n.observer->merge(*src);
           n.qparams = nullptr;  // several frozen parameter sets cannot be one
           n.frozen = false;

@@ -151,11 +151,7 @@ class Converter {
   // with. Only where at least one infinity per observed tensor was seen on average: a stray Inf in
   // calibration data (skipped, counted and warned about by its observer) does not count.
   bool saw_infinities(const SeenOpInfo& op) {
-    auto bad = [&](int slot) {
-      if (slot < 0) return false;
-      const Observer* o = m_.slot(slot).observer.get();
-      return o != nullptr && o->inf_count() > 0 && o->inf_count() >= o->num_batches();
-    };
+    auto bad = [&](int slot) { return slot >= 0 && m_.slot(slot).saw_infinities(); };
     auto bad_tensor = [&](int64_t id) {
       const ModelQuantState::TensorRecord* r = m_.tensor(id);
       return r != nullptr && bad(r->slot);

@@ -247,12 +247,22 @@ TEST(InfiniteMask, AnAdditiveMinusInfMaskStaysAMask) {
   const auto xs = testing::random_batches(4, 22, {2, t, 16});
   prepare(att, {xs[0], mask});
   for (const Tensor& x : xs) att(x, mask);
+  // The deploy flow: a parameters-only file (no statistics) must carry the infinities too.
+  const std::string path = testing::temp_file("masked_attention.qstate.json");
+  save_quant_state(att, path);
+  EXPECT_NE(testing::read_text(path).find("\"infinities\": true"), std::string::npos);
+  manual_seed(21);
+  MaskedAttention deployed;
+  prepare(deployed, {xs[0], mask});
+  load_quant_state(deployed, path);
+  convert(deployed);
   convert(att);
   for (const Tensor& x : xs) {
     const Tensor want = ref(x, mask), got = att(x, mask);
     // Row 0 attends to key 0 alone: its output is v(x)[0] in fp32, and so it must stay.
     EXPECT_GT(sqnr_of(want.select(1, 0), got.select(1, 0)), 25.0) << "row 0 attended to masked keys";
     EXPECT_GT(sqnr_of(want, got), 25.0);
+    testing::expect_equal(deployed(x, mask), got, "loaded from a parameters-only file");
   }
   EXPECT_EQ(uncalibrated_ops(att), 0);
   // What runs int8: the three projections and the two matmuls, not the add or the softmax.
