@@ -224,12 +224,15 @@ struct ObserverSlot {
   QuantParamsPtr qparams;  // computed by convert, or fixed by a loaded file
   bool frozen = false;     // qparams came from a file: convert keeps them, whatever the observer saw
   // Calibration saw +-inf here at least once per observed tensor on average (an additive -inf
-  // mask): int8 cannot hold the values, and convert runs the ops reading or writing them fp32.
-  // Set from a quant-state file too (parameters-only files have no statistics to tell).
+  // mask), or a far group of low values in any tensor (the same mask written with a finite
+  // stand-in such as -1e9: Observer::mask_count): int8 cannot hold the values, and convert runs
+  // the ops reading or writing them fp32. Set from a quant-state file too (parameters-only files
+  // have no statistics to tell; the file calls both "infinities").
   bool infinite = false;
   bool saw_infinities() const {
-    return infinite || (observer != nullptr && observer->inf_count() > 0 &&
-                        observer->inf_count() >= observer->num_batches());
+    return infinite ||
+           (observer != nullptr && ((observer->inf_count() > 0 && observer->inf_count() >= observer->num_batches()) ||
+                                    observer->mask_count() > 0));
   }
   // The tensor it observed last (storage id, version, offset, element count): several consumers
   // of one fp32 tensor feed its observer, which takes each tensor once (and a narrower view of

@@ -974,6 +974,36 @@ std::string ObserverSpec::to_string() const {
   return s + ")";
 }
 
+namespace {
+
+// See Observer::mask_count: a far group of values at the low end, alone across 15/16 of the range.
+bool has_far_low_group(const float* data, int64_t n) {
+  if (n < 3) return false;
+  float lo = data[0], hi = data[0];
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, data[i]);
+    hi = std::max(hi, data[i]);
+  }
+  const double range = static_cast<double>(hi) - lo;
+  if (!(range > 0)) return false;
+  const float cut = static_cast<float>(lo + range / 16);
+  int64_t low = 0;
+  float low_max = lo, high_min = hi;
+#pragma omp simd reduction(+ : low) reduction(max : low_max) reduction(min : high_min)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = data[i];
+    const bool is_low = v <= cut;
+    low += is_low;
+    low_max = std::max(low_max, is_low ? v : lo);
+    high_min = std::min(high_min, is_low ? hi : v);
+  }
+  return low >= 2 && low < n && high_min < hi &&
+         static_cast<double>(high_min) - static_cast<double>(low_max) >= range * 15 / 16;
+}
+
+}  // namespace
+
 void Observer::observe(const Tensor& x) {
   DBRQ_ENSURE(x.defined(), ValueError, "observer: tensor is undefined");
   DBRQ_ENSURE(x.dtype() == DType::kF32, DTypeError, "observer: can only observe f32 tensors, got ",
@@ -998,7 +1028,9 @@ void Observer::observe(const Tensor& x) {
     }
   }
   ++num_batches_;
+  const bool per_channel = spec_.kind == ObserverKind::kPerChannelMinMax;
   if (nans + infs == 0) {
+    if (!per_channel && has_far_low_group(data, n)) ++mask_count_;
     observe_finite(data, n, t);
     return;
   }
@@ -1010,7 +1042,7 @@ void Observer::observe(const Tensor& x) {
                 "occurrences are counted silently",
                 observer_kind_name(spec_.kind), nans, infs, x.shape_string());
   }
-  if (spec_.kind == ObserverKind::kPerChannelMinMax) {
+  if (per_channel) {
     observe_finite(data, n, t);  // skips non-finite values itself, keeping channel positions
     return;
   }
@@ -1019,6 +1051,7 @@ void Observer::observe(const Tensor& x) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isfinite(data[i])) finite.push_back(data[i]);
   }
+  if (has_far_low_group(finite.data(), static_cast<int64_t>(finite.size()))) ++mask_count_;
   observe_finite(finite.data(), static_cast<int64_t>(finite.size()), t);
 }
 
@@ -1029,6 +1062,7 @@ void Observer::merge(const Observer& other) {
   num_batches_ += other.num_batches_;
   nan_count_ += other.nan_count_;
   inf_count_ += other.inf_count_;
+  mask_count_ += other.mask_count_;
 }
 
 std::unique_ptr<Observer> Observer::clone_empty() const { return make_observer(spec_); }
@@ -1039,6 +1073,7 @@ Observer::Stats Observer::stats() const {
   s.num_batches = num_batches_;
   s.nan_count = nan_count_;
   s.inf_count = inf_count_;
+  s.mask_count = mask_count_;
   return s;
 }
 
@@ -1047,6 +1082,7 @@ void Observer::load_stats(const Stats& s) {
   num_batches_ = s.num_batches;
   nan_count_ = s.nan_count;
   inf_count_ = s.inf_count;
+  mask_count_ = s.mask_count;
 }
 
 std::unique_ptr<Observer> make_observer(const ObserverSpec& spec) {

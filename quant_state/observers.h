@@ -107,12 +107,18 @@ class Observer {
   int64_t num_batches() const { return num_batches_; }
   int64_t nan_count() const { return nan_count_; }
   int64_t inf_count() const { return inf_count_; }
+  // Tensors whose values fell in two groups: a dense one at the low end (at least two values
+  // within 1/16 of the range of the minimum) and the rest, with nothing in between for 15/16 of
+  // the range, the rest not all equal. An additive mask written with a finite stand-in for -inf
+  // (-1e9, -1e4, the lowest float) added to scores looks like this; int8 over such a range leaves
+  // the rest at most 16 codes. Per-channel (weight) observers do not count them.
+  int64_t mask_count() const { return mask_count_; }
 
   // Raw statistics for saving and restoring calibration (see quant_state/serialization.h):
   // named float vectors plus the counters above.
   struct Stats {
     std::vector<std::pair<std::string, std::vector<double>>> fields;
-    int64_t num_batches = 0, nan_count = 0, inf_count = 0;
+    int64_t num_batches = 0, nan_count = 0, inf_count = 0, mask_count = 0;
   };
   Stats stats() const;
   void load_stats(const Stats& stats);  // throws FileFormatError when fields do not fit
@@ -128,6 +134,7 @@ class Observer {
   int64_t num_batches_ = 0;
   int64_t nan_count_ = 0;
   int64_t inf_count_ = 0;
+  int64_t mask_count_ = 0;
   bool warned_ = false;
 };
 

@@ -212,7 +212,8 @@ Observer::Stats stats_from_json(const json& j, const std::string& where, size_t 
   st.num_batches = get_integer<int64_t>(j.at("num_batches"), "num_batches");
   st.nan_count = get_integer<int64_t>(j.at("nan_count"), "nan_count");
   st.inf_count = get_integer<int64_t>(j.at("inf_count"), "inf_count");
-  DBRQ_ENSURE(st.num_batches >= 0 && st.nan_count >= 0 && st.inf_count >= 0, FileFormatError, where, ": observer ",
+  if (j.contains("mask_count")) st.mask_count = get_integer<int64_t>(j.at("mask_count"), "mask_count");
+  DBRQ_ENSURE(st.num_batches >= 0 && st.nan_count >= 0 && st.inf_count >= 0 && st.mask_count >= 0, FileFormatError, where, ": observer ",
               slot, " statistics have negative counters");
   return st;
 }
@@ -398,7 +399,9 @@ json stats_to_json(const Observer& o) {
   const Observer::Stats st = o.stats();
   json fields = json::object();
   for (auto& [name, values] : st.fields) fields[name] = values;
-  return {{"fields", fields}, {"num_batches", st.num_batches}, {"nan_count", st.nan_count}, {"inf_count", st.inf_count}};
+  json j = {{"fields", fields}, {"num_batches", st.num_batches}, {"nan_count", st.nan_count}, {"inf_count", st.inf_count}};
+  if (st.mask_count != 0) j["mask_count"] = st.mask_count;  // absent in files from before it existed
+  return j;
 }
 
 json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {

@@ -83,6 +83,54 @@ TEST(ObserverNonFinite, AllNonFiniteBatchLeavesObserverEmpty) {
   EXPECT_THROW_MSG(obs->calculate_qparams(), NotCalibratedError, "seen no data");
 }
 
+// A far group of low values (a finite -inf stand-in in a mask) is counted; ordinary data is not.
+TEST(ObserverMaskValues, AFarLowGroupIsCountedOncePerTensor) {
+  // Scores in [-2, 2] with two of eight masked at -1e9 (and one at -1e4 + a score).
+  const Tensor masked = from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, -1e9f, 2.f, 0.25f, -1.f}, {2, 4});
+  const Tensor masked_1e4 = from_vector<float>({0.5f, -1e4f + 1.5f, 1.5f, -1e4f - 2.f, -2.f, 2.f, 0.25f, -1.f});
+  for (const ObserverSpec& spec : per_tensor_specs()) {
+    SCOPED_TRACE(spec.to_string());
+    auto obs = make_observer(spec);
+    obs->observe(masked);
+    EXPECT_EQ(obs->mask_count(), 1);
+    obs->observe(masked_1e4);
+    EXPECT_EQ(obs->mask_count(), 2);
+    obs->observe(randn({4, 16}, 3));
+    EXPECT_EQ(obs->mask_count(), 2);
+    EXPECT_EQ(obs->num_batches(), 3);
+    // With non-finite values too: they are skipped, the far group still counts.
+    obs->observe(from_vector<float>({kNaN, 0.5f, -1e9f, 1.f, -1e9f, kInf}));
+    EXPECT_EQ(obs->mask_count(), 3);
+    // Merged and restored, the count goes along.
+    auto other = obs->clone_empty();
+    other->merge(*obs);
+    EXPECT_EQ(other->mask_count(), 3);
+    auto loaded = obs->clone_empty();
+    loaded->load_stats(obs->stats());
+    EXPECT_EQ(loaded->mask_count(), 3);
+  }
+}
+
+TEST(ObserverMaskValues, OrdinaryRangesAreNotMasks) {
+  auto obs = make_observer(ObserverSpec::min_max());
+  // The mask itself: two values, nothing else to lose. int8 holds 0 and -1e9 exactly.
+  obs->observe(from_vector<float>({0.f, -1e9f, 0.f, -1e9f}));
+  // One far value alone is an outlier, not a group.
+  obs->observe(from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, 2.f}));
+  // A far group at the high end (not how masks are written).
+  obs->observe(from_vector<float>({0.5f, 1e9f, 1.5f, -2.f, 1e9f, 2.f}));
+  // A long tail: values in between.
+  obs->observe(from_vector<float>({-100.f, -99.f, -60.f, -20.f, 0.f, 1.f, 2.f}));
+  // Constant and tiny tensors.
+  obs->observe(full({8}, -3.f));
+  obs->observe(from_vector<float>({-1e9f, 1.f}));
+  EXPECT_EQ(obs->mask_count(), 0);
+  // Per-channel (weight) observers do not look.
+  auto pc = make_observer(ObserverSpec::per_channel_min_max(DType::kS8, QScheme::kPerChannelSymmetric, 0));
+  pc->observe(from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, -1e9f, 2.f}, {2, 3}));
+  EXPECT_EQ(pc->mask_count(), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 std::vector<Tensor> gaussian_batches(int n, uint64_t seed) {

@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "dbrq.h"
@@ -221,38 +224,71 @@ namespace {
 // every query attended to every key, with no error. The add and the softmax now run fp32 (they
 // saw infinities on every call); the projections and matmuls stay int8.
 struct MaskedAttention : nn::CallableModule<MaskedAttention> {
-  MaskedAttention() {
+  explicit MaskedAttention(bool use_where = false) : use_where(use_where) {
     q = register_module("q", std::make_shared<nn::LinearImpl>(16, 16));
     k = register_module("k", std::make_shared<nn::LinearImpl>(16, 16));
     v = register_module("v", std::make_shared<nn::LinearImpl>(16, 16));
   }
+  // mask: 0 where a key is visible; added to the scores, or with use_where the value a masked
+  // score takes (where(mask, mask, s): nonzero is true).
   Tensor forward(const Tensor& x, const Tensor& mask) {
     const Tensor s = matmul((*q)(x), (*k)(x).transpose(-1, -2)) * 0.25;
-    return matmul(softmax(s + mask, -1), (*v)(x));
+    const Tensor masked = use_where ? where(mask, mask, s) : s + mask;
+    return matmul(softmax(masked, -1), (*v)(x));
   }
+  bool use_where;
   std::shared_ptr<nn::LinearImpl> q, k, v;
 };
 
-TEST(InfiniteMask, AnAdditiveMinusInfMaskStaysAMask) {
+// A causal mask: -inf, or a finite stand-in (-1e9, -1e4, the lowest float) as many ports write it.
+// Observers skip infinities; a finite stand-in widens the range so far that int8 gives the scores
+// no codes. Either way the mask must stay a mask after convert.
+struct MaskCase {
+  const char* name;
+  float value;
+  bool use_where;
+};
+
+void PrintTo(const MaskCase& c, std::ostream* os) { *os << c.name; }
+
+class MaskedScores : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(MaskedScores, StayMaskedAfterConvert) {
   const int64_t t = 6;
   std::vector<float> m(static_cast<size_t>(t * t), 0.f);
   for (int64_t i = 0; i < t; ++i) {
-    for (int64_t j = i + 1; j < t; ++j) m[static_cast<size_t>(i * t + j)] = -INFINITY;
+    for (int64_t j = i + 1; j < t; ++j) m[static_cast<size_t>(i * t + j)] = GetParam().value;
   }
   const Tensor mask = from_vector<float>(m, {t, t});
   manual_seed(21);
-  MaskedAttention ref;
+  MaskedAttention ref(GetParam().use_where);
   manual_seed(21);
-  MaskedAttention att;
+  MaskedAttention att(GetParam().use_where);
   const auto xs = testing::random_batches(4, 22, {2, t, 16});
   prepare(att, {xs[0], mask});
   for (const Tensor& x : xs) att(x, mask);
-  // The deploy flow: a parameters-only file (no statistics) must carry the infinities too.
+  // The deploy flow: a parameters-only file (no statistics) must carry the mark too. (where
+  // runs fp32 and reads no observed mask; the softmax after it sees only what where wrote.)
   const std::string path = testing::temp_file("masked_attention.qstate.json");
   save_quant_state(att, path);
-  EXPECT_NE(testing::read_text(path).find("\"infinities\": true"), std::string::npos);
+  if (!GetParam().use_where) {
+    EXPECT_NE(testing::read_text(path).find("\"infinities\": true"), std::string::npos);
+  }
+  // A file with statistics keeps the count of masked tensors the observers saw.
+  const std::string stats_path = testing::temp_file("masked_attention_stats.qstate.json");
+  save_quant_state(att, stats_path, SaveQuantStateOptions{true});
   manual_seed(21);
-  MaskedAttention deployed;
+  MaskedAttention reloaded(GetParam().use_where);
+  prepare(reloaded, {xs[0], mask});
+  load_quant_state(reloaded, stats_path);
+  ModelQuantState &ms = model_quant_state(att), &mr = model_quant_state(reloaded);
+  ASSERT_EQ(ms.num_slots(), mr.num_slots());
+  for (int i = 0; i < static_cast<int>(ms.num_slots()); ++i) {
+    if (ms.slot(i).observer == nullptr) continue;
+    EXPECT_EQ(ms.slot(i).observer->mask_count(), mr.slot(i).observer->mask_count()) << "slot " << i;
+  }
+  manual_seed(21);
+  MaskedAttention deployed(GetParam().use_where);
   prepare(deployed, {xs[0], mask});
   load_quant_state(deployed, path);
   convert(deployed);
@@ -265,11 +301,11 @@ TEST(InfiniteMask, AnAdditiveMinusInfMaskStaysAMask) {
     testing::expect_equal(deployed(x, mask), got, "loaded from a parameters-only file");
   }
   EXPECT_EQ(uncalibrated_ops(att), 0);
-  // What runs int8: the three projections and the two matmuls, not the add or the softmax.
+  // What runs int8: the three projections and the two matmuls, not the mask's op or the softmax.
   int int8 = 0;
   for (const SeenOpInfo& op : testing::state_of(att).seen_ops()) {
     if (op.executor == nullptr || op.role == QuantRole::kNone) continue;
-    if (op.kind == OpKind::kAdd || op.kind == OpKind::kSoftmax) {
+    if (op.kind == OpKind::kAdd || op.kind == OpKind::kSoftmax || op.kind == OpKind::kWhere) {
       EXPECT_TRUE(op.executor->fp32) << op_name(op.kind);
     } else if (op.kind == OpKind::kLinear || op.kind == OpKind::kMatmul) {
       EXPECT_FALSE(op.executor->fp32) << op_name(op.kind);
@@ -278,6 +314,14 @@ TEST(InfiniteMask, AnAdditiveMinusInfMaskStaysAMask) {
   }
   EXPECT_EQ(int8, 5);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, MaskedScores,
+    ::testing::Values(MaskCase{"MinusInf", -INFINITY, false}, MaskCase{"MinusOneE9", -1e9f, false},
+                      MaskCase{"MinusOneE4", -1e4f, false},
+                      MaskCase{"Lowest", std::numeric_limits<float>::lowest(), false},
+                      MaskCase{"WhereMinusOneE9", -1e9f, true}, MaskCase{"WhereMinusInf", -INFINITY, true}),
+    [](const ::testing::TestParamInfo<MaskCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace dbrq

@@ -263,6 +263,8 @@ TEST_F(QuantStateLimits, StatisticsMustBeOnesTheObserverCanProduce) {
                    "statistics field \"histogram\" has a negative count -1");
   EXPECT_THROW_MSG(load(3, edited([](json& s) { s["num_batches"] = -1; })), FileFormatError,
                    "statistics have negative counters");
+  EXPECT_THROW_MSG(load(3, edited([](json& s) { s["mask_count"] = -2; })), FileFormatError,
+                   "statistics have negative counters");
   EXPECT_THROW_MSG(load(3, edited([](json& s) { s["fields"]["histogram"] = std::vector<double>(500, 1.0); })),
                    FileFormatError, "statistics field \"histogram\" has 500 values; this model's observer has at most 32");
   EXPECT_THROW_MSG(load(3, edited([](json& s) { s["fields"]["min"][0] = nullptr; })), FileFormatError,

@@ -13,7 +13,7 @@ bool bit_identical(const Tensor& a, const Tensor& b) {
 bool operator==(const ObserverRecord& a, const ObserverRecord& b) {
   return a.slot == b.slot && a.describe == b.describe && a.stats.fields == b.stats.fields &&
          a.stats.num_batches == b.stats.num_batches && a.stats.nan_count == b.stats.nan_count &&
-         a.stats.inf_count == b.stats.inf_count;
+         a.stats.inf_count == b.stats.inf_count && a.stats.mask_count == b.stats.mask_count;
 }
 
 std::vector<ObserverRecord> observer_stats(const nn::Module& model) {
