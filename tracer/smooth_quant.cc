@@ -133,13 +133,28 @@ class SmoothInterceptor : public Interceptor {
       auto it = params_.find(t.storage().get());
       if (it == params_.end()) continue;
       for (const Param& p : it->second) {
-        const bool own = call.kind == (p.layer->linear ? OpKind::kLinear : OpKind::kLayerNorm) &&
-                         i == (std::string(p.which) == "weight" ? 1u : 2u) && t.data_ptr() == p.tensor.data_ptr() &&
-                         t.sizes() == p.tensor.sizes() && t.strides() == p.tensor.strides();
+        const bool own = i == (std::string(p.which) == "weight" ? 1u : 2u) && own_call(call, *p.layer);
         if (own || !overlap(t, p.tensor) || foreign_.count(p.layer->fqn) != 0) continue;
         foreign_[p.layer->fqn] = absl::StrCat("its ", p.which, " is also read by ", op_name(call.kind));
       }
     }
+  }
+
+  // The layer's own op: its kind, reading exactly the layer's weight and bias (none where the
+  // layer has none), and for a LayerNorm normalizing the last dim, as track() needs. A layer_norm
+  // on the weight with no bias or another one would not see the fold's compensation.
+  static bool own_call(const OpCall& call, const Layer& l) {
+    auto same = [&](size_t i, const Tensor& p) {
+      if (i >= call.num_inputs() || !call.input(i).defined()) return !p.defined();
+      const Tensor& t = call.input(i);
+      return p.defined() && t.data_ptr() == p.data_ptr() && t.sizes() == p.sizes() && t.strides() == p.strides();
+    };
+    if (call.kind != (l.linear ? OpKind::kLinear : OpKind::kLayerNorm) || !same(1, l.weight) || !same(2, l.bias)) {
+      return false;
+    }
+    if (l.linear) return true;
+    const Tensor& x = call.input(0);
+    return l.bias.defined() && l.weight.dim() == 1 && x.defined() && x.dim() >= 1 && l.weight.numel() == x.size(-1);
   }
 
   // Element offsets [first, last] of a view in its storage.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "dbrq.h"
 #include "tests/test_util.h"
 
@@ -343,6 +344,46 @@ TEST(SmoothQuant, AWeightReadByAnotherOpIsNotRescaled) {
   EXPECT_EQ(r.skipped[0].reason, "its weight is also read by relu");
   EXPECT_EQ(values(m->proj->weight), w0);
   EXPECT_EQ(values(m->ln->weight), g0);
+}
+
+// A LayerNorm's weight also read by a layer_norm call that is not the layer's own (no bias, or
+// another bias): rescaling the weight would change that call's result, so the layer is skipped.
+struct NormWeightReadElsewhere : nn::CallableModule<NormWeightReadElsewhere> {
+  explicit NormWeightReadElsewhere(bool other_bias) : other_bias(other_bias) {
+    ln = register_module("ln", std::make_shared<nn::LayerNormImpl>(kC));
+    proj = register_module("proj", std::make_shared<nn::LinearImpl>(kC, kC));
+    bias = register_parameter("bias", randn({kC}, 9));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor side = layer_norm(x * 2.0, {kC}, ln->weight, other_bias ? bias : Tensor());
+    return (*proj)((*ln)(x)) + side;
+  }
+  bool other_bias;
+  std::shared_ptr<nn::LayerNormImpl> ln;
+  std::shared_ptr<nn::LinearImpl> proj;
+  Tensor bias;
+};
+
+TEST(SmoothQuant, ANormWeightReadByAnotherLayerNormCallIsNotRescaled) {
+  for (bool other_bias : {false, true}) {
+    SCOPED_TRACE(other_bias ? "another bias" : "no bias");
+    manual_seed(7);
+    auto m = std::make_shared<NormWeightReadElsewhere>(other_bias);
+    m->eval();
+    m->ln->weight.mutable_data<float>()[4] = 20.f;
+    const Tensor x = randn({3, kC}, 2);
+    const Tensor before = (*m)(x);
+    const std::vector<float> g0 = values(m->ln->weight);
+    const SmoothQuantReport r = smooth_quant(*m, {{x}});
+    EXPECT_TRUE(r.groups.empty()) << r.to_string();
+    ASSERT_EQ(r.skipped.size(), 1u) << r.to_string();
+    // (With another bias the call passes for the layer's and its output, read by add, tells.)
+    EXPECT_EQ(r.skipped[0].reason, absl::StrCat("its input comes from ln, which cannot be rescaled: ",
+                                                other_bias ? "its output is also read by add"
+                                                           : "its weight is also read by layer_norm"));
+    EXPECT_EQ(values(m->ln->weight), g0);
+    EXPECT_LT(testing::relative_error((*m)(x), before), 1e-6);
+  }
 }
 
 // One Linear registered under two names and called twice on the same tensor is not a tie: it is
