@@ -526,13 +526,23 @@ bool is_seen_kind(const BackendConfig& backend, OpKind kind);
 // records or edges; existing observers keep their statistics. Throws nothing for unsupported
 // requests: those ops stay fp32 and get a logged warning (once).
 void analyze_program(ModelQuantState& model);
-// The origins of record `g`'s input `k` (global index) whose every value arrives at that input:
-// made by one record, read by no other record input, neither returned from a module nor read by an
-// op that is not recorded, with an observer slot of their own. What their observers saw belongs to
-// the input's own observer once it has one (its second origin found by a later path, or by a
-// replica): analyze_program seeds a new input observer from them, merge_calibration adds a
-// replica's.
-std::vector<int64_t> sole_origins(ModelQuantState& model, int g, size_t k);
+// The origins of a record's input whose every value arrives at that input: made by one record,
+// read by no other record input, neither returned from a module nor read by an op that is not
+// recorded, with an observer slot of their own. What their observers saw belongs to the input's
+// own observer once it has one (its second origin found by a later path, or by a replica):
+// analyze_program seeds a new input observer from them, merge_calibration adds a replica's.
+// Built once over the model's records and slots (valid while neither changes).
+class SoleOrigins {
+ public:
+  explicit SoleOrigins(ModelQuantState& model);
+  // Of record `g`'s (global index) input `k`.
+  std::vector<int64_t> of(int g, size_t k) const;
+
+ private:
+  ModelQuantState& model_;
+  std::map<int64_t, int> producers_, readers_;  // tensor id -> records making it, record inputs reading it
+  std::map<int, int> members_;                  // slot root -> slots it unites
+};
 inline void analyze_trace(ModelQuantState& model) { analyze_program(model); }
 
 // The AutoQuantizationState of a prepared module, or null.

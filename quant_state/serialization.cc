@@ -1227,6 +1227,7 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
     const std::pair<size_t, int> src{k, root};
     if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(src);
   };
+  const SoleOrigins sole(model);
   for (size_t g = 0; g < model.records().size(); ++g) {
     const SeenOpInfo& op = model.record(static_cast<int>(g));
     for (size_t k = 0; k < sources.size(); ++k) {
@@ -1245,7 +1246,7 @@ void restore_observers(ModelQuantState& model, const std::vector<StatsSource>& s
       for (size_t a = 0; a < op.input_observers.size(); ++a) {
         if (op.input_observers[a] < 0 || op.inputs[a].num_origins() < 2) continue;
         if (a < fr.input_observers.size() && fr.input_observers[a] >= 0) continue;
-        for (const int64_t id : sole_origins(model, static_cast<int>(g), a)) {
+        for (const int64_t id : sole.of(static_cast<int>(g), a)) {
           const int producer = sources[k].record_of[static_cast<size_t>(model.tensor(id)->record)];
           if (producer >= 0) add(op.input_observers[a], k, sources[k].doc->records[static_cast<size_t>(producer)].output_observer);
         }

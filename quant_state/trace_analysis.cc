@@ -579,6 +579,7 @@ class Analyzer {
         const Observer* src = os.observer != nullptr ? os.observer.get() : nullptr;
         if (src == nullptr && moved_to.count(o) != 0) src = m_.slot(moved_to[o]).observer.get();
         if (src == nullptr || !(src->spec() == n.observer->spec())) continue;
+        n.infinite = n.infinite || os.infinite;
         if (first) {
           if (os.observer != nullptr) {
             n.observer = std::move(os.observer);
@@ -588,11 +589,9 @@ class Analyzer {
           }
           n.qparams = os.qparams;
           n.frozen = os.frozen;
-          n.infinite = n.infinite || os.infinite;
           n.last = os.last;
           first = false;
         } else if (src->has_data()) {
-          n.infinite = n.infinite || os.infinite;
           n.observer->merge(*src);
           n.qparams = nullptr;  // several frozen parameter sets cannot be one
           n.frozen = false;
@@ -604,18 +603,19 @@ class Analyzer {
     // every arrival was one of them, taken with their parameters. Without this it saw only the
     // calls after the new path was found, and the earlier path's values were clipped to the new
     // one's range after convert (1.4 dB; PathsAfterConvert.ABranchFoundLateKeepsTheRangesOfTheOneBefore).
-    // Only from an observer whose every value arrived here (sole_origins). Otherwise the observer
+    // Only from an observer whose every value arrived here (SoleOrigins). Otherwise the observer
     // saw values that never arrive here (a folded loop's output also feeds the loop's next
     // iteration), which would widen the range, and a replica that found the path later than
     // another would no longer merge into what one process calibrates
     // (ControlFlowState.MergedReplicasMatchOneProcess). Such an input still starts empty when its
     // second origin is found late (docs/control_flow.md).
+    const SoleOrigins sole(m_);
     for (size_t i = 0; i < m_.num_slots(); ++i) {
       const ObserverSlot& n = m_.slot_entry(static_cast<int>(i));
       if (n.input < 0 || n.record < 0 || old_by_key.count({n.record, n.input}) != 0) continue;
       const int root = m_.find(static_cast<int>(i));
       std::set<int> taken = {root};
-      for (const int64_t id : sole_origins(m_, n.record, static_cast<size_t>(n.input))) {
+      for (const int64_t id : sole.of(n.record, static_cast<size_t>(n.input))) {
         const int from = m_.find(m_.tensor(id)->slot);
         if (!taken.insert(from).second) continue;
         const Observer* src = m_.slot(from).observer.get();
@@ -659,30 +659,34 @@ class Analyzer {
 
 }  // namespace
 
-std::vector<int64_t> sole_origins(ModelQuantState& model, int g, size_t k) {
-  const SeenOpInfo& op = model.record(g);
-  if (k >= op.inputs.size()) return {};
-  std::map<int64_t, int> producers, readers;  // tensor id -> records making it, record inputs reading it
+SoleOrigins::SoleOrigins(ModelQuantState& model) : model_(model) {
   for (const auto& [st, i] : model.records()) {
     const SeenOpInfo& o = st->seen_ops()[static_cast<size_t>(i)];
-    ++producers[o.outputs[0].id];
+    ++producers_[o.outputs[0].id];
     for (const QTensorInfo& in : o.inputs) {
-      ++readers[in.id];
-      for (const int64_t id : in.more_ids) ++readers[id];
+      ++readers_[in.id];
+      for (const int64_t id : in.more_ids) ++readers_[id];
     }
   }
+  for (size_t j = 0; j < model.num_slots(); ++j) ++members_[model.find(static_cast<int>(j))];
+}
+
+std::vector<int64_t> SoleOrigins::of(int g, size_t k) const {
+  const SeenOpInfo& op = model_.record(g);
+  if (k >= op.inputs.size()) return {};
+  auto count = [](const std::map<int64_t, int>& m, int64_t id) {
+    auto it = m.find(id);
+    return it == m.end() ? 0 : it->second;
+  };
   std::vector<int64_t> ids = {op.inputs[k].id};
   ids.insert(ids.end(), op.inputs[k].more_ids.begin(), op.inputs[k].more_ids.end());
   std::vector<int64_t> sole;
   for (const int64_t id : ids) {
-    const ModelQuantState::TensorRecord* r = model.tensor(id);
-    if (r == nullptr || r->slot < 0 || r->record < 0 || producers[id] != 1 || readers[id] != 1) continue;
-    const SeenOpInfo& p = model.record(r->record);
+    const ModelQuantState::TensorRecord* r = model_.tensor(id);
+    if (r == nullptr || r->slot < 0 || r->record < 0 || count(producers_, id) != 1 || count(readers_, id) != 1) continue;
+    const SeenOpInfo& p = model_.record(r->record);
     if (p.escapes || p.read_by_fp32 || p.model_output) continue;
-    const int root = model.find(r->slot);
-    int members = 0;
-    for (size_t j = 0; j < model.num_slots() && members < 2; ++j) members += model.find(static_cast<int>(j)) == root;
-    if (members == 1) sole.push_back(id);
+    if (members_.at(model_.find(r->slot)) == 1) sole.push_back(id);
   }
   return sole;
 }

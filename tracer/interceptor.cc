@@ -309,11 +309,7 @@ void QuantInterceptor::release_exclusive() noexcept {
 void QuantInterceptor::convert(bool int8_outputs) {
   // Not while a call before convert is in flight (its thread is writing records and observers
   // that convert reads), and once: calls that start meanwhile raise (enter_unconverted).
-  acquire_exclusive("convert", "convert between calls, once calibration is done");
-  struct Release {
-    QuantInterceptor* q;
-    ~Release() { q->release_exclusive(); }
-  } release{this};
+  ExclusiveHold hold(*this, "convert", "convert between calls, once calibration is done");
   {
     const nn::Module* root = model_->root();
     DBRQ_ENSURE(model_->phase() != Phase::kConverted, UsageError, "convert: ",

@@ -282,6 +282,19 @@ class QuantInterceptor : public Interceptor {
   // calls that start meanwhile raise. Undone by release_exclusive.
   void acquire_exclusive(const char* what, const char* advice);
   void release_exclusive() noexcept;
+  // acquire_exclusive for as long as it lives.
+  class ExclusiveHold {
+   public:
+    ExclusiveHold(QuantInterceptor& q, const char* what, const char* advice) : q_(q) {
+      q_.acquire_exclusive(what, advice);
+    }
+    ~ExclusiveHold() { q_.release_exclusive(); }
+    ExclusiveHold(const ExclusiveHold&) = delete;
+    ExclusiveHold& operator=(const ExclusiveHold&) = delete;
+
+   private:
+    QuantInterceptor& q_;
+  };
 
  private:
   struct UnconvertedHold {  // leaves on destruction unless owner is reset

@@ -185,18 +185,7 @@ ModelQuantState& model_quant_state(const nn::Module& model) {
   return interceptor_of(model, "model_quant_state").model();
 }
 
-namespace {
-
-// The model held for `what` (QuantInterceptor::acquire_exclusive) until destroyed.
-struct Exclusive {
-  Exclusive(tracer::QuantInterceptor& q, const char* what, const char* advice) : q(q) { q.acquire_exclusive(what, advice); }
-  ~Exclusive() { q.release_exclusive(); }
-  Exclusive(const Exclusive&) = delete;
-  Exclusive& operator=(const Exclusive&) = delete;
-  tracer::QuantInterceptor& q;
-};
-
-}  // namespace
+using ExclusiveHold = tracer::QuantInterceptor::ExclusiveHold;
 
 void merge_calibration(nn::Module& model, const nn::Module& replica) {
   ModelQuantState& into = interceptor_of(model, "merge_calibration").model();
@@ -205,8 +194,8 @@ void merge_calibration(nn::Module& model, const nn::Module& replica) {
   // Neither may be mid-call: the merge rebuilds the model's records and reads the replica's
   // observers, which a calibrating call writes without locks.
   constexpr const char* kAdvice = "merge replicas once their calibrating calls have returned";
-  Exclusive hold_model(interceptor_of(model, "merge_calibration"), "merge_calibration", kAdvice);
-  Exclusive hold_replica(interceptor_of(replica, "merge_calibration"), "merge_calibration", kAdvice);
+  ExclusiveHold hold_model(interceptor_of(model, "merge_calibration"), "merge_calibration", kAdvice);
+  ExclusiveHold hold_replica(interceptor_of(replica, "merge_calibration"), "merge_calibration", kAdvice);
   DBRQ_ENSURE(into.phase() == Phase::kCalibrating && from.phase() == Phase::kCalibrating, UsageError,
               "merge_calibration: both models must be prepared and not yet converted");
   // Through the replica's quant-state document: same modules, layers and qconfigs, checked like
@@ -229,7 +218,7 @@ void save_quant_state(const nn::Module& model, const std::string& path, const Sa
 void load_quant_state(nn::Module& model, const std::string& path) {
   ModelQuantState& m = interceptor_of(model, "load_quant_state").model();
   // It rebuilds the records that a call in flight is using.
-  Exclusive hold(interceptor_of(model, "load_quant_state"), "load_quant_state", "load calibration between calls");
+  ExclusiveHold hold(interceptor_of(model, "load_quant_state"), "load_quant_state", "load calibration between calls");
   DBRQ_ENSURE(m.phase() != Phase::kConverted, UsageError,
               "load_quant_state: the model is already converted; load the calibration into a freshly prepared model");
   std::ifstream f(path, std::ios::binary);
