@@ -166,6 +166,9 @@ struct SeenOpInfo {
   std::vector<WeightInfo> weights;    // conv/linear weight and bias; batch_norm mean, var, weight, bias
   bool has_scalar = false, scalar_first = false;
   double scalar = 0.0;
+  // An add (or another residual-capable op) whose inputs had different sizes on some call
+  // (conv(x) + t with t [N, C, 1, 1]): it broadcasts, which a fused residual cannot.
+  bool broadcasts = false;
   OpParams params;                // stride, padding, dims, eps, ... as the first run passed them
   FusionInfo fusion;
   // Who reads the output (over every call recorded so far).

@@ -316,6 +316,14 @@ std::string BackendConfig::unsupported_reason(OpKind kind, const QConfig& q) con
         return absl::StrCat(op_name(kind), ": backend ", name_,
                             " needs symmetric weights (zero point 0), got qscheme ", qscheme_name(q.weight.qscheme));
       }
+      // The kernels take one scale per output channel, the weight's dim 0 in the layout its
+      // observer sees (a transposed conv's weight is given output-major). Scales along another
+      // axis of a square weight would fit the vector and scale each output by another
+      // channel's factor.
+      if (is_per_channel(q.weight.qscheme) && q.weight.ch_axis != 0) {
+        return absl::StrCat(op_name(kind), ": backend ", name_,
+                            " needs per-channel weights along axis 0 (output channels), got ch_axis ", q.weight.ch_axis);
+      }
     }
     return "";
   }

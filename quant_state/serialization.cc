@@ -293,6 +293,7 @@ struct FileRecord {
   uint64_t params_fingerprint = 0;
   bool has_scalar = false, scalar_first = false;
   double scalar = 0.0;
+  bool broadcasts = false;  // absent when false
   std::vector<std::string> weights;  // "" for a computed tensor
   std::vector<bool> weight_absent;   // an optional input left out (no bias)
   std::vector<bool> weight_has_view;  // weights[i] is a part of the parameter (WeightView)
@@ -427,6 +428,7 @@ json op_to_json(ModelQuantState& model, const SeenOpInfo& op) {
     j["scalar"] = op.scalar;
     j["scalar_first"] = op.scalar_first;
   }
+  if (op.broadcasts) j["broadcasts"] = true;
   // A parameter's or buffer's name, "" for a computed tensor, null if absent; a part of a
   // parameter as {"of": name, "offset", "sizes", "strides"} (in elements).
   json weights = json::array();
@@ -745,6 +747,7 @@ Document parse_document(ModelQuantState& model, const std::string& model_type, c
         r.params = def.params_from_fields(fields);
         r.params_fingerprint = def.params_fingerprint(r.params.get());
       }
+      if (o.contains("broadcasts")) r.broadcasts = get_bool(o.at("broadcasts"), "broadcasts");
       if (o.contains("scalar")) {
         r.has_scalar = true;
         r.scalar = get_double(o.at("scalar"), "scalar");
@@ -1070,6 +1073,7 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
       op.weights.push_back(std::move(w));
     }
     op.has_scalar = r.has_scalar;
+    op.broadcasts = op.broadcasts || r.broadcasts;
     op.scalar = r.scalar;
     op.scalar_first = r.scalar_first;
     op.params = r.params;

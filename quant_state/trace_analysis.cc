@@ -113,6 +113,14 @@ class Analyzer {
           // may be either, the other one being the residual.
           const bool residual_add = op_def(n.kind).residual_add;
           ok = pos >= 0 && (residual_add || pos == 0);
+          // A member another chain reached already (a loop's iterations) is shared only when
+          // reached at the same input: with both operands of an add made by conv chains
+          // (bn1(conv1(x)) + bn2(conv2(x))), the second chain's output is the first one's
+          // residual, and completing the add from it would read an output never computed.
+          ok = ok && (!n.fusion.fused() || !residual_add || n.fusion.residual_input == 1 - pos);
+          // A fused residual has the chain output's sizes: an add that broadcasts its other
+          // operand (conv(x) + a per-channel shift) runs on its own.
+          ok = ok && !(residual_add && n.broadcasts);
           if (!ok) break;
           // Every record feeding that input must be a predecessor like `cur`.
           for (int64_t id : origins(n.inputs[static_cast<size_t>(pos)])) {
@@ -179,7 +187,7 @@ class Analyzer {
       if (c.qconfig == nullptr || c.has_scalar || c.inputs.empty() || !(add || c.kind == OpKind::kRelu)) continue;
       // An activation on its own; an add may start its module's chain (add + relu).
       if (c.fusion.fused() && (!add || c.fusion.position != 0)) continue;
-      if (add && (c.inputs.size() != 2 || !quantizable(c))) continue;
+      if (add && (c.inputs.size() != 2 || !quantizable(c) || c.broadcasts)) continue;
       for (size_t pos = 0; pos < (add ? 2u : 1u); ++pos) {
         if (c.inputs[pos].num_origins() != 1) continue;
         const Record* r = m_.tensor(c.inputs[pos].id);

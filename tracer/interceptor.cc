@@ -672,6 +672,11 @@ void QuantInterceptor::check_layer_bypass(const OpCall& call, const OpDef& def, 
 
 void QuantInterceptor::note_inputs(const OpCall& call, Frame* owner, SeenOpInfo& op) {
   const size_t n_act = op_def(call.kind).activation_inputs(call.inputs.size());
+  if (!op.broadcasts && op_def(call.kind).residual_add && n_act >= 2 && call.inputs.size() >= 2 &&
+      call.inputs[0]->defined() && call.inputs[1]->defined() && call.inputs[0]->sizes() != call.inputs[1]->sizes()) {
+    op.broadcasts = true;
+    model_->set_dirty(true);
+  }
   int64_t seen_ids[8];
   size_t n_seen = 0;
   for (size_t i = 0, a = 0; i < n_act && i < call.inputs.size(); ++i) {
@@ -1153,10 +1158,13 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
         }
       }
     }
-    if (phase != Phase::kTracing) {
+    {
       InterceptorScope none(nullptr);
       for (Tensor* t : inputs) {
-        if (t->defined() && t->is_quantized()) *t = dequantize(*t);
+        if (!t->defined()) continue;
+        Tensor caller = *t;
+        if (phase != Phase::kTracing && t->is_quantized()) *t = dequantize(*t);
+        f.given.push_back({std::move(caller), *t, t->storage()->version()});
       }
     }
     f.saved = detail::tls_interceptor;
@@ -1233,6 +1241,26 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
   const bool outermost = tls_stack.empty() || tls_stack.back().owner != this;
   if (f.fp32_region) {
     detail::tls_interceptor = f.saved;
+    // An input the subtree wrote in place (x.mul_(2) in an untraced module): in fp32 the caller's
+    // tensor changes with it. While calibrating, the observer of its values sees what was written
+    // too (the ops after the subtree read them). After convert the subtree wrote a dequantized
+    // copy: the values go back into the caller's codes (write_back_inplace: as codes when they fit
+    // the calibrated range, else the storage is superseded and a later read raises).
+    for (Frame::GivenInput& g : f.given) {
+      if (g.given.storage()->version() == g.version) continue;
+      if (phase == Phase::kConverted) {
+        if (g.caller.storage() != g.given.storage()) {
+          InterceptorScope none(nullptr);
+          write_back_inplace(g.caller, g.given, OpKind::kCopy);
+        }
+      } else if (phase == Phase::kCalibrating && model_->observers_enabled()) {
+        const ModelQuantState::TensorRecord* r = model_->tensor(g.caller.trace_origin());
+        if (r != nullptr && r->slot >= 0 && model_->slot(r->slot).observer != nullptr) {
+          model_->slot(r->slot).observer->observe(g.given);
+        }
+      }
+    }
+    f.given.clear();
     for (size_t j = 0; j < outputs.size(); ++j) {
       Tensor* t = outputs[j];
       if (!t->defined()) continue;

@@ -68,6 +68,13 @@ struct Frame {
   bool fp32_region = false;                 // non-traceable: interception suspended inside
   bool reads_uncalibrated = false;          // fp32 region after convert: an input came from an uncalibrated path
   Interceptor* saved = nullptr;             // the interceptor to restore after an fp32 region
+  // fp32 region: each input as the caller holds it, as the subtree got it (dequantized after
+  // convert) and that tensor's storage version then, so writes inside reach the caller.
+  struct GivenInput {
+    Tensor caller, given;
+    uint64_t version = 0;
+  };
+  std::vector<GivenInput> given;
   const void* owner = nullptr;              // the QuantInterceptor that pushed the frame
   bool snapshot = false;                    // saved the observers' statistics (outermost calibrating call)
   size_t created_mark = 0;                  // outermost frame: records created before this call
