@@ -617,6 +617,22 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/int8:no_vnni_test
+  NAME dbrq_tests_int8_no_vnni_test
+  RUNFILE tests/int8/no_vnni_test
+  SRCS
+    tests/int8/no_vnni_test.cc
+  DEPS
+    dbrq
+    dbrq_kernels_dnnl_utils
+    dbrq_tests_test_util
+  SYSTEM
+    gtest_main
+  ENV
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/kernels:activation_test
   NAME dbrq_tests_kernels_activation_test
   RUNFILE tests/kernels/activation_test
@@ -730,6 +746,21 @@ dbrq_bazel_target(
 )
 dbrq_bazel_target(
   KIND cc_test
+  LABEL //tests/kernels:qmatmul_no_vnni_test
+  NAME dbrq_tests_kernels_qmatmul_no_vnni_test
+  RUNFILE tests/kernels/qmatmul_no_vnni_test
+  SRCS
+    tests/kernels/qmatmul_test.cc
+  DEPS
+    dbrq_tests_kernels_kernel_test_util
+    dbrq_kernels_dnnl_utils
+  SYSTEM
+    gtest_main
+  ENV
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE
+)
+dbrq_bazel_target(
+  KIND cc_test
   LABEL //tests/kernels:qmatmul_test
   NAME dbrq_tests_kernels_qmatmul_test
   RUNFILE tests/kernels/qmatmul_test
@@ -737,6 +768,7 @@ dbrq_bazel_target(
     tests/kernels/qmatmul_test.cc
   DEPS
     dbrq_tests_kernels_kernel_test_util
+    dbrq_kernels_dnnl_utils
   SYSTEM
     gtest_main
 )
@@ -1722,6 +1754,21 @@ dbrq_bazel_target(
   RUNFILE tests/quant/introspection_test
   SRCS
     tests/quant/introspection_test.cc
+  DEPS
+    dbrq_tests_quant_quant_test_util
+    dbrq
+    dbrq_tests_test_util
+    dbrq_tracer
+  SYSTEM
+    gtest_main
+)
+dbrq_bazel_target(
+  KIND cc_test
+  LABEL //tests/quant:layer_idioms_test
+  NAME dbrq_tests_quant_layer_idioms_test
+  RUNFILE tests/quant/layer_idioms_test
+  SRCS
+    tests/quant/layer_idioms_test.cc
   DEPS
     dbrq_tests_quant_quant_test_util
     dbrq

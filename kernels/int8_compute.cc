@@ -40,14 +40,17 @@ constexpr int64_t kDirectMatmulMaxMacs = int64_t{1} << 17;
 constexpr int64_t kDirectMatmulMaxK = 4096;  // |acc| <= K * 255 * 255 stays well inside s32
 
 // a: [.., M, K] contiguous; b: [.., K, N] with unit stride along N or along K; batch dims of size
-// 1 broadcast. All three views have equal rank.
+// 1 broadcast. All three views have equal rank. dst: u8 codes (requantized by op_scale and
+// dst_zp), or f32 (the accumulators times op_scale: dynamic quantization).
 void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp, int32_t b_zp, float op_scale,
                     int32_t dst_zp) {
   const int64_t rank = dst.dim(), m = dst.size(-2), n = dst.size(-1), k = a.size(-1);
   const int64_t b_sk = b.stride(-2), b_sn = b.stride(-1);
   const uint8_t* pa = a.raw_data<uint8_t>();
   const uint8_t* pb = b.raw_data<uint8_t>();
-  uint8_t* pd = dst.raw_mutable_data<uint8_t>();
+  const bool real = dst.dtype() == DType::kF32;
+  uint8_t* pd = real ? nullptr : dst.raw_mutable_data<uint8_t>();
+  float* pf = real ? dst.raw_mutable_data<float>() : nullptr;
   int64_t batches = 1;
   for (int64_t d = 0; d < rank - 2; ++d) batches *= dst.size(d);
   // Per-thread scratch: this runs for every attention product of a decoder step.
@@ -74,6 +77,11 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
         simd::rowvec_s16_u8(arow.data(), bb, k, b_sk, n, b_zp, c);
       } else {  // columns of b contiguous along K (b = keys.transpose(-1, -2)): one dot per output
         for (int64_t j = 0; j < n; ++j) c[j] = simd::dot_s16_u8(arow.data(), bb + j * b_sn, k, b_zp);
+      }
+      if (real) {
+        float* row = pf + (bi * m + i) * n;
+        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(c[j]) * op_scale;
+        continue;
       }
       for (int64_t j = 0; j < n; ++j) accf[j] = static_cast<float>(c[j]);
       simd::quantize_u8(accf.data(), pd + (bi * m + i) * n, n, op_scale, dst_zp);
@@ -212,11 +220,34 @@ dnnl::post_ops make_int8_post_ops(const PostOps& post, bool real_units, float ds
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Saturating pairs (no VNNI)
+
+bool int8_pairs_saturate() {
+  static const bool saturate = [] {
+    const auto bits = [](dnnl::cpu_isa i) { return static_cast<unsigned>(i); };
+    const unsigned isa = bits(dnnl::get_effective_cpu_isa());
+    const unsigned vnni = (bits(dnnl::cpu_isa::avx512_core_vnni) & ~bits(dnnl::cpu_isa::avx512_core)) |
+                          (bits(dnnl::cpu_isa::avx2_vnni) & ~bits(dnnl::cpu_isa::avx2));
+    return (isa & vnni) == 0;
+  }();
+  return saturate;
+}
+
+QuantParamsPtr weight_qparams_for_isa(const QuantParamsPtr& q) {
+  if (q == nullptr || !int8_pairs_saturate()) return q;
+  std::vector<float> scales = q->scales;
+  for (float& s : scales) s *= 2.f;
+  return q->is_per_channel() ? QuantParams::per_channel(std::move(scales), q->zero_points, q->axis)
+                             : QuantParams::per_tensor(scales[0], q->zero_points[0]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // QConv2d
 
 QConv2d::QConv2d(QConvOptions o) : o_(std::move(o)), cache_(std::make_unique<PrimitiveCacheImpl>()) {
   DBRQ_ENSURE(o_.src_qparams && o_.dst_qparams, ValueError, "QConv2d: source and destination parameters are required");
   check_float("quantized conv2d", "weight", o_.weight);
+  o_.weight_qparams = weight_qparams_for_isa(o_.weight_qparams);
   qweight_ = quantize_weight(o_.weight, o_.weight_qparams);
   const int64_t k = o_.weight.size(0);
   const bool real = needs_real_units(o_.post);
@@ -325,6 +356,7 @@ Tensor QConv2d::run(const Tensor& x_in, const Tensor* residual, const Tensor* ou
 QLinear::QLinear(QLinearOptions o) : o_(std::move(o)), cache_(std::make_unique<PrimitiveCacheImpl>()) {
   check_float("quantized linear", "weight", o_.weight);
   DBRQ_ENSURE(o_.weight.dim() == 2, ShapeError, "quantized linear: weight must be 2-D, got ", o_.weight.shape_string());
+  o_.weight_qparams = weight_qparams_for_isa(o_.weight_qparams);
   qweight_ = quantize_weight(o_.weight, o_.weight_qparams);
   if (!o_.dynamic) {
     // No destination parameters: f32 output (real units), for a linear only fp32 ops read.
@@ -533,22 +565,26 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
   Tensor av = a.raw_view(s.a);
   if (!av.defined()) av = copy(a, MemoryFormat::kContiguous, DType::kU8).raw_view(s.a);
   if (!av.is_contiguous()) av = copy(av, MemoryFormat::kContiguous, DType::kU8);
-  if (!dynamic_) {
+  // Where oneDNN's pairs saturate (int8_pairs_saturate: the shifted s8 operand spans the full
+  // range), every size takes the direct loop, dynamic calls too, which sums in 32 bits: exact up
+  // to K = 32768 (32768 * 255 * 255 < 2^31).
+  const bool saturate = int8_pairs_saturate();
+  if (!dynamic_ || saturate) {
     Tensor bv = b.raw_view(s.b);
     if (!bv.defined()) bv = copy(b, MemoryFormat::kContiguous, DType::kU8).raw_view(s.b);
     int64_t macs = 1;
     for (int64_t d : s.out) macs *= d;
     macs *= av.size(-1);
-    if (macs <= kDirectMatmulMaxMacs && av.size(-1) <= kDirectMatmulMaxK) {
+    if ((macs <= kDirectMatmulMaxMacs || saturate) && av.size(-1) <= (saturate ? 32768 : kDirectMatmulMaxK)) {
       if (bv.stride(-1) != 1 && bv.stride(-2) != 1) bv = copy(bv, MemoryFormat::kContiguous, DType::kU8);
-      Tensor dst = Tensor::empty(s.out, DType::kU8).with_qparams(dst_);
+      Tensor dst = dynamic_ ? Tensor::empty(s.out, DType::kF32) : Tensor::empty(s.out, DType::kU8).with_qparams(dst_);
       DimVector final_sizes = s.out;
       if (s.squeeze_n) final_sizes.pop_back();
       if (s.squeeze_m) final_sizes.erase(final_sizes.end() - (s.squeeze_n ? 1 : 2));
       if (dst.numel() == 0) return dst.raw_view(final_sizes);
       float bias_scale, op_scale;
-      requant_scale(a.q_scale(), b.q_scale(), dst_->scale(), &bias_scale, &op_scale);
-      direct_qmatmul(av, bv, dst, a.q_zero_point(), b.q_zero_point(), op_scale, dst_->zero_point());
+      requant_scale(a.q_scale(), b.q_scale(), dynamic_ ? 0.f : dst_->scale(), &bias_scale, &op_scale);
+      direct_qmatmul(av, bv, dst, a.q_zero_point(), b.q_zero_point(), op_scale, dynamic_ ? 0 : dst_->zero_point());
       return dst.raw_view(final_sizes);
     }
   }

@@ -53,6 +53,7 @@ QConvTranspose2d::QConvTranspose2d(QConvTranspose2dOptions o) : o_(std::move(o))
               "quantized conv_transpose2d: out_channels (", o_.weight.size(0), ") must be divisible by groups (",
               o_.params.groups, ")");
   DBRQ_ENSURE(o_.weight_qparams != nullptr, ValueError, "int8 kernel: weight quantization parameters are missing");
+  o_.weight_qparams = weight_qparams_for_isa(o_.weight_qparams);
   for (int32_t zp : o_.weight_qparams->zero_points) {
     DBRQ_ENSURE(zp == 0, ValueError, "int8 kernel: oneDNN needs symmetric weights (zero point 0), got ", zp);
   }

@@ -2,6 +2,7 @@
 // (tests/kernels/qmatmul_tester.h).
 #include <gtest/gtest.h>
 
+#include "kernels/dnnl_utils.h"
 #include "tests/kernels/qmatmul_tester.h"
 
 namespace dbrq::kernel_testing {
@@ -101,7 +102,8 @@ TEST(QMatmul, DynamicOnePrimitive) {
     const std::vector<float> expected = read_floats(kernels::QMatmul(nullptr, nullptr, nullptr, true).run(a, b));
     EXPECT_EQ(read_floats(shared.run(a, b)), expected) << "call " << i;
   }
-  EXPECT_EQ(kernels::primitives_created() - created, 1u);
+  // (Where oneDNN's pairs saturate, qmatmul_no_vnni_test, the direct loop runs every size: none.)
+  EXPECT_EQ(kernels::primitives_created() - created, kernels::int8_pairs_saturate() ? 0u : 1u);
 }
 
 TEST(QMatmul, DynamicBatched) { QMatmulTester().dynamic(true).a_shape({2, 3, 4}).b_shape({2, 4, 5}).Test(); }

@@ -18,13 +18,13 @@ import sys
 import xml.etree.ElementTree as ET
 
 MULTI = {"SRCS", "HDRS", "DEPS", "SYSTEM", "DATA", "DATA_BINARIES", "LINKOPTS", "TAGS", "COPTS", "DEFINES",
-         "LOCAL_DEFINES"}
+         "LOCAL_DEFINES", "ENV"}
 BUILT_KINDS = ("cc_library", "cc_binary", "cc_test", "sh_test")
 # Attributes whose meaning the CMake side reproduces, or that do not matter to it (size: ctest has
 # no sizes; visibility: CMake has no visibility, check_layers.sh enforces the layering on sources).
 KNOWN_ATTRS = {
     "name", "srcs", "hdrs", "deps", "data", "linkopts", "tags", "testonly", "alwayslink",
-    "linkstatic", "size", "visibility", "timeout", "copts", "defines", "local_defines",
+    "linkstatic", "size", "visibility", "timeout", "copts", "defines", "local_defines", "env",
 }
 
 
@@ -65,6 +65,8 @@ def parse(xml_text):
                 attrs[name] = [v.get("value") for v in child]
             elif kind in ("string", "boolean", "int"):
                 attrs[name] = child.get("value")
+            elif kind == "dict":  # env: NAME=VALUE strings
+                attrs[name] = [f"{p[0].get('value')}={p[1].get('value')}" for p in child.iter("pair")]
             else:
                 attrs[name] = ET.tostring(child, encoding="unicode")
         rules[rule.get("name")] = (rule.get("class"), attrs)
@@ -182,6 +184,11 @@ def generate(rules):
                 args.append(attr.upper() + " " + " ".join(attrs[attr]))
         if attrs.get("tags"):
             args.append("TAGS " + " ".join(attrs["tags"]))
+        if attrs.get("env"):
+            if any(" " in e or ";" in e for e in attrs["env"]):
+                raise SystemExit(f"bazel_to_cmake: {label} sets an env value with a space or ';', which CMake's "
+                                 "test ENVIRONMENT cannot hold")
+            args.append("ENV " + " ".join(attrs["env"]))
         if attrs.get("alwayslink") == "true":
             args.append("ALWAYSLINK")
         if attrs.get("testonly") == "true":

@@ -11,7 +11,8 @@
 #   tools/cmake/run_cmake_stage.sh [BUILD_DIR]     # default build/cmake (kept between runs)
 #
 # It builds the installed library targets, the CLI and the tests in DBRQ_CMAKE_TESTS (default: a
-# set covering golden data in runfiles, a test that runs the CLI, int8 end to end, quant-state
+# set covering golden data in runfiles, a test that runs the CLI, int8 end to end (and a test env
+# from BUILD: no_vnni_test), quant-state
 # files, the zoo and a shell test), and ctest runs those. The Bazel passes run every test; here the
 # question is whether the CMake build compiles, links and finds its data the same way (building
 # all 100 test binaries once more pushed CI past its time limit). DBRQ_CMAKE_TESTS=all builds and
@@ -44,7 +45,7 @@ else
 fi
 
 # 2. Configure, then build the installed library, the CLI and the chosen tests (or everything).
-tests=${DBRQ_CMAKE_TESTS:-//tests/ops:ops_golden_test //tests/int8:int8_e2e_test //tests/deploy:state_io_test //tests/cli:cli_test //tests/models:zoo_int8_test //tests/kernels:qconv2d_test //tests/layers:check_layers_test}
+tests=${DBRQ_CMAKE_TESTS:-//tests/ops:ops_golden_test //tests/int8:int8_e2e_test //tests/int8:no_vnni_test //tests/deploy:state_io_test //tests/cli:cli_test //tests/models:zoo_int8_test //tests/kernels:qconv2d_test //tests/layers:check_layers_test}
 if ! cmake -S "$root" -B "$build" -DDBRQ_BUILD_TESTS=ON -DDBRQ_BUILD_TOOLS=ON >"$log" 2>&1; then
   bad "configure (see above)"; finish
 fi

@@ -1,0 +1,97 @@
+// Int8 on a CPU without VNNI (run with ONEDNN_MAX_CPU_ISA=AVX512_CORE, see BUILD.bazel): oneDNN's
+// u8 x s8 kernels there sum pairs of products in saturating 16 bits (vpmaddubsw), and 255 * 127 * 2
+// does not fit. With same-signed weights and large activations every output saturated, with no
+// error. The kernels quantize weights to [-64, 64] there (kernels::weight_qparams_for_isa), and
+// int8 matmul sums in 32 bits (its direct loop).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dbrq.h"
+#include "kernels/dnnl_utils.h"
+#include "tests/test_util.h"
+
+namespace dbrq {
+namespace {
+
+double sqnr(const Tensor& got, const Tensor& want) {
+  const std::vector<float> g = got.contiguous().to_vector<float>(), w = want.contiguous().to_vector<float>();
+  double s = 0, n = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    s += static_cast<double>(w[i]) * w[i];
+    n += static_cast<double>(g[i] - w[i]) * (g[i] - w[i]);
+  }
+  return 10 * std::log10(s / std::max(n, 1e-30));
+}
+
+// Positive inputs and positive weights: the worst case for saturating pairs.
+Tensor positive(const std::vector<int64_t>& sizes, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = Tensor::empty(sizes);
+  return nn::init::uniform_(t, 0.5, 2.0, &gen);
+}
+
+void make_positive(Tensor& w, uint64_t seed) {
+  Generator gen(seed);
+  nn::init::uniform_(w, 0.0, 1.0, &gen);
+}
+
+struct Layers : nn::CallableModule<Layers> {
+  Layers() {
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(16, 8, 3, 1, 1));
+    deconv = register_module("deconv", std::make_shared<nn::ConvTranspose2dImpl>(nn::ConvTranspose2dOptions(8, 8, 2).stride(2)));
+    fc = register_module("fc", std::make_shared<nn::LinearImpl>(64, 16));
+    make_positive(conv->weight, 1);
+    make_positive(deconv->weight, 2);
+    make_positive(fc->weight, 3);
+  }
+  // Each layer's output is a model output, so each is checked on its own.
+  std::vector<Tensor> forward(const Tensor& x) {
+    const Tensor c = (*conv)(x);
+    const Tensor d = (*deconv)(c);
+    const Tensor f = (*fc)(d.flatten(2));
+    const Tensor m = matmul(f, f.transpose(-1, -2));
+    return {c, d, f, m};
+  }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::ConvTranspose2dImpl> deconv;
+  std::shared_ptr<nn::LinearImpl> fc;
+};
+
+TEST(NoVnni, TheEnvironmentCapsOneDnnBelowVnni) {
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  ASSERT_NE(isa, nullptr) << "run through bazel test (BUILD.bazel sets ONEDNN_MAX_CPU_ISA)";
+  EXPECT_TRUE(kernels::int8_pairs_saturate()) << "ONEDNN_MAX_CPU_ISA=" << isa;
+  const QuantParamsPtr q = QuantParams::per_channel({0.5f, 0.25f}, {0, 0}, 0);
+  EXPECT_EQ(kernels::weight_qparams_for_isa(q)->scales, (std::vector<float>{1.f, 0.5f}));
+  EXPECT_EQ(kernels::weight_qparams_for_isa(QuantParams::per_tensor(0.5f, 0))->scale(), 1.f);
+  EXPECT_EQ(kernels::weight_qparams_for_isa(nullptr), nullptr);
+}
+
+TEST(NoVnni, SameSignedWeightsAndLargeActivationsDoNotSaturate) {
+  manual_seed(4);
+  Layers m;
+  const std::vector<Tensor> calib = {positive({2, 16, 4, 4}, 10), positive({2, 16, 4, 4}, 11)};
+  const Tensor x = positive({2, 16, 4, 4}, 12);
+  const std::vector<Tensor> want = m(x);
+  prepare(m, {calib[0]});
+  for (const Tensor& c : calib) m(c);
+  convert(m);
+  const std::vector<Tensor> got = m(x);
+  const char* names[] = {"conv2d", "conv_transpose2d", "linear", "matmul"};
+  // (Saturating: 27.1, 18.6, 22.0 and 16.4 dB.)
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double db = sqnr(got[i], want[i]);
+    std::cout << names[i] << ": " << db << " dB\n";
+    EXPECT_GT(db, 30.0) << names[i];
+  }
+}
+
+}  // namespace
+}  // namespace dbrq
