@@ -624,7 +624,7 @@ dbrq_bazel_target(
     tests/int8/no_vnni_test.cc
   DEPS
     dbrq
-    dbrq_kernels_dnnl_utils
+    dbrq_kernels_int8
     dbrq_tests_test_util
   SYSTEM
     gtest_main
@@ -750,10 +750,10 @@ dbrq_bazel_target(
   NAME dbrq_tests_kernels_qmatmul_no_vnni_test
   RUNFILE tests/kernels/qmatmul_no_vnni_test
   SRCS
+    tests/kernels/no_vnni_cap.cc
     tests/kernels/qmatmul_test.cc
   DEPS
     dbrq_tests_kernels_kernel_test_util
-    dbrq_kernels_dnnl_utils
   SYSTEM
     gtest_main
   ENV
@@ -768,7 +768,6 @@ dbrq_bazel_target(
     tests/kernels/qmatmul_test.cc
   DEPS
     dbrq_tests_kernels_kernel_test_util
-    dbrq_kernels_dnnl_utils
   SYSTEM
     gtest_main
 )

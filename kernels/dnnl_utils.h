@@ -32,14 +32,6 @@ using tag = dnnl::memory::format_tag;
 
 dnnl::engine& cpu_engine();
 
-// Whether oneDNN's u8 x s8 kernels on this process's ISA (its effective one: the CPU, capped by
-// ONEDNN_MAX_CPU_ISA) sum pairs of products into saturating 16 bits: without VNNI (AVX2, AVX-512
-// before Cascade Lake) they use vpmaddubsw, and 255 * 127 * 2 exceeds 32767. Computed once.
-bool int8_pairs_saturate();
-// The weight parameters an int8 kernel quantizes with: `q` itself, or where pairs saturate the
-// same with every scale doubled, so weight codes lie in [-64, 64] and no pair can (255 * 64 * 2
-// = 32640). One bit of weight precision for exact sums.
-QuantParamsPtr weight_qparams_for_isa(const QuantParamsPtr& q);
 // One stream per calling thread (streams are not thread-safe).
 dnnl::stream& thread_stream();
 

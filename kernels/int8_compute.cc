@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/dnnl_utils.h"
+#include "kernels/eager.h"
 #include "kernels/int8.h"
 #include "kernels/loops.h"
 #include "kernels/post_ops.h"
@@ -53,23 +54,28 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
   float* pf = real ? dst.raw_mutable_data<float>() : nullptr;
   int64_t batches = 1;
   for (int64_t d = 0; d < rank - 2; ++d) batches *= dst.size(d);
-  // Per-thread scratch: this runs for every attention product of a decoder step.
-  thread_local std::vector<int32_t> acc;
-  thread_local std::vector<float> accf;
-  thread_local std::vector<int16_t> arow;
-  acc.resize(static_cast<size_t>(n));
-  accf.resize(static_cast<size_t>(n));
-  arow.resize(static_cast<size_t>(k));
-  for (int64_t bi = 0; bi < batches; ++bi) {
-    int64_t a_off = 0, b_off = 0;
-    for (int64_t d = rank - 3, rest = bi; d >= 0; --d) {
-      const int64_t idx = rest % dst.size(d);
-      rest /= dst.size(d);
-      if (a.size(d) != 1) a_off += idx * a.stride(d);
-      if (b.size(d) != 1) b_off += idx * b.stride(d);
-    }
-    const uint8_t* bb = pb + b_off;
-    for (int64_t i = 0; i < m; ++i) {
+  // One output row per item. Small products (every attention product of a decoder step) run on
+  // the calling thread; the large ones that reach here where oneDNN's pairs saturate are split.
+  const int64_t rows = batches * m, macs = rows * n * k;
+  const int64_t grain = macs <= kDirectMatmulMaxMacs ? rows : std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, n * k));
+  parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+    // Per-thread scratch.
+    thread_local std::vector<int32_t> acc;
+    thread_local std::vector<float> accf;
+    thread_local std::vector<int16_t> arow;
+    acc.resize(static_cast<size_t>(n));
+    accf.resize(static_cast<size_t>(n));
+    arow.resize(static_cast<size_t>(k));
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t bi = r / m, i = r % m;
+      int64_t a_off = 0, b_off = 0;
+      for (int64_t d = rank - 3, rest = bi; d >= 0; --d) {
+        const int64_t idx = rest % dst.size(d);
+        rest /= dst.size(d);
+        if (a.size(d) != 1) a_off += idx * a.stride(d);
+        if (b.size(d) != 1) b_off += idx * b.stride(d);
+      }
+      const uint8_t* bb = pb + b_off;
       const uint8_t* ar = pa + a_off + i * k;
       for (int64_t l = 0; l < k; ++l) arow[l] = static_cast<int16_t>(ar[l] - a_zp);
       int32_t* c = acc.data();
@@ -79,14 +85,14 @@ void direct_qmatmul(const Tensor& a, const Tensor& b, Tensor& dst, int32_t a_zp,
         for (int64_t j = 0; j < n; ++j) c[j] = simd::dot_s16_u8(arow.data(), bb + j * b_sn, k, b_zp);
       }
       if (real) {
-        float* row = pf + (bi * m + i) * n;
+        float* row = pf + r * n;
         for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(c[j]) * op_scale;
         continue;
       }
       for (int64_t j = 0; j < n; ++j) accf[j] = static_cast<float>(c[j]);
-      simd::quantize_u8(accf.data(), pd + (bi * m + i) * n, n, op_scale, dst_zp);
+      simd::quantize_u8(accf.data(), pd + r * n, n, op_scale, dst_zp);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -587,6 +593,12 @@ Tensor QMatmul::run(const Tensor& a_in, const Tensor& b_in) const {
       direct_qmatmul(av, bv, dst, a.q_zero_point(), b.q_zero_point(), op_scale, dynamic_ ? 0 : dst_->zero_point());
       return dst.raw_view(final_sizes);
     }
+  }
+  // Beyond the direct loop's exact range where pairs saturate: f32 on the dequantized codes
+  // (exact products, f32 sums) rather than oneDNN's saturating ones.
+  if (saturate) {
+    const Tensor out = matmul(dequantize(a), dequantize(b));
+    return dynamic_ ? out : quantize_to(out, dst_, DType::kU8, MemoryFormat::kContiguous);
   }
   // The second operand as s8: q - 128 with zero point - 128 (exact). A dense operand keeps its
   // layout (k.transpose(-1, -2) in attention is shifted in place order, no transposing copy) and

@@ -976,9 +976,9 @@ std::string ObserverSpec::to_string() const {
 
 namespace {
 
-// See Observer::mask_count: a far group of values at the low end, alone across 15/16 of the range.
+// See Observer::mask_count: a group of negative values at the low end, far below the rest.
 bool has_far_low_group(const float* data, int64_t n) {
-  if (n < 3) return false;
+  if (n < 16) return false;
   float lo = data[0], hi = data[0];
 #pragma omp simd reduction(min : lo) reduction(max : hi)
   for (int64_t i = 0; i < n; ++i) {
@@ -998,8 +998,8 @@ bool has_far_low_group(const float* data, int64_t n) {
     low_max = std::max(low_max, is_low ? v : lo);
     high_min = std::min(high_min, is_low ? hi : v);
   }
-  return low >= 2 && low < n && high_min < hi &&
-         static_cast<double>(high_min) - static_cast<double>(low_max) >= range * 15 / 16;
+  const double gap = static_cast<double>(high_min) - static_cast<double>(low_max);
+  return low >= 2 && low < n && low_max < 0 && high_min < hi && gap >= 64.0 * (static_cast<double>(hi) - high_min);
 }
 
 }  // namespace
@@ -1029,8 +1029,11 @@ void Observer::observe(const Tensor& x) {
   }
   ++num_batches_;
   const bool per_channel = spec_.kind == ObserverKind::kPerChannelMinMax;
+  // A range that cannot stretch (fixed parameters, dynamic placeholders) loses nothing to a mask.
+  const bool counts_masks = !per_channel && spec_.kind != ObserverKind::kFixedQParams &&
+                            spec_.kind != ObserverKind::kPlaceholder;
   if (nans + infs == 0) {
-    if (!per_channel && has_far_low_group(data, n)) ++mask_count_;
+    if (counts_masks && has_far_low_group(data, n)) ++mask_count_;
     observe_finite(data, n, t);
     return;
   }
@@ -1051,7 +1054,7 @@ void Observer::observe(const Tensor& x) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isfinite(data[i])) finite.push_back(data[i]);
   }
-  if (has_far_low_group(finite.data(), static_cast<int64_t>(finite.size()))) ++mask_count_;
+  if (counts_masks && has_far_low_group(finite.data(), static_cast<int64_t>(finite.size()))) ++mask_count_;
   observe_finite(finite.data(), static_cast<int64_t>(finite.size()), t);
 }
 

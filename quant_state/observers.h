@@ -107,11 +107,12 @@ class Observer {
   int64_t num_batches() const { return num_batches_; }
   int64_t nan_count() const { return nan_count_; }
   int64_t inf_count() const { return inf_count_; }
-  // Tensors whose values fell in two groups: a dense one at the low end (at least two values
-  // within 1/16 of the range of the minimum) and the rest, with nothing in between for 15/16 of
-  // the range, the rest not all equal. An additive mask written with a finite stand-in for -inf
-  // (-1e9, -1e4, the lowest float) added to scores looks like this; int8 over such a range leaves
-  // the rest at most 16 codes. Per-channel (weight) observers do not count them.
+  // Tensors (of 16 values or more) whose values fell in two groups: negative ones at the low end
+  // (at least two, within 1/16 of the range of the minimum) and the rest, not all equal, spanning
+  // at most 1/64 of the gap between the groups. An additive mask written with a finite stand-in
+  // for -inf (-1e9, -1e4, the lowest float) added to scores looks like this; int8 over such a
+  // range leaves the rest at most 4 codes. Outputs of relu, softmax or sigmoid (never negative)
+  // cannot; per-channel (weight), fixed-parameter and placeholder observers do not count.
   int64_t mask_count() const { return mask_count_; }
 
   // Raw statistics for saving and restoring calibration (see quant_state/serialization.h):

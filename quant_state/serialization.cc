@@ -1073,7 +1073,7 @@ void rebuild(ModelQuantState& model, const Document& d, const std::map<RecordKey
       op.weights.push_back(std::move(w));
     }
     op.has_scalar = r.has_scalar;
-    op.broadcasts = op.broadcasts || r.broadcasts;
+    op.broadcasts = r.broadcasts;
     op.scalar = r.scalar;
     op.scalar_first = r.scalar_first;
     op.params = r.params;

@@ -36,7 +36,8 @@ class Converter {
       if (op.role != QuantRole::kNone && !(op.fusion.fused() && op.fusion.position > 0) && op.absorbs < 0 &&
           op.absorbed_by < 0 && chain_saw_infinities(op)) {
         program[op.program_index] = std::make_unique<Fp32Exec>(
-            "saw +-inf while calibrating (an additive -inf mask?), which int8 cannot hold");
+            "saw +-inf, or a far negative group such as -1e9, while calibrating (an additive mask?), which int8 "
+            "cannot hold");
       }
     }
     // What each op chose, for printing and introspection (every parameter is known by now).

@@ -2,7 +2,6 @@
 // (tests/kernels/qmatmul_tester.h).
 #include <gtest/gtest.h>
 
-#include "kernels/dnnl_utils.h"
 #include "tests/kernels/qmatmul_tester.h"
 
 namespace dbrq::kernel_testing {

@@ -391,6 +391,19 @@ TEST(BiasCorrection, SkippedLayersAreReported) {
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_EQ(r.skipped[0], "conv: marked bf16 by the mapping (no int8 weights to correct for)");
   EXPECT_EQ(vals(m.conv->bias), b);
+
+  // Per-channel weights along the input channels: convert refuses the qconfig and runs the conv
+  // fp32, so a correction would shift an fp32 layer's output.
+  r = correct_bias(m, {{randn({1, 3, 4, 4}, 1)}},
+                   default_qconfig_mapping().set_module_name(
+                       "conv", QConfig::make(ObserverSpec::histogram(),
+                                             ObserverSpec::per_channel_min_max(DType::kS8,
+                                                                               QScheme::kPerChannelSymmetric, 1))));
+  EXPECT_TRUE(r.layers.empty());
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0], "conv: convert runs it fp32: conv2d: backend onednn needs per-channel weights along axis 0 "
+                          "(output channels), got ch_axis 1");
+  EXPECT_EQ(vals(m.conv->bias), b);
 }
 
 TEST(BiasCorrection, BadInputs) {

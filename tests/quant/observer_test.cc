@@ -83,23 +83,30 @@ TEST(ObserverNonFinite, AllNonFiniteBatchLeavesObserverEmpty) {
   EXPECT_THROW_MSG(obs->calculate_qparams(), NotCalibratedError, "seen no data");
 }
 
-// A far group of low values (a finite -inf stand-in in a mask) is counted; ordinary data is not.
+// Scores in [-2, 2] (16 values) with `masked` of them replaced by `fill` (or by fill + score).
+Tensor scores_with(int masked, float fill, bool add_scores = false) {
+  std::vector<float> v = {0.5f, 1.5f, -2.f, 2.f, 0.25f, -1.f, 1.f, -0.5f, 0.75f, -1.5f, 1.25f, 0.f, -0.25f, 1.75f, -1.25f, 0.1f};
+  for (int i = 0; i < masked; ++i) v[static_cast<size_t>(3 * i + 1)] = add_scores ? fill + v[static_cast<size_t>(3 * i + 1)] : fill;
+  return from_vector<float>(v, {2, 8});
+}
+
+// A far group of negative values (a finite -inf stand-in in a mask) is counted; ordinary data is not.
 TEST(ObserverMaskValues, AFarLowGroupIsCountedOncePerTensor) {
-  // Scores in [-2, 2] with two of eight masked at -1e9 (and one at -1e4 + a score).
-  const Tensor masked = from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, -1e9f, 2.f, 0.25f, -1.f}, {2, 4});
-  const Tensor masked_1e4 = from_vector<float>({0.5f, -1e4f + 1.5f, 1.5f, -1e4f - 2.f, -2.f, 2.f, 0.25f, -1.f});
   for (const ObserverSpec& spec : per_tensor_specs()) {
     SCOPED_TRACE(spec.to_string());
     auto obs = make_observer(spec);
-    obs->observe(masked);
+    obs->observe(scores_with(2, -1e9f));
     EXPECT_EQ(obs->mask_count(), 1);
-    obs->observe(masked_1e4);
+    obs->observe(scores_with(4, -1e4f, /*add_scores=*/true));
     EXPECT_EQ(obs->mask_count(), 2);
     obs->observe(randn({4, 16}, 3));
     EXPECT_EQ(obs->mask_count(), 2);
     EXPECT_EQ(obs->num_batches(), 3);
     // With non-finite values too: they are skipped, the far group still counts.
-    obs->observe(from_vector<float>({kNaN, 0.5f, -1e9f, 1.f, -1e9f, kInf}));
+    std::vector<float> with_nan = scores_with(3, std::numeric_limits<float>::lowest()).to_vector<float>();
+    with_nan.push_back(kNaN);
+    with_nan.push_back(kInf);
+    obs->observe(from_vector<float>(with_nan));
     EXPECT_EQ(obs->mask_count(), 3);
     // Merged and restored, the count goes along.
     auto other = obs->clone_empty();
@@ -114,21 +121,34 @@ TEST(ObserverMaskValues, AFarLowGroupIsCountedOncePerTensor) {
 TEST(ObserverMaskValues, OrdinaryRangesAreNotMasks) {
   auto obs = make_observer(ObserverSpec::min_max());
   // The mask itself: two values, nothing else to lose. int8 holds 0 and -1e9 exactly.
-  obs->observe(from_vector<float>({0.f, -1e9f, 0.f, -1e9f}));
+  obs->observe(from_vector<float>({0, -1e9f, 0, 0, -1e9f, 0, 0, -1e9f, 0, 0, 0, 0, 0, 0, 0, 0}));
   // One far value alone is an outlier, not a group.
-  obs->observe(from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, 2.f}));
+  obs->observe(scores_with(1, -1e9f));
   // A far group at the high end (not how masks are written).
-  obs->observe(from_vector<float>({0.5f, 1e9f, 1.5f, -2.f, 1e9f, 2.f}));
+  obs->observe(scores_with(2, 1e9f));
   // A long tail: values in between.
-  obs->observe(from_vector<float>({-100.f, -99.f, -60.f, -20.f, 0.f, 1.f, 2.f}));
-  // Constant and tiny tensors.
-  obs->observe(full({8}, -3.f));
-  obs->observe(from_vector<float>({-1e9f, 1.f}));
+  obs->observe(from_vector<float>({-100.f, -99.f, -60.f, -20.f, 0.f, 1.f, 2.f, 0.5f, -40.f, -80.f, 1.5f, 0.f, -10.f,
+                                   -30.f, 0.25f, 1.f}));
+  // Not negative: a softmax row whose largest values sit together (like a peaked attention).
+  obs->observe(from_vector<float>({0.001f, 0.999f, 0.0005f, 0.9985f, 0.001f, 0.999f, 0.0f, 0.998f, 0.0012f, 0.999f,
+                                   0.0007f, 0.9989f, 0.001f, 0.9991f, 0.0f, 0.9986f}));
+  // A negative group not far enough below the rest's spread (64x): an activation with a negative
+  // channel, which int8 still resolves.
+  obs->observe(scores_with(4, -150.f));
+  // Constant and small tensors.
+  obs->observe(full({16}, -3.f));
+  obs->observe(from_vector<float>({-1e9f, -1e9f, 1.f, 2.f, 1.5f, 1.25f, 1.75f, 1.1f}));
   EXPECT_EQ(obs->mask_count(), 0);
-  // Per-channel (weight) observers do not look.
+  // Per-channel (weight), fixed-parameter and placeholder observers do not look.
   auto pc = make_observer(ObserverSpec::per_channel_min_max(DType::kS8, QScheme::kPerChannelSymmetric, 0));
-  pc->observe(from_vector<float>({0.5f, -1e9f, 1.5f, -2.f, -1e9f, 2.f}, {2, 3}));
+  pc->observe(scores_with(4, -1e9f));
   EXPECT_EQ(pc->mask_count(), 0);
+  auto fixed = make_observer(ObserverSpec::fixed(1.f / 256, 0));
+  fixed->observe(scores_with(4, -1e9f));
+  EXPECT_EQ(fixed->mask_count(), 0);
+  auto placeholder = make_observer(ObserverSpec::placeholder(DType::kU8));
+  placeholder->observe(scores_with(4, -1e9f));
+  EXPECT_EQ(placeholder->mask_count(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
