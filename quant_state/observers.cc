@@ -74,6 +74,20 @@ class RangeHistogram {
     float cmin = std::min(mn, min_), cmax = std::max(mx, max_);
     // _adjust_min_max: make the new range an integer multiple of the old fine grid.
     const float hist_bin_width = (max_ - min_) / static_cast<float>(bins_ * upsample_);
+    const double ratio = std::ceil((static_cast<double>(cmax) - cmin) / (static_cast<double>(bins_) * hist_bin_width));
+    if (!(ratio <= static_cast<double>(int64_t{1} << 40))) {
+      // The new range is so much wider (a -3.4e38 mask value after ordinary data) that the old
+      // grid cannot divide it: the old range lies inside one new bin, which takes all its counts.
+      std::vector<double> combined(bins_, 0.0);
+      histc(x, n, cmin, cmax, &combined, mn, mx);
+      const double at = (0.5 * (static_cast<double>(min_) + max_) - cmin) / (static_cast<double>(cmax) - cmin) * bins_;
+      const int j = at < 0 ? 0 : at >= bins_ ? bins_ - 1 : static_cast<int>(at);
+      for (int i = 0; i < bins_; ++i) combined[static_cast<size_t>(j)] += hist_[static_cast<size_t>(i)];
+      hist_ = std::move(combined);
+      min_ = cmin;
+      max_ = cmax;
+      return;
+    }
     const int64_t downsample = static_cast<int64_t>(std::ceil((cmax - cmin) / (static_cast<float>(bins_) * hist_bin_width)));
     const float e = static_cast<float>(downsample) * (static_cast<float>(bins_) * hist_bin_width) - (cmax - cmin);
     cmax = cmax + e;
@@ -132,6 +146,10 @@ class RangeHistogram {
       hi += 1.f;
     }
     const float width = hi - lo;
+    // A range near the float limits (a -3.4e38 mask value): (v - lo) * bins would overflow to inf
+    // (and its cast is undefined), so such ranges divide first. Ordinary ranges keep torch.histc's
+    // order of operations.
+    const bool huge = !(width <= std::numeric_limits<float>::max() / static_cast<float>(bins_));
     // Integer counts per thread, added up at the end: exact, so the split does not matter.
     const int nt = scan_threads(n);
     std::vector<int64_t> counts(static_cast<size_t>(nt) * bins_, 0);
@@ -143,7 +161,9 @@ class RangeHistogram {
       for (int64_t i = begin; i < end; ++i) {
         const float v = x[i];
         if (v < lo || v > hi) continue;
-        int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins_) / width);
+        const double f = huge ? (static_cast<double>(v) - lo) / width * bins_
+                              : static_cast<double>((v - lo) * static_cast<float>(bins_) / width);
+        int64_t pos = f < static_cast<double>(bins_) ? static_cast<int64_t>(f) : bins_ - 1;
         if (pos >= bins_) pos = bins_ - 1;
         ++c[pos];
       }
