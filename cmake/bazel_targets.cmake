@@ -626,6 +626,8 @@ dbrq_bazel_target(
     dbrq
     dbrq_kernels_int8
     dbrq_tests_test_util
+    dbrq_tests_kernels_no_vnni_cap
+    dbrq_tests_quant_quant_test_util
   SYSTEM
     gtest_main
   ENV
@@ -680,6 +682,20 @@ dbrq_bazel_target(
     dbrq_kernels_int8
   SYSTEM
     gtest
+  TESTONLY
+)
+dbrq_bazel_target(
+  KIND cc_library
+  LABEL //tests/kernels:no_vnni_cap
+  NAME dbrq_tests_kernels_no_vnni_cap
+  RUNFILE tests/kernels/no_vnni_cap
+  SRCS
+    tests/kernels/no_vnni_cap.cc
+  DEPS
+    dbrq_kernels_int8
+  SYSTEM
+    gtest
+  ALWAYSLINK
   TESTONLY
 )
 dbrq_bazel_target(
@@ -750,10 +766,10 @@ dbrq_bazel_target(
   NAME dbrq_tests_kernels_qmatmul_no_vnni_test
   RUNFILE tests/kernels/qmatmul_no_vnni_test
   SRCS
-    tests/kernels/no_vnni_cap.cc
     tests/kernels/qmatmul_test.cc
   DEPS
     dbrq_tests_kernels_kernel_test_util
+    dbrq_tests_kernels_no_vnni_cap
   SYSTEM
     gtest_main
   ENV

@@ -163,8 +163,7 @@ class RangeHistogram {
         if (v < lo || v > hi) continue;
         const double f = huge ? (static_cast<double>(v) - lo) / width * bins_
                               : static_cast<double>((v - lo) * static_cast<float>(bins_) / width);
-        int64_t pos = f < static_cast<double>(bins_) ? static_cast<int64_t>(f) : bins_ - 1;
-        if (pos >= bins_) pos = bins_ - 1;
+        const int64_t pos = f < static_cast<double>(bins_) ? static_cast<int64_t>(f) : bins_ - 1;
         ++c[pos];
       }
     }

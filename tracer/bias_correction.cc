@@ -66,6 +66,8 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
   std::vector<Target> out;
   // A bias (or beta) another module also registers may be read on a path the run did not take.
   const tracer::Registrations reg = tracer::registrations(model);
+  // prepare's default backend (correct_bias takes the mapping prepare will get).
+  const BackendConfig backend = BackendConfig::onednn();
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     const FlowNode& n = g.nodes[static_cast<size_t>(i)];
     if (n.kind != OpKind::kConv2d && n.kind != OpKind::kLinear) continue;
@@ -90,9 +92,8 @@ std::vector<Target> find_targets(nn::Module& model, const QConfigMapping& mappin
       continue;
     }
     // A qconfig the backend has no int8 kernel for (per-channel weights along another axis than
-    // the output channels): convert runs the op fp32, with no weight error to correct. (prepare's
-    // default backend; correct_bias takes the mapping it will get.)
-    if (const std::string why = BackendConfig::onednn().unsupported_reason(n.kind, *q); !why.empty()) {
+    // the output channels): convert runs the op fp32, with no weight error to correct.
+    if (const std::string why = backend.unsupported_reason(n.kind, *q); !why.empty()) {
       skip(absl::StrCat("convert runs it fp32: ", why));
       continue;
     }

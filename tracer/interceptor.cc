@@ -1162,8 +1162,9 @@ void QuantInterceptor::on_module_enter(nn::Module& module, absl::Span<Tensor* co
       InterceptorScope none(nullptr);
       for (Tensor* t : inputs) {
         if (!t->defined()) continue;
+        if (phase == Phase::kTracing) continue;  // nothing observes or is int8 yet
         Tensor caller = *t;
-        if (phase != Phase::kTracing && t->is_quantized()) *t = dequantize(*t);
+        if (t->is_quantized()) *t = dequantize(*t);
         f.given.push_back({std::move(caller), *t, t->storage()->version()});
       }
     }
@@ -1255,9 +1256,8 @@ void QuantInterceptor::on_module_exit(nn::Module& module, absl::Span<Tensor* con
         }
       } else if (phase == Phase::kCalibrating && model_->observers_enabled()) {
         const ModelQuantState::TensorRecord* r = model_->tensor(g.caller.trace_origin());
-        if (r != nullptr && r->slot >= 0 && model_->slot(r->slot).observer != nullptr) {
-          model_->slot(r->slot).observer->observe(g.given);
-        }
+        Observer* o = r != nullptr && r->slot >= 0 ? model_->slot(r->slot).observer.get() : nullptr;
+        if (o != nullptr) o->observe(g.given);
       }
     }
     f.given.clear();

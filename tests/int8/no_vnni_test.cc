@@ -1,41 +1,24 @@
-// Int8 on a CPU without VNNI (oneDNN capped at AVX512_CORE, see kCapped and BUILD.bazel): oneDNN's
+// Int8 on a CPU without VNNI (oneDNN capped at AVX512_CORE by tests/kernels:no_vnni_cap): oneDNN's
 // u8 x s8 kernels there sum pairs of products in saturating 16 bits (vpmaddubsw), and 255 * 127 * 2
 // does not fit. With same-signed weights and large activations every output saturated, with no
 // error. The kernels quantize weights to [-64, 64] there (kernels::weight_qparams_for_isa), and
 // int8 matmul sums in 32 bits (its direct loop).
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <dnnl.h>
-
 #include "dbrq.h"
 #include "kernels/int8.h"
+#include "tests/quant/quant_test_util.h"
 #include "tests/test_util.h"
 
 namespace dbrq {
 namespace {
 
-// BUILD.bazel sets ONEDNN_MAX_CPU_ISA=AVX512_CORE; a --test_env of another cap (the sanitizer
-// configs set AVX512_CORE_BF16) may replace it, so the cap is also set here, before oneDNN first
-// reads it (the call wins over the variable; it fails, harmlessly, once oneDNN has run).
-const bool kCapped = dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core) == dnnl_success;
-
-double sqnr(const Tensor& got, const Tensor& want) {
-  const std::vector<float> g = got.contiguous().to_vector<float>(), w = want.contiguous().to_vector<float>();
-  double s = 0, n = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    s += static_cast<double>(w[i]) * w[i];
-    n += static_cast<double>(g[i] - w[i]) * (g[i] - w[i]);
-  }
-  return 10 * std::log10(s / std::max(n, 1e-30));
-}
+using testing::sqnr_of;
 
 // Positive inputs and positive weights: the worst case for saturating pairs.
 Tensor positive(const std::vector<int64_t>& sizes, uint64_t seed) {
@@ -71,10 +54,9 @@ struct Layers : nn::CallableModule<Layers> {
   std::shared_ptr<nn::LinearImpl> fc;
 };
 
-TEST(NoVnni, TheEnvironmentCapsOneDnnBelowVnni) {
-  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-  EXPECT_TRUE(kCapped);
-  EXPECT_TRUE(kernels::int8_pairs_saturate()) << "ONEDNN_MAX_CPU_ISA=" << (isa != nullptr ? isa : "(unset)");
+// (tests/kernels:no_vnni_cap caps oneDNN and checks that pairs saturate.)
+TEST(NoVnni, WeightParametersDoubleTheirScales) {
+  ASSERT_TRUE(kernels::int8_pairs_saturate());
   const QuantParamsPtr q = QuantParams::per_channel({0.5f, 0.25f}, {0, 0}, 0);
   EXPECT_EQ(kernels::weight_qparams_for_isa(q)->scales, (std::vector<float>{1.f, 0.5f}));
   EXPECT_EQ(kernels::weight_qparams_for_isa(QuantParams::per_tensor(0.5f, 0))->scale(), 1.f);
@@ -94,7 +76,7 @@ TEST(NoVnni, SameSignedWeightsAndLargeActivationsDoNotSaturate) {
   const char* names[] = {"conv2d", "conv_transpose2d", "linear", "matmul"};
   // (Saturating: 27.1, 18.6, 22.0 and 16.4 dB.)
   for (size_t i = 0; i < want.size(); ++i) {
-    const double db = sqnr(got[i], want[i]);
+    const double db = sqnr_of(got[i], want[i]);
     std::cout << names[i] << ": " << db << " dB\n";
     EXPECT_GT(db, 30.0) << names[i];
   }
@@ -114,7 +96,7 @@ TEST(NoVnni, AProductLongerThanTheDirectLoopDoesNotSaturate) {
   m(x, y);
   m(positive({2, k}, 22), positive({k, 3}, 23));
   convert(m);
-  const double db = sqnr(m(x, y), want);
+  const double db = sqnr_of(m(x, y), want);
   std::cout << "matmul, K = " << k << ": " << db << " dB\n";
   EXPECT_GT(db, 50.0);  // 57.5 dB; oneDNN's saturating path gave 44.5 dB
 }
