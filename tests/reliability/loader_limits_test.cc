@@ -220,6 +220,13 @@ TEST_F(QuantStateLimits, IntegersThatDoNotFitAreRejectedNotTruncated) {
   doc = document(1, false);
   doc["version"] = 1.0;
   EXPECT_THROW_MSG(load(1, doc), FileFormatError, "is malformed: version must be an integer");
+  // The optional record and slot marks are booleans when present.
+  doc = document(1, false);
+  doc["modules"][0]["seen_ops"][0]["broadcasts"] = 1;
+  EXPECT_THROW_MSG(load(1, doc), FileFormatError, "is malformed: broadcasts must be true or false, got 1");
+  doc = document(1, false);
+  slot_of_kind(doc, "MinMax")["infinities"] = "yes";
+  EXPECT_THROW_MSG(load(1, doc), FileFormatError, "is malformed: infinities must be true or false, got \"yes\"");
 }
 
 TEST_F(QuantStateLimits, FloatsMustBeFiniteAndWithinFloatRange) {
