@@ -30,7 +30,8 @@
 // call and the one-token calls at every cache length are seen), after prepare() on "ids_example".
 // --int8_outputs=1 converts with ConvertOptions::int8_outputs (the returned cache stays int8 between
 // calls instead of being dequantized at every return and quantized again by the next call's cat;
-// the logits are then u8 too).
+// the logits are then u8 too). --recipe and --observer set the int8 recipe and the default recipe's
+// activation observer (DataSpec::recipe, DataSpec::observer), as the server's fields do.
 //
 // Server use (--serve), as bench/compare.py drives it so that it can interleave dbrq and PyTorch
 // in small chunks of iterations: one JSON command per stdin line, one JSON reply per stdout line.
@@ -357,6 +358,7 @@ int usage() {
                "       dbrq_bench --model=NAME [--mode=fp32|int8|dynamic|prep] [--batch=N] [--threads=N] [--iters=N]\n"
                "                  [--warmup=N] [--reps=N] [--weights=FILE] [--inputs=FILE] [--input_key=K]\n"
                "                  [--example_key=K] [--calib_keys=K1,K2,...] [--new_tokens=N] [--int8_outputs=0|1]\n"
+               "                  [--recipe=default|transformer|transformer_bc] [--observer=KIND]\n"
                "models: resnet18, mobilenet_v2, bert_encoder, small_cnn, decoder_lm (timed generating), gru_classifier, "
                "dcgan_generator, unet, kws_conv1d, densenet, vit\n";
   return 2;
@@ -395,7 +397,7 @@ int main(int argc, char** argv) {
       }
       c[k] = keys;
     } else if (k == "model" || k == "mode" || k == "weights" || k == "inputs" || k == "input_key" ||
-               k == "example_key") {
+               k == "example_key" || k == "recipe" || k == "observer") {
       c[k] = v;
     } else {
       return usage();

@@ -46,6 +46,19 @@ TEST(QLinear, Saturation) { QLinearTester().saturate(true).input_zero_point(3).T
 
 TEST(QLinear, SaturationRelu) { QLinearTester().saturate(true).post(Post::kRelu).Test(); }
 
+// Static with f32 output (no destination parameters): the transformer recipe's linears.
+TEST(QLinear, FloatOutput) { QLinearTester().float_output(true).input_zero_point(37).iterations(2).Test(); }
+
+TEST(QLinear, FloatOutputPerTensorNoBias) {
+  QLinearTester().float_output(true).per_channel(false).bias(false).batch_dims({2, 3}).Test();
+}
+
+TEST(QLinear, FloatOutputRelu) { QLinearTester().float_output(true).post(Post::kRelu).input_zero_point(128).Test(); }
+
+TEST(QLinear, FloatOutputWide) {
+  QLinearTester().float_output(true).input_channels(256).output_channels(96).batch_dims({33}).Test();
+}
+
 TEST(QLinear, Dynamic) { QLinearTester().dynamic(true).iterations(3).Test(); }
 
 TEST(QLinear, DynamicPerTensor) { QLinearTester().dynamic(true).per_channel(false).Test(); }

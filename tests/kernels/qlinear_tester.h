@@ -8,6 +8,10 @@
 // real = acc * s_in * s_w[n] + bias[n], the post-op, quantization with round half to even; checked
 // with the u8 gate of kernel_test_util.h.
 //
+// Static with f32 output (float_output: no destination parameters, the linear of a transformer
+// recipe that only fp32 ops read): x u8 [..., K] -> f32 [..., N], the same real values as the
+// static reference before quantization, post-op included, within the dynamic tolerance below.
+//
 // Dynamic: x f32 [..., K] (or an already quantized u8 tensor) -> f32 [..., N]. The reference
 // quantizes x from its own range as the kernel documents it (u8, range widened to include 0,
 // scale = (max - min) / 255, zero point = round(-min / scale)) and then computes
@@ -46,6 +50,7 @@ class QLinearTester {
   // Dynamic mode with an input that is already u8 (used as it comes).
   QLinearTester& quantized_input(bool v) { quantized_input_ = v; return *this; }
   QLinearTester& saturate(bool v) { saturate_ = v; return *this; }
+  QLinearTester& float_output(bool v) { float_output_ = v; return *this; }
   QLinearTester& seed(uint32_t v) { seed_ = v; return *this; }
   QLinearTester& iterations(int v) { iterations_ = v; return *this; }
   // Runs one kernel object on this many different inputs (dynamic: each with its own range, so
@@ -59,7 +64,8 @@ class QLinearTester {
     os << (dynamic_ ? "dynamic qlinear [" : "qlinear [");
     for (int64_t d : batch_dims_) os << d << ",";
     os << k_ << "] -> " << n_ << (bias_ ? " bias" : "") << (per_channel_ ? " perchan" : " pertensor") << " "
-       << post_name(post_) << " zp" << input_zp_ << (quantized_input_ ? " u8in" : "") << (saturate_ ? " sat" : "");
+       << post_name(post_) << " zp" << input_zp_ << (quantized_input_ ? " u8in" : "") << (saturate_ ? " sat" : "")
+       << (float_output_ ? " f32out" : "");
     return os.str();
   }
 
@@ -163,7 +169,7 @@ class QLinearTester {
         hi *= 0.6;
       }
       o.src_qparams = QuantParams::per_tensor(static_scale, input_zp_);
-      o.dst_qparams = qparams_for_range(lo, hi);
+      if (!float_output_) o.dst_qparams = qparams_for_range(lo, hi);
       o.post = post_ops(post_);
     }
     const QuantParamsPtr dst = o.dst_qparams;
@@ -177,7 +183,7 @@ class QLinearTester {
                                     : make_f32(in_sizes, c.xf);
       const Tensor y = linear.run(x);
       ASSERT_EQ(sizes_of(y), out_sizes);
-      if (!dynamic_) {
+      if (!dynamic_ && !float_output_) {
         ASSERT_EQ(y.dtype(), DType::kU8);
         ASSERT_TRUE(y.is_quantized());
         EXPECT_EQ(*y.qparams(), *dst);
@@ -195,15 +201,17 @@ class QLinearTester {
         expect_floats(call_label + " vs f32", got, c.unquantized, c.rounding, 1.0);
       }
     }
-    // Scales and zero points are runtime arguments: every call of one shape shares a primitive.
-    if (dynamic_) {
+    // Dynamic: scales and zero points are runtime arguments. Static: fixed for every call. Either
+    // way every call of one shape shares a primitive.
+    if (dynamic_ || float_output_) {
       EXPECT_EQ(linear.num_primitives(), 1u);
     }
   }
 
   std::vector<int64_t> batch_dims_ = shape_of({3});
   int64_t k_ = 19, n_ = 7;
-  bool bias_ = true, per_channel_ = true, dynamic_ = false, quantized_input_ = false, saturate_ = false;
+  bool bias_ = true, per_channel_ = true, dynamic_ = false, quantized_input_ = false, saturate_ = false,
+       float_output_ = false;
   Post post_ = Post::kNone;
   int32_t input_zp_ = 0;
   uint32_t seed_ = 1;
