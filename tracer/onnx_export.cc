@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <map>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/error.h"
+#include "core/logging.h"
 #include "kernels/int8.h"
 #include "quant_state/auto_quant_state.h"
 #include "runtime/dispatcher.h"
@@ -466,6 +468,17 @@ class Recorder : public Interceptor {
       if (c.num_inputs() > 2 && c.input(2).defined()) r.bias = float_of(c.input(2));
       return r;
     }
+    // The int8 form writes the kernel's codes and this call's bias as constants. A weight or bias
+    // computed in forward (a hypernetwork's output, `w * g`) is quantized again by dbrq on every
+    // call (WeightedExec::kernel); as a constant it would freeze this call's values.
+    for (size_t k = 1; k < c.num_inputs() && k <= 2; ++k) {
+      const Tensor& t = c.input(k);
+      if (t.defined() && !t.storage()->model_state()) {
+        unsupported(c, op, absl::StrCat("its ", k == 1 ? "weight" : "bias",
+                                        " is computed in forward, not a parameter of the model; the int8 form "
+                                        "writes weights as constants (keep this op fp32, qconfig None, to export it)"));
+      }
+    }
     auto* exec = dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index));
     DBRQ_CHECK(exec != nullptr, "an int8 weighted op without a weighted executor");
     std::shared_ptr<kernels::QWeighted> k = exec->current_kernel();
@@ -585,7 +598,14 @@ class Recorder : public Interceptor {
   }
 
   void emit(const OpCall& c, const SeenOpInfo* op, const AutoQuantizationState* s, const Tensor& out) {
-    const bool int8 = op != nullptr && op->executor != nullptr && !op->executor->fp32;
+    // A fused chain's later member whose input is not the chain's inner tensor (its base ran fp32:
+    // it saw infinities or a mask; or the member's record also follows an fp32 record) computes
+    // itself in fp32, as the interceptor runs it (QuantInterceptor::seen_op, fp32_member).
+    const bool fp32_member = op != nullptr && op->fusion.fused() && op->fusion.position > 0 &&
+                             std::none_of(c.inputs.begin(), c.inputs.end(), [](const Tensor* t) {
+                               return t->defined() && QuantInterceptor::is_inner_fused(*t);
+                             });
+    const bool int8 = op != nullptr && op->executor != nullptr && !op->executor->fp32 && !fp32_member;
     if (int8 && op->qconfig != nullptr && op->qconfig->is_dynamic()) {
       unsupported(c, op, "dynamic quantization (parameters computed per call) is not exported");
     }
@@ -1057,6 +1077,17 @@ std::string export_onnx_bytes(nn::Module& model, const std::vector<Tensor>& exam
     outputs = model.forward_tensors(example_inputs);
   }
   for (size_t k = 0; k < outputs.size(); ++k) rec.add_output(outputs[k], k, summary, options.int8_inputs_of_fp32_outputs);
+  // A static graph holds one path: say so when calibration recorded others (the ONNX model would
+  // compute another function on inputs taking them).
+  for (const AutoQuantizationState* st : qi.model().states()) {
+    const size_t n = st->paths().size();
+    if (n < 2) continue;
+    summary->modules_with_other_paths.push_back(st->fqn());
+    log()->warn(
+        "export_onnx: module \"{}\" ({}) recorded {} control-flow paths while calibrating; the ONNX graph holds only "
+        "the one this example takes (export once per path you deploy, docs/onnx_export.md)",
+        st->fqn(), st->type_name(), n);
+  }
   onnx::Graph& g = rec.graph();
   g.name = options.graph_name;
   std::string bytes = onnx::encode_model(g, kOpset, "1.0", options.doc_string);

@@ -406,9 +406,54 @@ TEST(OnnxExport, ExportsThePathTheExampleTakes) {
   EXPECT_EQ(a.count("Sigmoid"), 1);
   EXPECT_EQ(a.count("Tanh"), 0);
   m.use_sigmoid = false;
-  const ModelR b = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}));
+  OnnxExportSummary summary;
+  const ModelR b = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}, {}, &summary));
   EXPECT_EQ(b.count("Sigmoid"), 0);
   EXPECT_EQ(b.count("Tanh"), 1);
+  // The summary names the module whose other path the graph does not hold (the root: "").
+  EXPECT_EQ(summary.modules_with_other_paths, std::vector<std::string>{""});
+}
+
+TEST(OnnxExport, OnePathModelsNameNoModuleWithOtherPaths) {
+  auto m = converted_resnet_like();
+  OnnxExportSummary summary;
+  export_onnx_bytes(*m, {randn({1, 3, 8, 8}, 3)}, {}, &summary);
+  EXPECT_TRUE(summary.modules_with_other_paths.empty());
+}
+
+// One relu record after two calls of a batch norm: after conv + max_pool (int8, the bn + relu
+// chain fused) and on the model's input (the bn's second record runs fp32). The second relu
+// computes in fp32 (QuantInterceptor::seen_op); the export dropped it (the chain's base "already
+// wrote it"), so the graph's second output had the batch norm's negative values.
+struct SharedBnExport : nn::CallableModule<SharedBnExport> {
+  SharedBnExport() {
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(4, 4, 3).padding(1)));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
+  }
+  std::vector<Tensor> forward(const Tensor& x) {
+    Tensor u = relu((*bn)(max_pool2d((*conv)(x), {2, 2})));
+    Tensor v = relu((*bn)(x));
+    return {u, v};
+  }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+};
+
+TEST(OnnxExport, AChainMemberAfterAnFp32BaseIsWrittenAsItRuns) {
+  manual_seed(11);
+  SharedBnExport m;
+  testing::randomize_bn(*m.bn, 3);
+  m.eval();
+  const auto xs = testing::random_batches(4, 30, {1, 4, 8, 8});
+  prepare(m, {xs[0]});
+  for (const Tensor& x : xs) m(x);
+  convert(m);
+  OnnxExportSummary summary;
+  const ModelR g = read_model(export_onnx_bytes(m, {xs[1]}, {}, &summary));
+  EXPECT_EQ(g.count("Relu"), 2) << "the relu after the fp32 batch norm is missing";
+  ASSERT_EQ(summary.output_values.size(), 2u);
+  const std::vector<float> v = testing::values(summary.output_values[1]);
+  EXPECT_GE(*std::min_element(v.begin(), v.end()), 0.f);
 }
 
 // An output dbrq computes in fp32 (exp) from an int8 tensor (the conv's): with
@@ -511,6 +556,32 @@ TEST(OnnxExportErrors, PreparedButNotConverted) {
   const std::string path = ::testing::TempDir() + "/unconverted.onnx";
   EXPECT_THROW_MSG(export_onnx(m, {randn({1, 3, 8, 8}, 1)}, path), UsageError, "export_onnx: ResNetLike is prepared but not converted (phase: calibrating)");
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// A linear whose weight forward computes (exp of a parameter): dbrq quantizes it again on every
+// call; the int8 export would write one call's codes as a constant.
+struct ComputedWeight : nn::CallableModule<ComputedWeight> {
+  ComputedWeight() {
+    log_w = register_parameter("log_w", randn({6, 8}, 4) * 0.1);
+    b = register_parameter("b", randn({6}, 5));
+  }
+  Tensor forward(const Tensor& x) { return linear(x, exp(log_w), b); }
+  Tensor log_w, b;
+};
+
+TEST(OnnxExportErrors, AComputedWeightOfAnInt8OpIsRefused) {
+  manual_seed(8);
+  ComputedWeight m;
+  m.eval();
+  prepare(m, {randn({2, 8}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({2, 8}, 20 + static_cast<uint64_t>(i)));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_EQ(ops.size(), 1u);
+  ASSERT_EQ(ops[0].op, "linear");
+  EXPECT_THROW_MSG(export_onnx_bytes(m, {randn({2, 8}, 3)}), ValueError,
+                   "export_onnx: linear () has no ONNX form in dbrq's exporter: its weight is computed in forward, "
+                   "not a parameter of the model");
 }
 
 struct WithStd : nn::CallableModule<WithStd> {
