@@ -37,8 +37,16 @@ struct Linear1d {
 };
 
 std::vector<Linear1d> linear_taps(int64_t in, int64_t out, bool align_corners, double scale_factor) {
-  const float scale = compute_scale(in, out, align_corners, scale_factor);
   std::vector<Linear1d> taps(static_cast<size_t>(out));
+  if (in == out) {
+    // A dimension that keeps its size is copied, whatever scale factor gave that size (PyTorch
+    // 1.13's float kernel: interpolate([1, 1, 5, 5], scale_factor (1.1, 2.0)) leaves H as it is;
+    // 1 / 1.1 would shift every row). PyTorch's quantized kernel resamples it with 1 / 1.1 all
+    // the same; dbrq's u8 path follows the float function the int8 model approximates.
+    for (int64_t o = 0; o < out; ++o) taps[static_cast<size_t>(o)] = {o, 0, 1.f, 0.f};
+    return taps;
+  }
+  const float scale = compute_scale(in, out, align_corners, scale_factor);
   for (int64_t o = 0; o < out; ++o) {
     float real = align_corners ? scale * static_cast<float>(o)
                                : std::max(scale * (static_cast<float>(o) + 0.5f) - 0.5f, 0.f);

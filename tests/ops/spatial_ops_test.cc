@@ -348,6 +348,30 @@ TEST(SpatialOpsGolden, Interpolate) {
             G("interp_nearest_size.out").to_vector<float>());
 }
 
+// Bilinear with a scale factor that leaves one dimension's size unchanged (5 * 1.1 -> 5): PyTorch
+// 1.13 copies that dimension (torch: interpolate(arange(25).view(1, 1, 5, 5), scale_factor=(1.1,
+// 2.0), mode="bilinear")[0, 0, :, 0] == [0, 5, 10, 15, 20]); dbrq resampled it with 1 / 1.1
+// ([0, 4.32, 8.86, 13.41, 17.95]), no error. The int8 form (on the codes) follows the float one
+// (PyTorch's quantized kernel resamples it, unlike its float one).
+TEST(SpatialOpsGolden, BilinearCopiesADimensionThatKeepsItsSize) {
+  const Tensor x = arange(25).reshape({1, 1, 5, 5});
+  for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+    const Tensor y = interpolate(x.contiguous(f), std::nullopt, std::array<double, 2>{1.1, 2.0}, "bilinear", false);
+    ASSERT_EQ(y.sizes(), IntArrayRef(std::vector<int64_t>{1, 1, 5, 10}));
+    for (int64_t h = 0; h < 5; ++h) EXPECT_EQ(y.at<float>({0, 0, h, 0}), 5.f * static_cast<float>(h)) << h;
+    // The same as resampling W alone (sizes given: H's scale is 1).
+    EXPECT_EQ(y.to_vector<float>(),
+              interpolate(x, std::array<int64_t, 2>{5, 10}, std::nullopt, "bilinear", false).to_vector<float>());
+    const Tensor q = quantize_per_tensor(x.contiguous(f), 0.125f, 0, DType::kU8);
+    const Tensor yq = interpolate(q, std::nullopt, std::array<double, 2>{1.1, 2.0}, "bilinear", false);
+    testing::expect_close(yq.dequantize(), y, 0.0625, "int8");
+  }
+  // A single factor on a 5 x 20 input: H stays, W becomes 22.
+  const Tensor r = randn({1, 2, 5, 20}, 7);
+  EXPECT_EQ(interpolate(r, std::nullopt, std::array<double, 2>{1.1, 1.1}, "bilinear", false).to_vector<float>(),
+            interpolate(r, std::nullopt, std::array<double, 2>{1.0, 1.1}, "bilinear", false).to_vector<float>());
+}
+
 TEST(SpatialOpsGolden, UpsamplePrinting) {
   EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(2.0)).extra_repr(), "scale_factor=2.0, mode='nearest'");
   EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(1.5).mode("bilinear").align_corners(true)).extra_repr(),
