@@ -756,7 +756,18 @@ class Recorder : public Interceptor {
       case OpKind::kMul:
       case OpKind::kDiv: {
         const char* name = c.kind == OpKind::kAdd ? "Add" : c.kind == OpKind::kSub ? "Sub" : c.kind == OpKind::kMul ? "Mul" : "Div";
-        if (c.has_scalar) {
+        ScalarAffine affine;
+        const OpDef& sd = op_def(c.kind);
+        if (c.has_scalar && int8 && sd.scalar_affine != nullptr && sd.scalar_affine(c.scalar, c.scalar_first, &affine) &&
+            affine.shift && !op->executor->input_qparams.empty() && op->executor->input_qparams[0] != nullptr) {
+          // dbrq's int8 x + c (x - c: c negated) adds c rounded to the input's grid, as PyTorch's
+          // add_scalar shifts the zero point by round(c / s) (ScalarExec::derive): the graph adds
+          // that value, not c (with c = 1.26 on a scale of 0.1, 101 of 256 codes differed by a step
+          // where the shift leaves [0, 255] and the output is rescaled).
+          const double s_in = op->executor->input_qparams[0]->scale();
+          const double shift = std::nearbyint(affine.c / s_in) * s_in;
+          y = b_.node("Add", {in(0), b_.f32_scalar(static_cast<float>(shift))}, op_name(c.kind));
+        } else if (c.has_scalar) {
           const std::string x = in(0), k = b_.f32_scalar(static_cast<float>(c.scalar));
           y = c.scalar_first ? b_.node(name, {k, x}, op_name(c.kind)) : b_.node(name, {x, k}, op_name(c.kind));
         } else {
@@ -785,7 +796,21 @@ class Recorder : public Interceptor {
         std::vector<int64_t> shape = {w.numel()};
         for (int64_t d = 2; d < in_rank; ++d) shape.push_back(1);
         if (in_rank < 2) shape = {w.numel()};
-        const std::string slope = b_.node("Reshape", {float_of(w), b_.i64_vec(shape)}, "prelu_slope");
+        std::string wv;
+        auto* exec = int8 ? dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index)) : nullptr;
+        if (exec != nullptr) {
+          // The slopes dbrq's int8 kernel runs: s8 codes with their scales (a per-tensor weight
+          // qconfig rounds every channel's slope to one grid), not the f32 parameter.
+          const std::shared_ptr<kernels::QWeighted> k = exec->current_kernel();
+          const Tensor& qw = k->quantized_weight();
+          DBRQ_ENSURE(qw.dtype() == DType::kS8 && k->weight_qparams() != nullptr, ValueError, "export_onnx: prelu (",
+                      op->fqn, ") has slopes the exporter does not write");
+          wv = b_.dq_const(op->fqn.empty() ? "prelu_weight" : op->fqn + ".weight", onnx::kInt8, dims_of(qw),
+                           logical_bytes(qw), *k->weight_qparams());
+        } else {
+          wv = float_of(w);
+        }
+        const std::string slope = b_.node("Reshape", {wv, b_.i64_vec(shape)}, "prelu_slope");
         y = b_.node("PRelu", {in(0), slope}, "prelu");
         break;
       }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -556,6 +557,81 @@ TEST(OnnxExportErrors, PreparedButNotConverted) {
   const std::string path = ::testing::TempDir() + "/unconverted.onnx";
   EXPECT_THROW_MSG(export_onnx(m, {randn({1, 3, 8, 8}, 1)}, path), UsageError, "export_onnx: ResNetLike is prepared but not converted (phase: calibrating)");
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// relu(conv(x)) + 1.26: dbrq's int8 add_scalar shifts the zero point by round(c / s) steps and
+// rescales when that leaves [0, 255] (zero point 0 here): it adds c rounded to the input's grid.
+// The export wrote Add(x, 1.26): 101 of 256 codes a step apart on a 0.1 scale. It now adds what
+// dbrq adds.
+struct ScalarShift : nn::CallableModule<ScalarShift> {
+  ScalarShift() { conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 1)); }
+  Tensor forward(const Tensor& x) { return relu((*conv)(x)) + 1.26; }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+};
+
+TEST(OnnxExport, AScalarAddAddsTheShiftDbrqApplies) {
+  manual_seed(9);
+  ScalarShift m;
+  m.eval();
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 50 + static_cast<uint64_t>(i)));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  const QuantizedOpInfo* add = nullptr;
+  for (const QuantizedOpInfo& o : ops) add = o.kind == OpKind::kAdd ? &o : add;
+  ASSERT_NE(add, nullptr);
+  ASSERT_EQ(add->input_qparams.size(), 1u);
+  ASSERT_NE(add->input_qparams[0], nullptr) << "the scalar add runs int8";
+  const double s = add->input_qparams[0]->scale();
+  EXPECT_EQ(add->input_qparams[0]->zero_point(), 0);
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}));
+  int adds = 0;
+  for (const NodeR& n : g.nodes) {
+    if (n.op != "Add") continue;
+    ++adds;
+    ASSERT_EQ(n.in.size(), 2u);
+    const std::vector<float> k = g.floats(n.in[1]);
+    ASSERT_EQ(k.size(), 1u);
+    EXPECT_FLOAT_EQ(k[0], static_cast<float>(std::nearbyint(1.26 / s) * s)) << "scale " << s;
+    EXPECT_NE(k[0], 1.26f);
+  }
+  EXPECT_EQ(adds, 1);
+}
+
+// int8 prelu runs s8 slopes (one grid for every channel with a per-tensor weight qconfig): the
+// export writes those codes with their scales (it wrote the f32 parameter).
+struct PreluNet : nn::CallableModule<PreluNet> {
+  PreluNet() {
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(3, 4, 1));
+    act = register_module("act", std::make_shared<nn::PReLUImpl>(4));
+  }
+  Tensor forward(const Tensor& x) { return (*act)((*conv)(x)); }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::PReLUImpl> act;
+};
+
+TEST(OnnxExport, Int8PreluSlopesAreTheKernelsCodes) {
+  manual_seed(12);
+  PreluNet m;
+  m.eval();
+  m.act->weight.copy_(from_vector<float>({0.25f, 0.013f, 0.3f, 0.77f}));
+  prepare(m, {randn({1, 3, 4, 4}, 1)});
+  for (int i = 0; i < 3; ++i) m(randn({1, 3, 4, 4}, 60 + static_cast<uint64_t>(i)));
+  convert(m);
+  const std::vector<QuantizedOpInfo> ops = quantized_ops(m);
+  ASSERT_EQ(ops.size(), 2u);
+  ASSERT_EQ(ops[1].executor.rfind("int8 prelu", 0), 0u) << ops[1].executor;
+  const ModelR g = read_model(export_onnx_bytes(m, {randn({1, 3, 4, 4}, 3)}));
+  ASSERT_EQ(g.count("PRelu"), 1);
+  const NodeR* prelu = nullptr;
+  for (const NodeR& n : g.nodes) prelu = n.op == "PRelu" ? &n : prelu;
+  const NodeR* reshape = g.producer(prelu->in[1]);
+  ASSERT_NE(reshape, nullptr);
+  ASSERT_EQ(reshape->op, "Reshape");
+  const NodeR* dq = g.producer(reshape->in[0]);
+  ASSERT_NE(dq, nullptr) << "the slope is a float initializer";
+  EXPECT_EQ(dq->op, "DequantizeLinear");
+  EXPECT_EQ(g.inits.at(dq->in[0]).type, 3);  // INT8
 }
 
 // A linear whose weight forward computes (exp of a parameter): dbrq quantizes it again on every
