@@ -1,11 +1,13 @@
 // Eager elementwise kernels: binary ops with broadcasting, tensor-scalar ops, activations.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/activation_math.h"
 #include "kernels/dnnl_utils.h"
 #include "kernels/eager.h"
 #include "kernels/loops.h"
+#include "kernels/simd.h"
 #include "core/op_shapes.h"
 
 namespace dbrq::kernels {
@@ -214,11 +216,13 @@ bool dnnl_eltwise(const Eltwise& e, dnnl::algorithm* out) {
   using A = dnnl::algorithm;
   switch (e.alg) {
     case Eltwise::Alg::kRelu:
+      // relu and clamp (relu6, hardtanh) as PyTorch's: NaN passes (oneDNN's kernels turn it into 0
+      // or the lower bound, hiding a broken input) and -0 stays -0 (simd::clamp_f32).
+      if (e.alpha == 0.f) return false;
       *out = A::eltwise_relu;
       return true;
     case Eltwise::Alg::kClip:
-      *out = A::eltwise_clip_v2;
-      return true;
+      return false;
     case Eltwise::Alg::kLogistic:
       *out = A::eltwise_logistic;
       return true;
@@ -254,7 +258,11 @@ void run_eltwise(const Eltwise& e, const Tensor& src, const Tensor& dst) {
     const float* in = src.raw_data<float>();
     float* out = static_cast<float*>(const_cast<void*>(dst.data_ptr()));
     parallel_for(src.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      if (e.alg == Eltwise::Alg::kHardsigmoid) {
+      if (e.alg == Eltwise::Alg::kRelu) {
+        simd::clamp_f32(in + begin, out + begin, end - begin, 0.f, std::numeric_limits<float>::infinity());
+      } else if (e.alg == Eltwise::Alg::kClip) {
+        simd::clamp_f32(in + begin, out + begin, end - begin, e.alpha, e.beta);
+      } else if (e.alg == Eltwise::Alg::kHardsigmoid) {
         for (int64_t i = begin; i < end; ++i) out[i] = math::hardsigmoid(in[i]);
       } else if (e.alg == Eltwise::Alg::kSoftplus) {
         for (int64_t i = begin; i < end; ++i) out[i] = math::softplus(in[i], e.alpha, e.beta);

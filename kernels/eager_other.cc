@@ -180,13 +180,46 @@ Tensor pool(const char* name, dnnl::algorithm alg, const Tensor& x_in, const Poo
   return dst;
 }
 
+// A window holding a NaN pools to NaN, as PyTorch's max_pool2d: oneDNN's compares skip it (a
+// window [NaN, 1, 2, 3] gave 3), hiding a broken input. One vectorized scan of the input; the
+// windows are visited only when it holds a NaN.
+void propagate_nan_windows(const Tensor& x, Tensor& y, const Pool2dParams& p) {
+  if (!simd::any_nan(x.raw_data<float>(), x.numel())) return;
+  const float* in = x.raw_data<float>();
+  float* out = y.raw_mutable_data<float>();
+  const int64_t n = y.size(0), c = y.size(1), oh = y.size(2), ow = y.size(3), h = x.size(2), w = x.size(3);
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          bool nan = false;
+          for (int64_t r = 0; r < p.kernel_size[0] && !nan; ++r) {
+            const int64_t hi = i * p.stride[0] - p.padding[0] + r * p.dilation[0];
+            if (hi < 0 || hi >= h) continue;
+            for (int64_t s = 0; s < p.kernel_size[1] && !nan; ++s) {
+              const int64_t wi = j * p.stride[1] - p.padding[1] + s * p.dilation[1];
+              if (wi < 0 || wi >= w) continue;
+              nan = std::isnan(in[b * x.stride(0) + ch * x.stride(1) + hi * x.stride(2) + wi * x.stride(3)]);
+            }
+          }
+          if (nan) out[b * y.stride(0) + ch * y.stride(1) + i * y.stride(2) + j * y.stride(3)] = std::nanf("");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
-  check_defined("max_pool2d", "input", x);
-  DBRQ_ENSURE(x.dtype() == DType::kF32 || is_quantized_dtype(x.dtype()), DTypeError,
-              "max_pool2d: input must be f32, s8 or u8, got ", dtype_name(x.dtype()));
-  return pool("max_pool2d", dnnl::algorithm::pooling_max, x, p);
+Tensor max_pool2d(const Tensor& x_in, const Pool2dParams& p) {
+  check_defined("max_pool2d", "input", x_in);
+  DBRQ_ENSURE(x_in.dtype() == DType::kF32 || is_quantized_dtype(x_in.dtype()), DTypeError,
+              "max_pool2d: input must be f32, s8 or u8, got ", dtype_name(x_in.dtype()));
+  if (x_in.dtype() != DType::kF32) return pool("max_pool2d", dnnl::algorithm::pooling_max, x_in, p);
+  const Tensor x = x_in.dim() == 4 ? dense(x_in) : x_in;  // pool2d_geometry reports a wrong rank
+  Tensor y = pool("max_pool2d", dnnl::algorithm::pooling_max, x, p);
+  if (y.numel() > 0) propagate_nan_windows(x, y, p);
+  return y;
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {

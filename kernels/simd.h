@@ -145,6 +145,29 @@ DBRQ_TARGET_AVX512 inline int64_t accumulate_u8(const uint8_t* in, int32_t* acc,
   return i;
 }
 
+// out[i] = min(hi, max(lo, in[i])) with the second operand's value when unordered or equal (the
+// instructions' own rule): NaN stays NaN and -0 stays -0, as PyTorch's clamp and relu.
+DBRQ_TARGET_AVX512 inline int64_t clamp_f32(const float* in, float* out, int64_t n, float lo, float hi) {
+  int64_t i = 0;
+  const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(out + i, _mm512_min_ps(vhi, _mm512_max_ps(vlo, _mm512_loadu_ps(in + i))));
+  }
+  return i;
+}
+
+// Whether in[0, n) holds a NaN, for whole vectors of 16; *found is set when one does.
+DBRQ_TARGET_AVX512 inline int64_t any_nan(const float* in, int64_t n, bool* found) {
+  int64_t i = 0;
+  __mmask16 m = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(in + i);
+    m |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  *found = m != 0;
+  return i;
+}
+
 // Running min and max of the finite values of in[0, n) (non-finite ones count as 0), folded into
 // *mn and *mx. The exponent test is AVX512F (fpclass would need DQ).
 DBRQ_TARGET_AVX512 inline int64_t minmax_finite(const float* in, int64_t n, float* mn, float* mx) {
@@ -272,6 +295,30 @@ inline void quantize_u8(const float* in, uint8_t* out, int64_t n, float inv, int
   if (use_avx512()) i = avx512::quantize_u8(in, out, n, inv, zp);
 #endif
   for (; i < n; ++i) out[i] = quantize_one(in[i], inv, zp);
+}
+
+// out[i] = in[i] clamped to [lo, hi] as PyTorch's clamp (relu: lo 0, hi +inf): NaN stays NaN,
+// -0 stays -0 (x < lo only when strictly below; in place when out == in).
+inline void clamp_f32(const float* in, float* out, int64_t n, float lo, float hi) {
+  int64_t i = 0;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::clamp_f32(in, out, n, lo, hi);
+#endif
+  for (; i < n; ++i) {
+    const float v = lo > in[i] ? lo : in[i];
+    out[i] = hi < v ? hi : v;
+  }
+}
+
+// Whether in[0, n) holds a NaN.
+inline bool any_nan(const float* in, int64_t n) {
+  int64_t i = 0;
+  bool found = false;
+#ifdef DBRQ_AVX512
+  if (use_avx512()) i = avx512::any_nan(in, n, &found);
+#endif
+  for (; i < n && !found; ++i) found = std::isnan(in[i]);
+  return found;
 }
 
 // out[i] = (in[i] - zp) * scale

@@ -56,7 +56,9 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
 Tensor& uniform_(Tensor& t, double a, double b, Generator* generator) {
   check_target(t, "uniform_");
   DBRQ_ENSURE(a <= b, ValueError, "uniform_: a (", a, ") must be <= b (", b, ")");
-  return t.copy_(rand_uniform(t.sizes(), a, b, seed_from(generator)));
+  const uint64_t seed = seed_from(generator);  // drawn either way: later draws do not depend on a == b
+  if (a == b) return t.fill_(a);  // an empty interval (xavier_uniform_ with gain 0): PyTorch fills with a
+  return t.copy_(rand_uniform(t.sizes(), a, b, seed));
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* generator) {

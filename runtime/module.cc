@@ -224,6 +224,7 @@ LoadReport Module::load_state_dict(const std::map<std::string, Tensor>& tensors,
 
 LoadReport Module::load_state_dict(const NamedTensors& tensors, bool strict) {
   LoadReport report;
+  std::vector<std::string> mismatched;  // "name: expected [..], got [..]"
   NamedTensors own = state_dict();
   std::map<std::string, const Tensor*> given;
   for (auto& [n, t] : tensors) given[n] = &t;
@@ -238,8 +239,8 @@ LoadReport Module::load_state_dict(const NamedTensors& tensors, bool strict) {
     }
     const Tensor& src = *it->second;
     if (!src.defined() || src.sizes() != dst.sizes()) {
-      report.mismatched_keys.push_back(absl::StrCat(name, ": expected ", dst.shape_string(), ", got ",
-                                                    src.defined() ? src.shape_string() : "undefined"));
+      mismatched.push_back(absl::StrCat(name, ": expected ", dst.shape_string(), ", got ",
+                                        src.defined() ? src.shape_string() : "undefined"));
       continue;
     }
     to_copy.emplace_back(&dst, &src);
@@ -255,9 +256,9 @@ LoadReport Module::load_state_dict(const NamedTensors& tensors, bool strict) {
                 report.unexpected_keys.empty()
                     ? ""
                     : absl::StrCat("unexpected keys [", absl::StrJoin(report.unexpected_keys, ", "), "]"));
-    DBRQ_ENSURE(report.mismatched_keys.empty(), ShapeError, "load_state_dict(strict) into ", type_name_,
-                ": shape mismatch for [", absl::StrJoin(report.mismatched_keys, "; "), "]");
   }
+  DBRQ_ENSURE(mismatched.empty(), ShapeError, "load_state_dict", strict ? "(strict)" : "(strict=false)", " into ",
+              type_name_, ": shape mismatch for [", absl::StrJoin(mismatched, "; "), "]");
   // Copies write into the registered tensors' storage, so every holder of a parameter (a layer's
   // `weight` member, say) sees the new values.
   InterceptorScope no_interception(nullptr);

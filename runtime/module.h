@@ -54,12 +54,12 @@ class ModuleExtension {
   virtual ~ModuleExtension() = default;
 };
 
-// What load_state_dict(strict=false) found.
+// What load_state_dict(strict=false) found. A tensor of another shape is no entry here: it throws
+// in both modes, as in PyTorch.
 struct LoadReport {
   std::vector<std::string> missing_keys;
   std::vector<std::string> unexpected_keys;
-  std::vector<std::string> mismatched_keys;  // "name: expected [..], got [..]"
-  bool ok() const { return missing_keys.empty() && unexpected_keys.empty() && mismatched_keys.empty(); }
+  bool ok() const { return missing_keys.empty() && unexpected_keys.empty(); }
 };
 
 namespace detail {
@@ -219,9 +219,11 @@ class Module {
   // Parameters then buffers of each module, depth-first: the keys PyTorch's state_dict() uses.
   NamedTensors state_dict() const;
   // Copies each tensor into the registered parameter / buffer of the same name (converting its
-  // dtype, e.g. f16 to f32). strict: missing, unexpected or mis-shaped names throw StateDictError /
-  // ShapeError listing every offending name, and nothing is modified. Non-strict: matching
-  // tensors are loaded and the rest reported.
+  // dtype, e.g. f16 to f32). A tensor of another shape (or undefined) throws ShapeError listing
+  // every such name, strict or not, as PyTorch's does (non-strict used to skip it and keep the old
+  // values, reported only in the returned report). strict: missing or unexpected names throw
+  // StateDictError listing every one. Whatever throws modifies nothing. Non-strict: matching tensors
+  // are loaded and the missing and unexpected names reported.
   LoadReport load_state_dict(const NamedTensors& tensors, bool strict = true);
   LoadReport load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict = true);
 

@@ -374,7 +374,15 @@ InstanceNorm2dImpl::InstanceNorm2dImpl(int64_t num_features, double eps, double 
   }
 }
 
+void refuse_training_mode_norm(const std::string& what) {
+  DBRQ_THROW(UsageError, what,
+             " called in training mode (a new module's default, as in libtorch), where PyTorch normalizes with the "
+             "batch's statistics; dbrq normalizes with the running statistics only (inference): call eval() on the "
+             "model before running it");
+}
+
 Tensor InstanceNorm2dImpl::forward(const Tensor& x) {
+  if (track_running_stats_ && is_training()) refuse_training_mode_norm(type_name());
   DBRQ_ENSURE(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError,
               "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes ",
               x.defined() ? x.shape_string() : std::string("undefined"));

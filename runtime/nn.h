@@ -218,11 +218,21 @@ class LinearImpl : public Layer<LinearImpl> {
   int64_t in_features_, out_features_;
 };
 
-// Normalizes over dim 1 with running statistics. BatchNorm1d takes [N, C] or [N, C, L].
+// Throws UsageError for a layer normalizing with running statistics called in training mode (a
+// new module's default, as in libtorch), where PyTorch would use the batch's statistics: dbrq has
+// no training-mode normalization, and running it silently as inference computed another function
+// than the libtorch model it was ported from. `what`: the layer's type name.
+void refuse_training_mode_norm(const std::string& what);
+
+// Normalizes over dim 1 with running statistics (eval mode only: refuse_training_mode_norm).
+// BatchNorm1d takes [N, C] or [N, C, L].
 template <typename Derived>
 class BatchNormBase : public Layer<Derived> {
  public:
-  Tensor forward(const Tensor& x) { return batch_norm(x, running_mean, running_var, weight, bias, eps_); }
+  Tensor forward(const Tensor& x) {
+    if (this->is_training()) refuse_training_mode_norm(this->type_name());
+    return batch_norm(x, running_mean, running_var, weight, bias, eps_);
+  }
   int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
   std::string extra_repr() const override;

@@ -79,6 +79,12 @@ Tensor quantize_op(const Tensor& x, QuantParamsPtr qparams, DType dtype) {
 }  // namespace
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  // libtorch's torch::embedding takes (weight, indices): a port keeping that order gets a message
+  // saying so rather than a bare dtype error.
+  DBRQ_ENSURE(!(indices.defined() && weight.defined() && indices.dtype() == DType::kF32 &&
+                (weight.dtype() == DType::kS64 || weight.dtype() == DType::kS32)),
+              DTypeError, "embedding: indices have dtype f32 and weight ", dtype_name(weight.dtype()),
+              ": dbrq::embedding takes (indices, weight), libtorch's torch::embedding (weight, indices); swap them");
   const Tensor* in[] = {&indices, &weight};
   return ops::call(OpKind::kEmbedding, in, nullptr, run_embedding);
 }

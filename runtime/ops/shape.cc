@@ -623,6 +623,8 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const {
   DBRQ_ENSURE(chunks >= 1, ValueError, "chunk: chunks must be >= 1, got ", chunks);
   const int64_t d = wrap_dim(dim);
   const int64_t size = sizes()[d];
+  // An empty dim gives `chunks` empty pieces, as PyTorch's (code indexing chunks[k] works).
+  if (size == 0) return split(std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);
   return split(std::max<int64_t>((size + chunks - 1) / chunks, 1), d);
 }
 

@@ -273,6 +273,48 @@ TEST_F(SimdDispatch, MinMaxFiniteIsBitIdentical) {
   }
 }
 
+// clamp_f32 (relu, relu6, hardtanh, clamp): bit-identical on both paths, NaN kept, -0 kept, as
+// PyTorch's clamp; any_nan finds a NaN in the vector part and in the tail.
+TEST_F(SimdDispatch, ClampAndAnyNanAreBitIdentical) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : lengths_) {
+    const std::vector<float> x = floats(rng_, n, 0.37f);  // NaN, +-inf, +-3e38, +-0 among them
+    for (auto [lo, hi] : {std::pair<float, float>{0.f, inf}, {0.f, 6.f}, {-1.f, 1.f}, {-0.5f, 0.8f}}) {
+      std::vector<float> a(x.size()), b(x.size());
+      force_portable(false);
+      clamp_f32(x.data(), a.data(), n, lo, hi);
+      force_portable(true);
+      clamp_f32(x.data(), b.data(), n, lo, hi);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "n=" << n << " [" << lo << ", " << hi << "]";
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isnan(x[i])) {
+          EXPECT_TRUE(std::isnan(a[i])) << i;
+        } else if (x[i] == 0.f && lo == 0.f) {
+          EXPECT_EQ(std::signbit(a[i]), std::signbit(x[i])) << i;  // relu(-0) = -0, as torch.relu
+        } else {
+          EXPECT_EQ(a[i], std::min(std::max(x[i], lo), hi)) << i;
+        }
+      }
+    }
+    bool has_nan = false;
+    for (float v : x) has_nan |= std::isnan(v);
+    for (bool portable : {false, true}) {
+      force_portable(portable);
+      EXPECT_EQ(any_nan(x.data(), n), has_nan) << "n=" << n;
+    }
+  }
+  std::vector<float> t(35, 1.f);
+  for (size_t at : {size_t{3}, size_t{20}, size_t{34}}) {  // vector part, second vector, tail
+    std::vector<float> u = t;
+    u[at] = std::numeric_limits<float>::quiet_NaN();
+    for (bool portable : {false, true}) {
+      force_portable(portable);
+      EXPECT_TRUE(any_nan(u.data(), 35)) << at;
+      EXPECT_FALSE(any_nan(t.data(), 35));
+    }
+  }
+}
+
 TEST_F(SimdDispatch, WindowSumAndAverageAreBitIdentical) {
   std::uniform_int_distribution<int> byte(0, 255);
   for (int64_t c : lengths_) {

@@ -386,6 +386,10 @@ TEST(OpErrors, Embedding) {
                    "embedding: indices must be s64 or s32, got f32");
   EXPECT_THROW_MSG(embedding(from_vector<uint8_t>({1}), w), DTypeError,
                    "embedding: indices must be s64 or s32, got u8");
+  // libtorch's argument order (weight, indices): the message says to swap them.
+  EXPECT_THROW_MSG(embedding(w, from_vector<int64_t>({1, 2})), DTypeError,
+                   "embedding: indices have dtype f32 and weight s64: dbrq::embedding takes (indices, weight), "
+                   "libtorch's torch::embedding (weight, indices); swap them");
   EXPECT_THROW_MSG(embedding(from_vector<int64_t>({1}), f32({40})), ShapeError,
                    "embedding: weight must be 2-D (num_embeddings, embedding_dim), got sizes [40]");
   EXPECT_THROW_MSG(embedding(from_vector<int64_t>({1}), u8({10, 4})), DTypeError,

@@ -4,7 +4,9 @@
 // channels-last and non-dense (strided) inputs where the op accepts 4-D or strided tensors, because
 // the kernels take different paths for those layouts.
 #include <array>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -266,6 +268,50 @@ TEST(OpsGolden, UnaryActivations) {
   }
   // "none" is the default and the erf form.
   close(gelu(x, "none"), G("unary.gelu"), "gelu none");
+}
+
+// NaN passes through the activations and max pooling as in PyTorch (relu(NaN) = NaN, a window
+// holding NaN pools to NaN): oneDNN's kernels returned 0, the lower bound, or skipped it, so a NaN
+// from a broken input or weight vanished where PyTorch shows it.
+TEST(OpsGolden, NaNPropagatesAsInPyTorch) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(64, 0.5f);
+  for (size_t i = 0; i < v.size(); i += 3) v[i] = -2.f;
+  v[5] = nan;
+  v[17] = nan;
+  const Tensor x = from_vector<float>(v).reshape({1, 4, 4, 4});
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
+      {"relu", [](const Tensor& t) { return relu(t); }},
+      {"relu6", [](const Tensor& t) { return relu6(t); }},
+      {"hardtanh", [](const Tensor& t) { return hardtanh(t); }},
+      {"leaky_relu", [](const Tensor& t) { return leaky_relu(t, 0.2); }},
+      {"clamp", [](const Tensor& t) { return clamp(t, -1.2, 0.7); }},
+      {"elu", [](const Tensor& t) { return elu(t); }},
+  };
+  for (const auto& [name, f] : ops) {
+    for (const Tensor& in : {x, x.contiguous(MemoryFormat::kChannelsLast)}) {
+      const Tensor y = f(in).contiguous();
+      const std::vector<float> got = y.to_vector<float>();
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (std::isnan(v[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << name << " [" << i << "] = " << got[i];
+        } else {
+          EXPECT_FALSE(std::isnan(got[i])) << name << " [" << i << "]";
+        }
+      }
+    }
+  }
+  // In place too.
+  Tensor r = x.clone();
+  r.relu_();
+  EXPECT_TRUE(std::isnan(r.contiguous().to_vector<float>()[5]));
+  // max_pool2d: a window with a NaN gives NaN (element 5 is (row 1, col 1) of channel 0).
+  for (const Tensor& in : {x, x.contiguous(MemoryFormat::kChannelsLast)}) {
+    const std::vector<float> p = max_pool2d(in, {2, 2}).contiguous().to_vector<float>();
+    ASSERT_EQ(p.size(), 16u);
+    EXPECT_TRUE(std::isnan(p[0])) << p[0];
+    EXPECT_FALSE(std::isnan(p[1])) << p[1];
+  }
 }
 
 TEST(OpsGolden, SoftmaxAndLogSoftmax) {

@@ -463,8 +463,9 @@ TEST(SpatialOpsGolden, InstanceNorm) {
   affine.weight.copy_(w);
   affine.bias.copy_(b);
   testing::expect_close(affine(xa.contiguous(MemoryFormat::kChannelsLast)), G("in_4d_affine.out"), kTol, "affine layer");
-  // track_running_stats: inference uses the running statistics (batch_norm).
+  // track_running_stats: inference (eval) uses the running statistics (batch_norm).
   nn::InstanceNorm2dImpl tracked(4, 1e-5, 0.1, true, true);
+  tracked.eval();
   tracked.running_mean.copy_(from_vector<float>({0.5f, -0.5f, 1.f, 0.f}));
   tracked.running_var.copy_(from_vector<float>({1.f, 4.f, 0.25f, 2.f}));
   testing::expect_close(tracked(xa),

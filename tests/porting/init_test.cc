@@ -146,6 +146,15 @@ void expect_error(F&& f, const std::string& msg) {
   }
 }
 
+// An empty interval fills with its bound, as PyTorch's (it threw from rand_uniform's low < high).
+TEST(Init, AnEmptyUniformIntervalFillsWithItsBound) {
+  Tensor w = zeros({3, 4});
+  init::uniform_(w, 0.25, 0.25);
+  EXPECT_EQ(w.to_vector<float>(), std::vector<float>(12, 0.25f));
+  init::xavier_uniform_(w, 0.0);
+  EXPECT_EQ(w.to_vector<float>(), std::vector<float>(12, 0.f));
+}
+
 TEST(Init, BadInputsThrowTypedErrors) {
   Tensor v = zeros({5});
   expect_error<ValueError>([&] { init::xavier_uniform_(v); },

@@ -43,6 +43,8 @@ TEST(Options, BatchNorm) {
   EXPECT_EQ(bn.num_features(), 3);
   EXPECT_TRUE(bn.weight.defined());
   nn::BatchNorm2dImpl plain(3, 1e-3);
+  bn.eval();
+  plain.eval();
   expect_equal(bn(input4d()), plain(input4d()));
   nn::BatchNorm1dImpl bn1(nn::BatchNorm1dOptions(5).affine(false));
   EXPECT_FALSE(bn1.weight.defined());
@@ -55,6 +57,25 @@ TEST(Options, BatchNorm) {
         << e.what();
   }
   EXPECT_THROW(nn::BatchNorm1dImpl(nn::BatchNorm1dOptions(0)), ValueError);
+}
+
+// A new module is in training mode, as in libtorch, where a batch norm would use the batch's
+// statistics: dbrq's ran the running ones silently; it now throws until eval().
+TEST(Options, NormsWithRunningStatisticsRefuseTrainingMode) {
+  nn::BatchNorm2d bn(3);
+  EXPECT_TRUE(bn->is_training());
+  EXPECT_THROW_MSG(bn(input4d()), UsageError,
+                   "BatchNorm2d called in training mode (a new module's default, as in libtorch), where PyTorch "
+                   "normalizes with the batch's statistics; dbrq normalizes with the running statistics only "
+                   "(inference): call eval() on the model before running it");
+  bn->eval();
+  EXPECT_NO_THROW(bn(input4d()));
+  nn::InstanceNorm2d tracked(nn::InstanceNorm2dOptions(3).track_running_stats(true));
+  EXPECT_THROW_MSG(tracked(input4d()), UsageError, "InstanceNorm2d called in training mode");
+  tracked->eval();
+  EXPECT_NO_THROW(tracked(input4d()));
+  nn::InstanceNorm2d plain(nn::InstanceNorm2dOptions(3));  // instance statistics in both modes
+  EXPECT_NO_THROW(plain(input4d()));
 }
 
 TEST(Options, Pooling) {

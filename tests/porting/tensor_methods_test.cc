@@ -55,6 +55,11 @@ TEST(TensorMethods, ChunkAndSplit) {
   // As PyTorch: 7 into 6 chunks gives 4 pieces of 2, 2, 2, 1.
   EXPECT_EQ(x.chunk(6, 1).size(), 4u);
   EXPECT_EQ(x.chunk(2, 0).size(), 2u);
+  // An empty dim: `chunks` empty pieces, as PyTorch's (it returned one).
+  const std::vector<Tensor> e = zeros({0, 3}).chunk(3, 0);
+  ASSERT_EQ(e.size(), 3u);
+  for (const Tensor& t : e) EXPECT_EQ(t.sizes(), IntArrayRef(std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(zeros({0, 3}).split(1, 0).size(), 1u);  // split keeps PyTorch's one piece
   std::vector<Tensor> s = x.split(2, -1);
   ASSERT_EQ(s.size(), 4u);
   EXPECT_EQ(s[3].size(1), 1);

@@ -60,7 +60,9 @@ const QuantizedOpInfo& find_op(const std::vector<QuantizedOpInfo>& ops, const st
 
 TEST(BatchNormInt8, OnItsOwnAndFusedWithRelu) {
   auto ref = make_net();
+  ref->eval();
   auto m = make_net();
+  m->eval();
   const Tensor x = randn({2, 3, 10, 10}, 1);
   const Tensor expected = (*ref)(x);
   prepare(*m, {x});
@@ -88,7 +90,9 @@ TEST(BatchNormInt8, OnItsOwnAndFusedWithRelu) {
 // still int8), within the quantization of its output.
 TEST(BatchNormInt8, AgreesWithFp32BatchNorm) {
   auto m = make_net();
+  m->eval();
   auto f = make_net();
+  f->eval();
   const Tensor x = randn({2, 3, 10, 10}, 1);
   QConfigMapping fp32_bn = default_qconfig_mapping("onednn");
   fp32_bn.set_object_type("BatchNorm2d", nullptr);
@@ -116,8 +120,10 @@ struct InputBn : nn::CallableModule<InputBn> {
 TEST(BatchNormInt8, Fp32InputKeepsTheChainFp32) {
   manual_seed(4);
   InputBn ref;
+  ref.eval();
   manual_seed(4);
   InputBn m;
+  m.eval();
   const Tensor x = randn({2, 3, 6, 6}, 2);
   prepare(m, {x});
   calibrate_and_convert(m);
@@ -135,7 +141,9 @@ TEST(BatchNormInt8, Fp32InputKeepsTheChainFp32) {
 // the per-channel constants are computed again.
 TEST(BatchNormInt8, StatisticsChangedAfterConvert) {
   auto m = make_net();
+  m->eval();
   auto ref = make_net();
+  ref->eval();
   const Tensor x = randn({2, 3, 10, 10}, 1);
   prepare(*m, {x});
   calibrate_and_convert(*m);
@@ -151,6 +159,7 @@ TEST(BatchNormInt8, StatisticsChangedAfterConvert) {
 
 TEST(BatchNormInt8, QuantStateFileRoundTrip) {
   auto m = make_net();
+  m->eval();
   const Tensor x = randn({2, 3, 10, 10}, 1);
   prepare(*m, {x});
   testing::calibrate(*m, {2, 3, 10, 10}, 8, 100);
@@ -159,6 +168,7 @@ TEST(BatchNormInt8, QuantStateFileRoundTrip) {
   convert(*m);
 
   auto loaded = make_net();
+  loaded->eval();
   prepare(*loaded, {x});
   load_quant_state(*loaded, path);
   convert(*loaded);
@@ -193,6 +203,8 @@ struct Bn1dNet : nn::CallableModule<Bn1dNet> {
 
 TEST(BatchNormInt8, BatchNorm1d) {
   Bn1dNet ref, m;
+  ref.eval();
+  m.eval();
   m.load_state_dict(ref.state_dict());
   const Tensor x = randn({4, 3, 4, 4}, 3);
   prepare(m, {x});

@@ -84,6 +84,7 @@ class CalibrationTest : public ::testing::Test {
   void SetUp() override {
     manual_seed(8);
     model = std::make_shared<Net>();
+    model->eval();
     for (int i = 0; i < 3; ++i) refs.push_back((*model)(input(200 + i)));
     // An example far outside the calibration data: if the trace observed it, ranges would show it.
     prepare(*model, {input(1) * 100.0});

@@ -105,7 +105,9 @@ TEST_P(CrossModuleTail, SplitModelIsBitIdenticalToOneModule) {
   const bool conv_bn = GetParam();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   SplitTail split(conv_bn);
+  split.eval();
   OneModuleTail one(conv_bn);
+  one.eval();
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(split(x));
   const std::vector<Tensor> a = calibrate_convert_run(split, calib, eval);
@@ -176,6 +178,7 @@ const SeenOpInfo& last_of_features(M& m) {
 
 TEST(CrossModuleFusion, SecondConsumerInTheParentDoesNotFuse) {
   SecondConsumer m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(m(x));
@@ -186,6 +189,7 @@ TEST(CrossModuleFusion, SecondConsumerInTheParentDoesNotFuse) {
 
 TEST(CrossModuleFusion, ModelOutputDoesNotFuse) {
   ReturnsBoth m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   std::vector<std::tuple<Tensor, Tensor>> fp32;
   for (const Tensor& x : eval) fp32.push_back(m(x));
@@ -204,6 +208,7 @@ TEST(CrossModuleFusion, ModelOutputDoesNotFuse) {
 
 TEST(CrossModuleFusion, ReadByAnUntracedModuleDoesNotFuse) {
   ReadByUntraced m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(m(x));
@@ -232,6 +237,7 @@ struct MaybeRelu : nn::CallableModule<MaybeRelu> {
 
 TEST(CrossModuleFusion, PathWithoutTheActivationNeverCalibratedRaises) {
   MaybeRelu m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100);
   const std::vector<Tensor> q = calibrate_convert_run(m, calib, calib);
   EXPECT_GE(last_of_features(m).absorbs, 0);
@@ -246,6 +252,7 @@ TEST(CrossModuleFusion, PathWithoutTheActivationNeverCalibratedRaises) {
 
 TEST(CrossModuleFusion, PathWithoutTheActivationCalibratedDoesNotFuse) {
   MaybeRelu m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   prepare(m, {calib[0]});
   for (const Tensor& x : calib) {
@@ -290,6 +297,7 @@ struct BranchyParent : nn::CallableModule<BranchyParent> {
 
 TEST(CrossModuleFusion, FusedActivationHandedAnotherTensorComputesIt) {
   BranchyParent m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100);
   calibrate_convert_run(m, calib, calib);
   EXPECT_GE(last_of_features(m).absorbs, 0);
@@ -315,11 +323,13 @@ std::string read_text(const std::string& path) {
 TEST(CrossModuleFusion, QuantStateFileRoundTrips) {
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   SplitTail a(false);
+  a.eval();
   prepare(a, {calib[0]});
   for (const Tensor& x : calib) a(x);
   const std::string path = ::testing::TempDir() + "/cross_module_tail.qstate.json";
   save_quant_state(a, path);
   SplitTail b(false);
+  b.eval();
   prepare(b, {calib[0]});
   load_quant_state(b, path);
   EXPECT_GE(bn_record(b).absorbs, 0);
@@ -336,12 +346,14 @@ TEST(CrossModuleFusion, QuantStateFileRoundTrips) {
 TEST(CrossModuleFusion, ModelOutputFlagRoundTrips) {
   const std::vector<Tensor> calib = batches(2, 100);
   ReturnsBoth a;
+  a.eval();
   prepare(a, [&] { a(calib[0]); }, default_qconfig_mapping("onednn"));
   for (const Tensor& x : calib) a(x);
   const std::string path = ::testing::TempDir() + "/returns_both.qstate.json";
   save_quant_state(a, path);
   EXPECT_NE(read_text(path).find("\"model_output\""), std::string::npos);
   ReturnsBoth b;
+  b.eval();
   prepare(b, [&] { b(calib[0]); }, default_qconfig_mapping("onednn"));
   load_quant_state(b, path);
   EXPECT_TRUE(last_of_features(b).model_output);
@@ -367,6 +379,7 @@ struct InnerReturned : nn::CallableModule<InnerReturned> {
 
 TEST(FusedInnerTensor, ReturnedFromTheModelOnAnUncalibratedPathRaises) {
   InnerReturned m;
+  m.eval();
   const std::vector<Tensor> calib = batches(3, 100);
   calibrate_convert_run(m, calib, calib);
   m.raw = true;
@@ -390,6 +403,7 @@ struct InnerToUntraced : nn::CallableModule<InnerToUntraced> {
 
 TEST(FusedInnerTensor, ReadByAnUntracedModuleIsNotFused) {
   InnerToUntraced m;
+  m.eval();
   const std::vector<Tensor> calib = batches(4, 100), eval = batches(2, 200);
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(m(x));
@@ -479,7 +493,9 @@ TEST_P(CrossModuleResidual, SplitModelIsBitIdenticalToOneModule) {
   const ResidualForm f = form();
   const std::vector<Tensor> calib = residual_batches(4, 300), eval = residual_batches(2, 400);
   SplitResidual split(f);
+  split.eval();
   OneModuleResidual one(f);
+  one.eval();
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(split(x));
   const std::vector<Tensor> a = calibrate_convert_run(split, calib, eval);
@@ -526,6 +542,7 @@ struct ResidualReadTwice : nn::CallableModule<ResidualReadTwice> {
 
 TEST(CrossModuleResidualAdd, SecondConsumerDoesNotFuse) {
   ResidualReadTwice m;
+  m.eval();
   const std::vector<Tensor> calib = residual_batches(4, 300), eval = residual_batches(2, 400);
   std::vector<Tensor> fp32;
   for (const Tensor& x : eval) fp32.push_back(m(x));
@@ -553,6 +570,7 @@ struct MaybeResidual : nn::CallableModule<MaybeResidual> {
 
 TEST(CrossModuleResidualAdd, PathWithoutTheAddNeverCalibratedRaises) {
   MaybeResidual m;
+  m.eval();
   const std::vector<Tensor> calib = residual_batches(4, 300);
   const std::vector<Tensor> q = calibrate_convert_run(m, calib, calib);
   EXPECT_GE(state_of(*m.body).seen_ops().back().absorbs, 0);
@@ -567,6 +585,7 @@ TEST(CrossModuleResidualAdd, PathWithoutTheAddNeverCalibratedRaises) {
 
 TEST(CrossModuleResidualAdd, PathWithoutTheAddCalibratedDoesNotFuse) {
   MaybeResidual m;
+  m.eval();
   // (Evaluated on calibration inputs: both paths' ranges are then observed, not clipped.)
   const std::vector<Tensor> calib = residual_batches(4, 300), eval = residual_batches(2, 300);
   prepare(m, {calib[0]});
@@ -594,6 +613,7 @@ TEST(CrossModuleResidualAdd, PathWithoutTheAddCalibratedDoesNotFuse) {
 // calibrated, runs fp32 and is counted; the fused path is unaffected.
 TEST(CrossModuleResidualAdd, AnotherProducerOnAnUncalibratedPathRunsFp32) {
   MaybeResidual m;
+  m.eval();
   const std::vector<Tensor> calib = residual_batches(4, 300);
   const std::vector<Tensor> q = calibrate_convert_run(m, calib, calib);
   m.alt_body = true;
@@ -629,6 +649,7 @@ struct BranchyResidual : nn::CallableModule<BranchyResidual> {
 
 TEST(CrossModuleResidualAdd, AbsorbedAddHandedAnotherTensorComputesIt) {
   BranchyResidual m;
+  m.eval();
   const std::vector<Tensor> calib = residual_batches(4, 300);
   const std::vector<Tensor> q = calibrate_convert_run(m, calib, calib);
   ASSERT_GE(state_of(m).seen_ops().front().absorbed_by, 0);
@@ -645,11 +666,13 @@ TEST(CrossModuleResidualAdd, QuantStateFileRoundTrips) {
   const std::vector<Tensor> calib = residual_batches(4, 300), eval = residual_batches(2, 400);
   const ResidualForm f{true, true, false};
   SplitResidual a(f);
+  a.eval();
   prepare(a, {calib[0]});
   for (const Tensor& x : calib) a(x);
   const std::string path = ::testing::TempDir() + "/cross_module_residual.qstate.json";
   save_quant_state(a, path);
   SplitResidual b(f);
+  b.eval();
   prepare(b, {calib[0]});
   load_quant_state(b, path);
   EXPECT_GE(body_last(b).absorbs, 0);
@@ -688,6 +711,8 @@ TEST(CrossModuleResidualAdd, CompareNumericsSkipsTheOutputThatOnlyTheKernelHas) 
   std::vector<Tensor> calib = residual_batches(4, 300);
   for (size_t i = 0; i < calib.size(); ++i) calib[i] = calib[i] + (i % 2 == 0 ? 1.0 : -1.0);
   TwoPathResidual fp32, q;
+  fp32.eval();
+  q.eval();
   calibrate_convert_run(q, calib, calib);
   int absorbing = 0;  // the batch norm (its conv has a record per path)
   for (const SeenOpInfo& op : state_of(*q.body).seen_ops()) absorbing += op.absorbs >= 0;
@@ -736,7 +761,9 @@ TEST(ResidualAdd, TwoRecordsOfTheConvShareTheAddOnBothPaths) {
   std::vector<Tensor> calib = residual_batches(4, 300);
   for (size_t i = 0; i < calib.size(); ++i) calib[i] = calib[i] + (i % 2 == 0 ? 1.0 : -1.0);
   TwoPathOneModule one;
+  one.eval();
   TwoPathResidual split;
+  split.eval();
   std::vector<Tensor> fp32;
   for (const Tensor& x : calib) fp32.push_back(one(x));
   const std::vector<Tensor> a = calibrate_convert_run(one, calib, calib);

@@ -84,6 +84,7 @@ struct ConvBnRelu : nn::CallableModule<ConvBnRelu> {
 TEST(Fusion, ConvBnReluTopLevel) {
   manual_seed(1);
   auto model = std::make_shared<ConvBnRelu>();
+  model->eval();
   const auto inputs = testing::random_batches(3, 100, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
@@ -121,6 +122,7 @@ struct SeqModel : nn::CallableModule<SeqModel> {
 TEST(Fusion, ConvBnReluInsideSequential) {
   manual_seed(2);
   auto model = std::make_shared<SeqModel>();
+  model->eval();
   const auto inputs = testing::random_batches(3, 110, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
@@ -162,6 +164,7 @@ struct LoopModel : nn::CallableModule<LoopModel> {
 TEST(Fusion, LoopCallingTheSameConvTwice) {
   manual_seed(3);
   auto model = std::make_shared<LoopModel>();
+  model->eval();
   const auto inputs = testing::random_batches(3, 120, {2, 4, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
@@ -197,6 +200,7 @@ struct AddRelu : nn::CallableModule<AddRelu> {
 
 TEST(Fusion, AddReluHasOneObserverOnTheReluOutput) {
   auto model = std::make_shared<AddRelu>();
+  model->eval();
   std::vector<std::pair<Tensor, Tensor>> inputs;
   std::vector<Tensor> refs;
   for (int i = 0; i < 3; ++i) {
@@ -256,6 +260,7 @@ struct BasicBlock : nn::CallableModule<BasicBlock> {
 TEST(Fusion, ResidualConvBnAddRelu) {
   manual_seed(5);
   auto model = std::make_shared<BasicBlock>(6);
+  model->eval();
   const auto inputs = testing::random_batches(3, 150, {2, 6, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));
@@ -301,6 +306,7 @@ struct ResidualFirst : nn::CallableModule<ResidualFirst> {
 TEST(Fusion, ResidualOnTheLeftOfTheAdd) {
   manual_seed(6);
   auto model = std::make_shared<ResidualFirst>();
+  model->eval();
   const auto inputs = testing::random_batches(3, 160, {2, 4, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : inputs) refs.push_back((*model)(x));

@@ -41,8 +41,10 @@ struct FamiliesNet : nn::CallableModule<FamiliesNet> {
 TEST(OpFamilies, PrepareCalibrateConvertRunsInt8) {
   manual_seed(21);
   FamiliesNet ref;
+  ref.eval();
   manual_seed(21);
   FamiliesNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 8, 8}, 1);
   const Tensor expected = ref(x);
   prepare(m, {x});
@@ -100,8 +102,10 @@ struct ActivationsNet : nn::CallableModule<ActivationsNet> {
 TEST(OpFamilies, PreluSoftplusMishRunInt8) {
   manual_seed(5);
   ActivationsNet ref;
+  ref.eval();
   manual_seed(5);
   ActivationsNet m;
+  m.eval();
   // Distinct slopes per channel, some negative, so a wrong channel or sign shows.
   const Tensor slopes = from_vector<float>({0.25f, -0.3f, 0.5f, 0.1f, 0.8f, -0.1f, 0.05f, 0.4f});
   ref.act->weight.copy_(slopes);
@@ -147,8 +151,10 @@ struct MathNet : nn::CallableModule<MathNet> {
 TEST(OpFamilies, MathOpsRunFp32OnDequantizedInputs) {
   manual_seed(8);
   MathNet ref;
+  ref.eval();
   manual_seed(8);
   MathNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 6, 6}, 1);
   const Tensor mask = randn({1, 1, 6, 6}, 2).to(DType::kF32);
   const Tensor expected = ref(x, mask);
@@ -191,8 +197,10 @@ struct IndexingNet : nn::CallableModule<IndexingNet> {
 TEST(OpFamilies, IndexingOpsRunOnInt8Codes) {
   manual_seed(4);
   IndexingNet ref;
+  ref.eval();
   manual_seed(4);
   IndexingNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 6, 6}, 1);
   const Tensor expected = ref(x);
   prepare(m, {x});

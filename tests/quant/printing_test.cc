@@ -61,6 +61,7 @@ class PrintingTest : public ::testing::Test {
   void SetUp() override {
     manual_seed(4);
     model = std::make_shared<Net>();
+    model->eval();
     prepare(*model, {randn({2, 3, 6, 6}, 1)});
   }
   void calibrate() {
@@ -130,6 +131,7 @@ TEST_F(PrintingTest, ConvertedModelDescribesExecutors) {
 
 TEST(Printing, UnpreparedModelHasNoState) {
   auto model = std::make_shared<Net>();
+  model->eval();
   const std::string text = print(*model);
   EXPECT_EQ(text.find("AutoQuantizationState"), std::string::npos) << text;
   EXPECT_THROW_MSG(quant_state_to_string(*model), UsageError, "is not a prepared model");

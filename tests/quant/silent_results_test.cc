@@ -48,6 +48,7 @@ struct Probe : nn::SequentialBase<Probe> {
 
 TEST(SequentialSubclass, OwnForwardRuns) {
   auto p = std::make_shared<Probe>();
+  p->eval();
   EXPECT_EQ((*p)(zeros({1})).item<float>(), 100.f);
   EXPECT_EQ(p->forward_unary(zeros({1})).item<float>(), 100.f);
   EXPECT_EQ(p->type_name(), "Probe");
@@ -85,8 +86,10 @@ struct DenseNet : nn::CallableModule<DenseNet> {
 TEST(SequentialSubclass, OwnForwardRunsPreparedAndConverted) {
   manual_seed(1);
   DenseNet ref;
+  ref.eval();
   manual_seed(1);
   DenseNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 6, 6}, 7);
   const Tensor expected = ref(x);
   ASSERT_EQ(expected.size(1), 4);
@@ -124,6 +127,7 @@ TEST(SubclassedModule, CallingItRaisesInsteadOfRunningTheBaseForward) {
                    "runs Base::forward, never Derived's. Derive Derived from dbrq::nn::CallableModule<Derived>");
   // The base class itself still works.
   Base b;
+  b.eval();
   EXPECT_EQ(b(ones({1})).item<float>(), 1.f);
 }
 
@@ -165,8 +169,10 @@ struct StructNet : nn::CallableModule<StructNet> {
 TEST(StructOutputs, ConvertedModelHandsBackRealValues) {
   manual_seed(3);
   StructNet ref;
+  ref.eval();
   manual_seed(3);
   StructNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 8, 8}, 5);
   const Heads expected = ref(x);
   prepare(m, [&] { m(x); }, default_qconfig_mapping());
@@ -202,6 +208,7 @@ struct ViewNet : nn::CallableModule<ViewNet> {
 TEST(ViewAfterConv, MeansTheNchwViewFp32AndInt8) {
   manual_seed(4);
   ViewNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 5, 5}, 8);
   // The reference: the same computation with an explicitly row-major conv output.
   const Tensor conv_out = relu((*m.conv)(x)).contiguous();
@@ -274,6 +281,7 @@ struct ViewWrite : nn::CallableModule<ViewWrite> {
 TEST(SharedViewRecords, AViewOfAnFp32BufferStaysAViewAfterConvert) {
   manual_seed(0);
   ViewWrite m;
+  m.eval();
   const Tensor x = randn({2, 8}, 1);
   const Tensor ref = m(x);
   prepare(m, {x});
@@ -312,6 +320,7 @@ struct GateOfBranch : nn::CallableModule<GateOfBranch> {
 TEST(FixedQParamsInputs, AreObservedWithTheirOwnRange) {
   manual_seed(9);
   GateOfBranch m;
+  m.eval();
   std::vector<Tensor> xs;
   for (uint64_t i = 0; i < 8; ++i) xs.push_back(randn({4, 8}, 900 + i) * 2.0 + (i % 2 == 0 ? 0.5 : -0.5));
   std::vector<std::pair<Tensor, Tensor>> refs;
@@ -365,6 +374,7 @@ constexpr const char* kNoValues = "has no values of its own: after convert it is
 TEST(InnerTensorOfAFusedChain, ReadingItRaisesInsteadOfReturningTheChainsResult) {
   manual_seed(5);
   ReadsInner m;
+  m.eval();
   const auto xs = testing::random_batches(3, 150, {2, 4, 8, 8});
   const Tensor ref = m(xs[0]);
   prepare_calibrate_convert(m, xs);
@@ -388,6 +398,7 @@ TEST(InnerTensorOfAFusedChain, ReadingItRaisesInsteadOfReturningTheChainsResult)
 TEST(InnerTensorOfAFusedChain, KeptAndReadAfterTheCallRaisesEverywhere) {
   manual_seed(5);
   ReadsInner m;
+  m.eval();
   const auto xs = testing::random_batches(2, 160, {2, 4, 8, 8});
   prepare_calibrate_convert(m, xs);
   m(xs[0]);
@@ -414,6 +425,7 @@ TEST(InnerTensorOfAFusedChain, KeptAndReadAfterTheCallRaisesEverywhere) {
 TEST(InnerTensorOfAFusedChain, PassingItThroughAnOpWhileCalibratingKeepsItsValues) {
   manual_seed(5);
   ReadsInner m;
+  m.eval();
   m.read = ReadsInner::kCloneBefore;
   const auto xs = testing::random_batches(3, 170, {2, 4, 8, 8});
   m(xs[0]);
@@ -454,6 +466,7 @@ struct ParentRelu : nn::CallableModule<ParentRelu> {
 TEST(InnerTensorOfAFusedChain, AChildsOutputFusedWithTheParentsReluRaisesWhenRead) {
   manual_seed(6);
   ParentRelu m;
+  m.eval();
   const auto xs = testing::random_batches(3, 180, {1, 3, 8, 8});
   const Tensor ref = m(xs[0]);
   prepare_calibrate_convert(m, xs);
@@ -502,6 +515,7 @@ TEST(InPlaceAfterConvert, ReachesEveryTensorSharingTheStorageOrRaises) {
     SCOPED_TRACE(form);
     manual_seed(3);
     InPlaceAlias m(form);
+    m.eval();
     const auto xs = testing::random_batches(4, 10, {2, 3, 8, 8});
     std::vector<Tensor> refs;
     for (const Tensor& x : xs) refs.push_back(m(x));
@@ -554,6 +568,7 @@ struct ResidualNet : nn::CallableModule<ResidualNet> {
 TEST(InPlaceAfterConvert, AResidualAddInPlaceKeepsItsOwnRange) {
   manual_seed(3);
   ResidualNet m;
+  m.eval();
   const auto xs = testing::random_batches(4, 10, {4, 16});
   std::vector<Tensor> refs;
   for (const Tensor& x : xs) refs.push_back(m(x));
@@ -564,6 +579,7 @@ TEST(InPlaceAfterConvert, AResidualAddInPlaceKeepsItsOwnRange) {
 TEST(InPlaceAfterConvert, AStaleCopyReadAfterTheBlockRaises) {
   manual_seed(3);
   ResidualNet m;
+  m.eval();
   m.keep = true;
   const auto xs = testing::random_batches(4, 10, {4, 16});
   prepare_calibrate_convert(m, xs);
@@ -594,6 +610,7 @@ struct InPlaceBeforeResidual : nn::CallableModule<InPlaceBeforeResidual> {
 TEST(InPlaceAfterConvert, ADeferredConvKeepsTheInputItWasHanded) {
   manual_seed(4);
   InPlaceBeforeResidual m;
+  m.eval();
   const auto xs = testing::random_batches(4, 30, {2, 3, 8, 8});
   std::vector<Tensor> refs;
   for (const Tensor& x : xs) refs.push_back(m(x));
@@ -676,6 +693,7 @@ TEST(InPlaceAfterConvert, WriteBackCases) {
 TEST(InputBuffer, RefilledThroughFromBlobBetweenCallsIsQuantizedAgain) {
   manual_seed(3);
   InPlaceAlias m(-1);
+  m.eval();
   std::vector<float> buf(2 * 3 * 8 * 8);
   const Tensor x = Tensor::from_blob(buf.data(), {2, 3, 8, 8}, DType::kF32);
   const auto xs = testing::random_batches(4, 20, {2, 3, 8, 8});
@@ -777,8 +795,10 @@ TEST(InputBuffer, RefilledForAChildOrAsACloneIsQuantizedAgain) {
                     RefillsForAConsumer::kClonedForAFunctionalLinear}) {
     manual_seed(4);
     RefillsForAConsumer ref(mode);
+    ref.eval();
     manual_seed(4);
     RefillsForAConsumer m(mode);
+    m.eval();
     const auto xs = testing::random_batches(4, 64, {1, 16});
     prepare_calibrate_convert(m, xs);
     for (const Tensor& x : xs) {
@@ -832,6 +852,7 @@ struct AddsIntoABlob : nn::CallableModule<AddsIntoABlob> {
 TEST(InPlaceAfterConvert, ReachesFromBlobMemoryHeldByOneHandle) {
   manual_seed(9);
   AddsIntoABlob m;
+  m.eval();
   prepare_calibrate_convert(m, testing::random_batches(4, 71, {1, 16}));
   std::fill(m.state.begin(), m.state.end(), 1.f);
   const Tensor x = testing::random_batches(1, 72, {1, 16})[0];
@@ -876,6 +897,7 @@ TEST(ReturnedOutputs, AliasingOutputsStayAliased) {
     SCOPED_TRACE(mode);
     manual_seed(1);
     ReturnsAliases m(mode);
+    m.eval();
     const auto xs = testing::random_batches(3, 10, {2, 8});
     const std::vector<Tensor> want = m(xs[0]);
     expect_aliases_see_a_write(m(xs[0]), mode);  // what fp32 does
@@ -906,6 +928,7 @@ struct ReturnsInnerThroughARawView : nn::CallableModule<ReturnsInnerThroughARawV
 TEST(InnerTensorOfAFusedChain, ReturnedThroughARawViewRaises) {
   manual_seed(2);
   ReturnsInnerThroughARawView m;
+  m.eval();
   const auto xs = testing::random_batches(3, 20, {2, 8});
   const std::vector<float> fp32 = m(xs[0]).to_vector<float>();  // the linear's values, negatives included
   EXPECT_LT(*std::min_element(fp32.begin(), fp32.end()), 0.f);
@@ -952,6 +975,7 @@ TEST(InPlaceAfterConvert, ReachesTheTensorAViewWasTakenOfWhenTheViewRanFp32) {
     SCOPED_TRACE(mode);
     manual_seed(3);
     ViewThenInPlace m(mode);
+    m.eval();
     const auto xs = testing::random_batches(4, 30, {4, 8});
     const Tensor x8 = testing::random_batches(1, 31, {8, 8})[0];
     const Tensor at = mode == 2 ? x8 : xs[0];
@@ -1129,8 +1153,10 @@ struct MaskedLinear : nn::CallableModule<MaskedLinear> {
 TEST(ParameterOperand, ABufferSetBetweenCalibratingCallsStaysInt8) {
   manual_seed(12);
   MaskedLinear ref;
+  ref.eval();
   manual_seed(12);
   MaskedLinear m;
+  m.eval();
   const auto xs = testing::random_batches(6, 45, {4, 16});
   std::vector<Tensor> masks;  // soft masks in (0, 1)
   for (const Tensor& r : testing::random_batches(6, 46, {4, 16})) masks.push_back(tanh(r) * 0.5 + 0.5);
@@ -1193,6 +1219,7 @@ struct ConvPlusParam : nn::CallableModule<ConvPlusParam> {
 
 TEST(ParameterOperand, TheResidualOfAFusedConvAddWrittenAfterConvertRaises) {
   ConvPlusParam m;
+  m.eval();
   const auto xs = testing::random_batches(3, 66, {1, 3, 6, 6});
   prepare_calibrate_convert(m, xs);
   bool fused = false;
@@ -1265,6 +1292,7 @@ TEST(ParameterOperand, ALayersOwnWeightsWrittenAfterConvertRunFp32) {
   expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.fc->bias.add_(2.0); }, "fc.bias");
   // strict_paths raises instead, naming the parameter.
   ConvBnReluHead m;
+  m.eval();
   const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
   convert_strict(m, xs);
   m.conv2->weight.mul_(2.0);
@@ -1280,6 +1308,7 @@ TEST(ParameterOperand, ALayersWeightReplacedAfterConvertRunsFp32) {
   expect_fp32_after_kernel_weights_written([](ConvBnReluHead& m) { m.fc->bias = m.fc->bias + 2.0; },
                                            "fc.bias replaced");
   ConvBnReluHead m;
+  m.eval();
   const auto xs = testing::random_batches(3, 69, {2, 3, 6, 6});
   convert_strict(m, xs);
   m.conv2->weight = m.conv2->weight.clone();  // the same values in another tensor: no change
@@ -1327,6 +1356,7 @@ TEST(ParameterOperand, AnUntracedModulesParameterWrittenAfterConvertRunsTheRestF
   const auto xs = testing::random_batches(4, 71, {4, 16});
   manual_seed(70);
   UntracedScale ref;
+  ref.eval();
   auto m = untraced_scale_converted(xs, false);
   EXPECT_GT(testing::relative_error((*m)(xs[1]), ref(xs[1])), 1e-4);  // int8
   m->side->scale.mul_(4.0);
@@ -1372,6 +1402,7 @@ TEST(ParameterOperand, DynamicOpsAndBuffersWrittenByForwardStayInt8) {
   }
   {
     RunningState m;
+    m.eval();
     const auto xs = testing::random_batches(6, 68, {4, 8});
     prepare(m, {xs[0]});
     for (const Tensor& x : xs) m(x);
@@ -1436,8 +1467,10 @@ struct ReadsACount : nn::CallableModule<ReadsACount> {
 TEST(IntegerReads, InsideAConvertedForwardGiveValuesNotCodes) {
   manual_seed(9);
   ReadsACount ref;
+  ref.eval();
   manual_seed(9);
   ReadsACount m;
+  m.eval();
   const auto xs = testing::random_batches(4, 63, {6, 8});
   prepare_calibrate_convert(m, xs);
   for (const Tensor& x : xs) {
@@ -1480,8 +1513,10 @@ TEST(NestedModels, AConvertedModelCalledFromAnotherRunsItsOwnKernels) {
   const auto xs = testing::random_batches(4, 50, {4, 8});
   manual_seed(5);
   OuterModel ref(std::make_shared<InnerModel>());
+  ref.eval();
   manual_seed(5);
   OuterModel m(std::make_shared<InnerModel>());
+  m.eval();
   std::vector<Tensor> inner_xs;
   for (const Tensor& x : xs) inner_xs.push_back(relu((*ref.fc)(x)) * 0.25);
   prepare_calibrate_convert(*m.inner, inner_xs);
@@ -1514,8 +1549,10 @@ TEST(NestedModels, AnInnerModelBetweenAConvAndItsBatchNormKeepsTheFold) {
   const auto xs = testing::random_batches(4, 52, {2, 3, 6, 6});
   manual_seed(6);
   ConvOtherBn ref(std::make_shared<InnerModel>());
+  ref.eval();
   manual_seed(6);
   ConvOtherBn m(std::make_shared<InnerModel>());
+  m.eval();
   testing::randomize_bn(*ref.bn, 53);
   testing::randomize_bn(*m.bn, 53);
   prepare(*m.inner, {randn({2, 8}, 54)});  // calibrating while the outer model calibrates
@@ -1538,7 +1575,9 @@ struct Headed : nn::CallableModule<Headed> {
 
 TEST(NestedModels, PreparingAModuleOfAnotherPreparedModelRaises) {
   auto backbone = std::make_shared<InnerModel>();
+  backbone->eval();
   Headed a(backbone), b(backbone);
+  a.eval();
   const Tensor x = randn({4, 8}, 51);
   const Tensor want = a(x);
   prepare(a, {x});
@@ -1570,6 +1609,7 @@ struct Blocking : nn::CallableModule<Blocking> {
 
 TEST(CalibrationThreads, ASecondThreadCallingBeforeConvertRaises) {
   Blocking m;
+  m.eval();
   const Tensor x = randn({2, 8}, 70);
   prepare(m, {x});
   m.block = true;
@@ -1599,6 +1639,7 @@ TEST(CalibrationThreads, ASecondThreadCallingBeforeConvertRaises) {
 // is in flight (on another thread, or from inside forward) raised nothing and raced with it.
 TEST(CalibrationThreads, ConvertDuringACallRaises) {
   Blocking m;
+  m.eval();
   const Tensor x = randn({2, 8}, 71);
   prepare(m, {x});
   m.block = true;
@@ -1621,6 +1662,7 @@ TEST(CalibrationThreads, ConvertDuringACallRaises) {
 TEST(CalibrationThreads, LoadAndMergeDuringACallRaise) {
   manual_seed(74);
   Blocking m;
+  m.eval();
   manual_seed(74);
   Blocking replica;  // the same weights
   const Tensor x = randn({2, 8}, 73);
@@ -1667,6 +1709,7 @@ struct ConvertsInForward : nn::CallableModule<ConvertsInForward> {
 
 TEST(CalibrationThreads, ConvertFromInsideForwardRaises) {
   ConvertsInForward m;
+  m.eval();
   const Tensor x = randn({2, 8}, 72);
   prepare(m, {x});
   m.convert_now = true;

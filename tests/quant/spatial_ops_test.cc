@@ -58,6 +58,8 @@ void check_generator(int64_t groups) {
   Generator ref(groups);
   manual_seed(21);
   Generator g(groups);
+  ref.eval();
+  g.eval();
   const Tensor z = randn({4, 16, 1, 1}, 5);
   prepare(g, {z});
   EXPECT_EQ(testing::display_kinds(testing::state_of(g)),
@@ -129,8 +131,10 @@ struct TinyUNet : nn::CallableModule<TinyUNet> {
 TEST(SpatialQuant, TinyUNetCalibratesConvertsAndRunsInt8) {
   manual_seed(5);
   TinyUNet ref;
+  ref.eval();
   manual_seed(5);
   TinyUNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 16, 16}, 1);
   prepare(m, {x});
   for (int i = 0; i < 8; ++i) m(randn({2, 3, 16, 16}, 200 + i));
@@ -177,8 +181,10 @@ TEST(SpatialQuant, ConvertedConvTransposeWithOtherParametersRunsFp32) {
   };
   manual_seed(3);
   Net m;
+  m.eval();
   manual_seed(3);
   Net ref;
+  ref.eval();
   const Tensor x = randn({1, 4, 5, 5}, 2);
   prepare(m, {x});
   m(x);
@@ -227,8 +233,10 @@ struct KwsNet : nn::CallableModule<KwsNet> {
 TEST(SpatialQuant, KeywordSpottingConv1dNetRunsInt8) {
   manual_seed(8);
   KwsNet ref;
+  ref.eval();
   manual_seed(8);
   KwsNet m;
+  m.eval();
   const Tensor x = randn({4, 10, 40}, 1);
   prepare(m, {x});
   EXPECT_EQ(testing::display_kinds(testing::state_of(m)),
@@ -289,8 +297,10 @@ struct UpsampleUNet : nn::CallableModule<UpsampleUNet> {
 TEST(SpatialQuant, UpsampleUNetRunsInt8AcrossImageSizes) {
   manual_seed(12);
   UpsampleUNet ref;
+  ref.eval();
   manual_seed(12);
   UpsampleUNet m;
+  m.eval();
   const Tensor x = randn({2, 3, 16, 16}, 1);
   prepare(m, {x});
   for (int i = 0; i < 8; ++i) m(randn({2, 3, 16, 16}, 600 + i));
@@ -343,8 +353,10 @@ TEST(SpatialQuant, GroupAndInstanceNormRunInt8InConvertedModels) {
   };
   manual_seed(4);
   Net ref;
+  ref.eval();
   manual_seed(4);
   Net m;
+  m.eval();
   const Tensor x = randn({2, 3, 12, 12}, 1);
   prepare(m, {x});
   for (int i = 0; i < 6; ++i) m(randn({2, 3, 12, 12}, 800 + i));

@@ -57,7 +57,9 @@ struct MlpModel : nn::CallableModule<MlpModel> {
 template <typename M>
 std::shared_ptr<M> build(uint64_t seed) {
   manual_seed(seed);
-  return std::make_shared<M>();
+  auto m = std::make_shared<M>();
+  m->eval();
+  return m;
 }
 
 std::vector<Tensor> conv_data(int n) {

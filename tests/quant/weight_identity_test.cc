@@ -144,6 +144,7 @@ struct ConvBn : nn::CallableModule<ConvBn> {
 TEST(WeightIdentity, NewBatchNormStatisticsAfterConvertReachTheFoldedConv) {
   manual_seed(11);
   ConvBn m;
+  m.eval();
   const Tensor x = randn({2, 3, 8, 8}, 12);
   prepare(m, {x});
   calibrate(m, x, 4, 50);
@@ -151,6 +152,7 @@ TEST(WeightIdentity, NewBatchNormStatisticsAfterConvertReachTheFoldedConv) {
   // Other statistics, of the same magnitude: the output range stays within the calibrated one.
   manual_seed(11);
   ConvBn ref;
+  ref.eval();
   testing::randomize_bn(*ref.bn, 4);
   NamedTensors bn_state;
   for (const auto& [name, t] : ref.state_dict()) {
@@ -163,12 +165,14 @@ TEST(WeightIdentity, NewBatchNormStatisticsAfterConvertReachTheFoldedConv) {
 TEST(WeightIdentity, NewConvWeightsAfterConvertAreUsed) {
   manual_seed(13);
   ConvBn m;
+  m.eval();
   const Tensor x = randn({2, 3, 8, 8}, 14);
   prepare(m, {x});
   calibrate(m, x, 4, 60);
   convert(m);
   manual_seed(13);
   ConvBn ref;
+  ref.eval();
   NamedTensors conv_state = {{"conv.weight", ref.conv->weight * -1.0}};
   ref.load_state_dict(conv_state, /*strict=*/false);
   m.load_state_dict(conv_state, /*strict=*/false);
@@ -239,6 +243,7 @@ TEST(WeightIdentity, AFileWhosePartLiesOutsideTheParameterIsRefused) {
   std::string text = read_text(path);
   // The same code on a parameter of 12 rows: the file's k (rows 8 to 15) does not fit.
   PackedProjection shorter(12);
+  shorter.eval();
   prepare(shorter, {x});
   EXPECT_THROW_MSG(load_quant_state(shorter, path), StateMismatchError,
                    "its part of \"w\" (offset 64, sizes [8, 8]) lies outside the model's parameter of sizes [12, 8]");
@@ -278,6 +283,7 @@ struct FunctionalBn : nn::CallableModule<FunctionalBn> {
 TEST(WeightIdentity, AReplacedStatisticOfAFoldedBatchNormIsRefused) {
   manual_seed(33);
   ConvBn m;
+  m.eval();
   const Tensor x = randn({2, 3, 8, 8}, 34);
   prepare(m, {x});
   EXPECT_EQ(testing::display_kinds(testing::state_of(m))[0], "conv2d+batch_norm+relu") << "folded";
@@ -285,6 +291,7 @@ TEST(WeightIdentity, AReplacedStatisticOfAFoldedBatchNormIsRefused) {
   convert(m);
   manual_seed(33);
   ConvBn ref;
+  ref.eval();
   EXPECT_GT(sqnr_of(m(x), ref(x)), kMinSqnr);
   const Tensor var = m.bn->running_var;
   m.bn->running_var = var * 4.0;  // a new tensor: the folded weights hold the old statistics
@@ -296,6 +303,7 @@ TEST(WeightIdentity, AReplacedStatisticOfAFoldedBatchNormIsRefused) {
 
   manual_seed(39);
   FunctionalBn f;
+  f.eval();
   prepare(f, {x});
   EXPECT_EQ(testing::display_kinds(testing::state_of(f))[0], "conv2d+batch_norm+relu") << "folded";
   calibrate(f, x, 2, 130);
@@ -307,8 +315,10 @@ TEST(WeightIdentity, AReplacedStatisticOfAFoldedBatchNormIsRefused) {
 TEST(WeightIdentity, AComputedStatisticDoesNotFoldAndIsFollowed) {
   manual_seed(35);
   FunctionalBn m;
+  m.eval();
   manual_seed(35);
   FunctionalBn ref;
+  ref.eval();
   m.computed = ref.computed = true;
   const Tensor x = randn({2, 3, 6, 6}, 36);
   prepare(m, {x});
