@@ -1,5 +1,6 @@
 // Eager normalization, pooling, reduction, joining, gather, copy and (de)quantization kernels.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -184,7 +185,14 @@ Tensor pool(const char* name, dnnl::algorithm alg, const Tensor& x_in, const Poo
 // window [NaN, 1, 2, 3] gave 3), hiding a broken input. One vectorized scan of the input; the
 // windows are visited only when it holds a NaN.
 void propagate_nan_windows(const Tensor& x, Tensor& y, const Pool2dParams& p) {
-  if (!simd::any_nan(x.raw_data<float>(), x.numel())) return;
+  std::atomic<bool> nan_seen{false};
+  const float* data = x.raw_data<float>();
+  parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    if (!nan_seen.load(std::memory_order_relaxed) && simd::any_nan(data + begin, end - begin)) {
+      nan_seen.store(true, std::memory_order_relaxed);
+    }
+  });
+  if (!nan_seen.load()) return;
   const float* in = x.raw_data<float>();
   float* out = y.raw_mutable_data<float>();
   const int64_t n = y.size(0), c = y.size(1), oh = y.size(2), ow = y.size(3), h = x.size(2), w = x.size(3);

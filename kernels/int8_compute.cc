@@ -503,7 +503,13 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
         attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
         attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
-        attr.set_output_scales(o_.weight_qparams->is_per_channel() ? 1 << 1 : 0, op_scales);
+        // Per-tensor weights: one scale for mask 0, as oneDNN documents (op_scales holds one per
+        // output channel, all equal).
+        if (o_.weight_qparams->is_per_channel()) {
+          attr.set_output_scales(1 << 1, op_scales);
+        } else {
+          attr.set_output_scales(0, {op_scales.at(0)});
+        }
         if (src.zero_point() != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {src.zero_point()});
       }
       if (dstq != nullptr && dstq->zero_point() != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {dstq->zero_point()});

@@ -382,15 +382,16 @@ void refuse_training_mode_norm(const std::string& what) {
 }
 
 Tensor InstanceNorm2dImpl::forward(const Tensor& x) {
-  if (track_running_stats_ && is_training()) refuse_training_mode_norm(type_name());
   DBRQ_ENSURE(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError,
               "InstanceNorm2d: input must be 3-D or 4-D ((N,) C, H, W), got sizes ",
               x.defined() ? x.shape_string() : std::string("undefined"));
   const Tensor x4 = x.dim() == 3 ? x.unsqueeze(0) : x;
   DBRQ_ENSURE(x4.size(1) == num_features_, ShapeError, "InstanceNorm2d: expected ", num_features_,
               " channels, got input sizes ", x.shape_string());
-  const Tensor y = track_running_stats_ ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
-                                        : instance_norm(x4, weight, bias, eps_);
+  // With running statistics, PyTorch uses them in eval mode only; in training mode each instance's
+  // own, as without them (the running ones are not updated here: no training).
+  const Tensor y = track_running_stats_ && !is_training() ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
+                                                          : instance_norm(x4, weight, bias, eps_);
   return x.dim() == 3 ? y.squeeze(0) : y;
 }
 

@@ -218,10 +218,10 @@ class LinearImpl : public Layer<LinearImpl> {
   int64_t in_features_, out_features_;
 };
 
-// Throws UsageError for a layer normalizing with running statistics called in training mode (a
-// new module's default, as in libtorch), where PyTorch would use the batch's statistics: dbrq has
-// no training-mode normalization, and running it silently as inference computed another function
-// than the libtorch model it was ported from. `what`: the layer's type name.
+// Throws UsageError for a batch norm called in training mode (a new module's default, as in
+// libtorch), where PyTorch would use the batch's statistics: dbrq has no training-mode batch norm,
+// and running it silently as inference computed another function than the libtorch model it was
+// ported from. `what`: the layer's type name.
 void refuse_training_mode_norm(const std::string& what);
 
 // Normalizes over dim 1 with running statistics (eval mode only: refuse_training_mode_norm).

@@ -450,6 +450,12 @@ class Recorder : public Interceptor {
     }
   }
 
+  static std::string computed_weight_reason(const char* what) {
+    return absl::StrCat("its ", what,
+                        " is computed in forward, not a parameter of the model; the int8 form writes weights as "
+                        "constants (keep this op fp32, qconfig None, to export it)");
+  }
+
   // The float values of a weighted op's weight and bias: the s8 codes and folded bias of the
   // int8 kernel, or the f32 parameters when it runs fp32.
   struct WeightVals {
@@ -474,9 +480,7 @@ class Recorder : public Interceptor {
     for (size_t k = 1; k < c.num_inputs() && k <= 2; ++k) {
       const Tensor& t = c.input(k);
       if (t.defined() && !t.storage()->model_state()) {
-        unsupported(c, op, absl::StrCat("its ", k == 1 ? "weight" : "bias",
-                                        " is computed in forward, not a parameter of the model; the int8 form "
-                                        "writes weights as constants (keep this op fp32, qconfig None, to export it)"));
+        unsupported(c, op, computed_weight_reason(k == 1 ? "weight" : "bias"));
       }
     }
     auto* exec = dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index));
@@ -798,6 +802,9 @@ class Recorder : public Interceptor {
         if (in_rank < 2) shape = {w.numel()};
         std::string wv;
         auto* exec = int8 ? dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index)) : nullptr;
+        if (exec != nullptr && w.defined() && !w.storage()->model_state()) {
+          unsupported(c, op, computed_weight_reason("weight"));
+        }
         if (exec != nullptr) {
           // The slopes dbrq's int8 kernel runs: s8 codes with their scales (a per-tensor weight
           // qconfig rounds every channel's slope to one grid), not the f32 parameter.
@@ -1102,15 +1109,15 @@ std::string export_onnx_bytes(nn::Module& model, const std::vector<Tensor>& exam
     outputs = model.forward_tensors(example_inputs);
   }
   for (size_t k = 0; k < outputs.size(); ++k) rec.add_output(outputs[k], k, summary, options.int8_inputs_of_fp32_outputs);
-  // A static graph holds one path: say so when calibration recorded others (the ONNX model would
-  // compute another function on inputs taking them).
+  // A static graph holds one path: say so when the model has run others (calibrated, or run fp32
+  // after convert; the ONNX model would compute another function on inputs taking them).
   for (const AutoQuantizationState* st : qi.model().states()) {
     const size_t n = st->paths().size();
     if (n < 2) continue;
     summary->modules_with_other_paths.push_back(st->fqn());
     log()->warn(
-        "export_onnx: module \"{}\" ({}) recorded {} control-flow paths while calibrating; the ONNX graph holds only "
-        "the one this example takes (export once per path you deploy, docs/onnx_export.md)",
+        "export_onnx: module \"{}\" ({}) has run {} control-flow paths (calibrated, or run fp32 after convert); the "
+        "ONNX graph holds only the one this example takes (export once per path you deploy, docs/onnx_export.md)",
         st->fqn(), st->type_name(), n);
   }
   onnx::Graph& g = rec.graph();

@@ -49,8 +49,9 @@ struct OnnxExportSummary {
   std::vector<std::string> output_names;  // per graph output ("output_0", ...)
   // Per graph output: dbrq's value of it in the export's call (the int8 ones dequantized).
   std::vector<Tensor> output_values;
-  // Modules (fqn) that recorded more than one control-flow path while calibrating: the graph holds
-  // only the path the example took through them (logged at warning level too).
+  // Modules (fqn) that have run more than one control-flow path (calibrated, or run fp32 after
+  // convert): the graph holds only the path the example took through them (logged at warning level
+  // too).
   std::vector<std::string> modules_with_other_paths;
 };
 

@@ -285,7 +285,8 @@ TEST_F(SimdDispatch, ClampAndAnyNanAreBitIdentical) {
       clamp_f32(x.data(), a.data(), n, lo, hi);
       force_portable(true);
       clamp_f32(x.data(), b.data(), n, lo, hi);
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "n=" << n << " [" << lo << ", " << hi << "]";
+      ASSERT_TRUE(a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0)
+          << "n=" << n << " [" << lo << ", " << hi << "]";
       for (size_t i = 0; i < x.size(); ++i) {
         if (std::isnan(x[i])) {
           EXPECT_TRUE(std::isnan(a[i])) << i;

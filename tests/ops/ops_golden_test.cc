@@ -312,6 +312,48 @@ TEST(OpsGolden, NaNPropagatesAsInPyTorch) {
     EXPECT_TRUE(std::isnan(p[0])) << p[0];
     EXPECT_FALSE(std::isnan(p[1])) << p[1];
   }
+  // Padding, stride, dilation and ceil_mode against a naive max that keeps NaN.
+  std::vector<float> img(2 * 7 * 7);
+  for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<float>((i * 37) % 23) - 11.f;
+  img[0] = nan;       // a corner: reached through the padding
+  img[6 * 7 + 6] = nan;  // the last pixel of channel 0: only ceil_mode windows reach it with stride 2
+  img[49 + 24] = nan;    // the centre of channel 1
+  const Tensor im = from_vector<float>(img).reshape({1, 2, 7, 7});
+  struct P {
+    int64_t k, s, pad, dil;
+    bool ceil;
+  };
+  for (const P& q : {P{3, 2, 1, 1, false}, P{3, 2, 1, 1, true}, P{2, 2, 0, 1, true}, P{3, 1, 1, 2, false},
+                     P{2, 3, 1, 1, true}}) {
+    const Tensor got = max_pool2d(im.contiguous(MemoryFormat::kChannelsLast), {q.k, q.k}, {q.s, q.s}, {q.pad, q.pad},
+                                  {q.dil, q.dil}, q.ceil)
+                           .contiguous();
+    const int64_t oh = got.size(2), ow = got.size(3);
+    const std::vector<float> g = got.to_vector<float>();
+    for (int64_t c = 0; c < 2; ++c) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          float want = -std::numeric_limits<float>::infinity();
+          for (int64_t r = 0; r < q.k; ++r) {
+            for (int64_t t = 0; t < q.k; ++t) {
+              const int64_t hi = i * q.s - q.pad + r * q.dil, wi = j * q.s - q.pad + t * q.dil;
+              if (hi < 0 || hi >= 7 || wi < 0 || wi >= 7) continue;
+              const float v = img[static_cast<size_t>(c * 49 + hi * 7 + wi)];
+              want = std::isnan(v) || std::isnan(want) ? nan : std::max(want, v);
+            }
+          }
+          const float have = g[static_cast<size_t>((c * oh + i) * ow + j)];
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(have)) << "k" << q.k << " s" << q.s << " p" << q.pad << " d" << q.dil << " ceil"
+                                          << q.ceil << " at " << c << "," << i << "," << j;
+          } else {
+            EXPECT_EQ(have, want) << "k" << q.k << " s" << q.s << " p" << q.pad << " d" << q.dil << " at " << c << ","
+                                  << i << "," << j;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(OpsGolden, SoftmaxAndLogSoftmax) {
