@@ -170,6 +170,10 @@ struct PackedEntry {
 class WeightPackCache {
  public:
   dnnl::memory get(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
+    // Memory the caller owns (Tensor::from_blob) may be rewritten without the storage version
+    // moving: packed on every call, never served from the cache (a refilled weight buffer ran the
+    // first call's weights).
+    if (w.storage()->wraps_memory()) return pack(w, user, want);
     std::string key(reinterpret_cast<const char*>(&want.data), sizeof(want.data));
     // The user layout too: two views at the same address with different strides differ in content.
     key.append(reinterpret_cast<const char*>(&user.data), sizeof(user.data));
@@ -185,11 +189,7 @@ class WeightPackCache {
         return it->second.packed;
       }
     }
-    dnnl::memory packed(want, cpu_engine());
-    dnnl::memory src = mem_of(user, w);
-    apply_thread_setting();
-    dnnl::reorder(src, packed).execute(thread_stream(), src, packed);
-    thread_stream().wait();
+    dnnl::memory packed = pack(w, user, want);
     std::lock_guard<std::mutex> lock(mu_);
     bytes_ += want.get_size();
     if (bytes_ > kMaxBytes) {  // rare: a model larger than the cache; start over
@@ -201,6 +201,15 @@ class WeightPackCache {
   }
 
  private:
+  static dnnl::memory pack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
+    dnnl::memory packed(want, cpu_engine());
+    dnnl::memory src = mem_of(user, w);
+    apply_thread_setting();
+    dnnl::reorder(src, packed).execute(thread_stream(), src, packed);
+    thread_stream().wait();
+    return packed;
+  }
+
   static constexpr size_t kMaxBytes = size_t{512} << 20;
   std::mutex mu_;
   absl::flat_hash_map<std::string, PackedEntry> map_;

@@ -168,6 +168,7 @@ struct PrimitiveEntry {
   dnnl::primitive prim;
   size_t scratchpad_bytes = 0;
   dnnl::memory::desc src_desc, weights_desc, dst_desc;  // as the primitive wants them
+  bool reference_impl = false;  // oneDNN chose its reference ("ref:") implementation
 };
 
 // The process-wide cache of eager primitives (bounded; see kernels/cache_stats.h).

@@ -23,9 +23,12 @@ float compute_scale(int64_t in, int64_t out, bool align_corners, double scale_fa
   return scale_factor > 0. ? static_cast<float>(1.0 / scale_factor) : static_cast<float>(in) / static_cast<float>(out);
 }
 
+// floor(dst * scale), scale = 1 / scale_factor when one was given: PyTorch 1.13's float kernel on
+// NCHW inputs of more than one channel and its quantized kernel (any layout). Its channels-last
+// float kernel copies when out == in and halves when out == 2 * in whatever the scale factor, so
+// with scale_factor (1.1, 2.0) on 5 x 5 rows come out [0, 1, 2, 3, 4] there but [0, 0, 1, 2, 3]
+// here and in the NCHW kernel a libtorch model runs. Without a scale factor both forms agree.
 int64_t nearest_index(int64_t dst, int64_t in, int64_t out, double scale_factor) {
-  if (out == in) return dst;
-  if (out == 2 * in) return dst >> 1;
   const float scale = scale_factor > 0. ? static_cast<float>(1.0 / scale_factor)
                                          : static_cast<float>(in) / static_cast<float>(out);
   return std::min(static_cast<int64_t>(std::floor(static_cast<float>(dst) * scale)), in - 1);

@@ -1,5 +1,7 @@
 // The data family: embedding (a gather of rows), clone, to, copy_, fill_ and the explicit
 // quantize / dequantize. None of them runs in int8; dequantize takes its int8 argument as it is.
+#include <utility>
+
 #include "core/op_shapes.h"
 #include "kernels/eager.h"
 #include "runtime/ops.h"
@@ -129,6 +131,46 @@ Tensor& Tensor::fill_(double value) {
 }
 
 namespace ops {
+
+namespace {
+
+// The lowest and highest element offsets a view touches (sizes > 0).
+std::pair<int64_t, int64_t> element_span(const Tensor& t) {
+  int64_t lo = t.storage_offset(), hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi};
+}
+
+}  // namespace
+
+void check_inplace_overlap(OpKind kind, const Tensor& self, const Tensor* other) {
+  if (!self.defined() || self.numel() <= 1) return;
+  if (kind != OpKind::kFill) {
+    for (int64_t d = 0; d < self.dim(); ++d) {
+      DBRQ_ENSURE(self.stride(d) != 0 || self.size(d) <= 1, ValueError, op_name(kind),
+                  ": unsupported operation: more than one element of the written-to tensor refers to a single memory "
+                  "location (an expanded tensor, sizes ", self.shape_string(), "); clone() it first");
+    }
+  }
+  if (other == nullptr || !other->defined() || other->numel() == 0 || other->storage() != self.storage()) return;
+  if (other->storage_offset() == self.storage_offset() && other->sizes() == self.sizes() &&
+      other->strides() == self.strides()) {
+    return;  // the same view (x.add_(x)): every element reads what it writes
+  }
+  // As PyTorch, only between dense views, whose element ranges say exactly whether they share an
+  // element (interleaved views such as x[:, ::2] and x[:, 1::2] span overlapping ranges apart).
+  if (!self.is_non_overlapping_and_dense() || !other->is_non_overlapping_and_dense()) return;
+  const auto [a_lo, a_hi] = element_span(self);
+  const auto [b_lo, b_hi] = element_span(*other);
+  if (a_hi < b_lo || b_hi < a_lo) return;  // disjoint parts of one storage
+  DBRQ_THROW(ValueError, op_name(kind),
+             ": unsupported operation: some elements of the input tensor and the written-to tensor refer to a single "
+             "memory location (sizes ", self.shape_string(), " and ", other->shape_string(),
+             " overlapping in one storage); clone() the input first");
+}
 
 void register_data_ops(OpRegistry& r) {
   OpDef& emb = r.define(OpKind::kEmbedding, "embedding");

@@ -31,10 +31,17 @@ inline Tensor call_scalar(OpKind kind, const Tensor& x, double scalar, bool scal
   return dispatch(c);
 }
 
+// Throws ValueError, as PyTorch does, for an in-place write whose result would depend on the
+// order elements are visited: `self` with several elements at one address (an expanded tensor;
+// fill_ excepted), or `other` overlapping `self` in memory without being the very same view
+// (x.narrow(0, 1, 3).add_(x.narrow(0, 0, 3)), y.copy_(y.transpose(0, 1))).
+void check_inplace_overlap(OpKind kind, const Tensor& self, const Tensor* other);
+
 // Runs an in-place op and rebinds `self` to its result (an interceptor may hand back a different
 // tensor, e.g. f32 for an int8 input it had to dequantize).
 inline Tensor& call_inplace(OpKind kind, Tensor& self, const Tensor* other, const void* params, double scalar,
                             bool has_scalar, OpFn run) {
+  check_inplace_overlap(kind, self, other);
   const Tensor* in[] = {&self, other};
   OpCall c;
   c.kind = kind;

@@ -376,6 +376,36 @@ TEST(OpErrors, CopiesConversionsDropout) {
       "to(f32): the tensor is quantized (u8, scale=0.1, zero_point=0); use dequantize() to get real values");
 }
 
+// In-place writes whose result would depend on the visiting order raise, as in PyTorch (dbrq gave
+// a running sum, or pairwise sums, depending on the vector width; or the last value of an expand).
+TEST(OpErrors, InPlaceWritesOverlappingTheirInput) {
+  Tensor x = arange(8);
+  EXPECT_THROW_MSG(x.narrow(0, 1, 3).add_(x.narrow(0, 0, 3)), ValueError,
+                   "add: unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                   "single memory location (sizes [3] and [3] overlapping in one storage); clone() the input first");
+  Tensor y = arange(9).reshape({3, 3});
+  EXPECT_THROW_MSG(y.copy_(y.transpose(0, 1)), ValueError, "copy_: unsupported operation: some elements of the input tensor");
+  Tensor z = arange(4).reshape({1, 4});
+  Tensor e = z.expand({3, 4});
+  EXPECT_THROW_MSG(e.add_(1.0), ValueError,
+                   "add: unsupported operation: more than one element of the written-to tensor refers to a single "
+                   "memory location (an expanded tensor, sizes [3, 4]); clone() it first");
+  EXPECT_THROW_MSG(e.copy_(ones({3, 4})), ValueError, "copy_: unsupported operation: more than one element");
+  // Allowed, as in PyTorch: the very same view, disjoint parts, interleaved views, fill_ of an expand.
+  Tensor a = arange(6);
+  a.add_(a);
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{0, 2, 4, 6, 8, 10}));
+  Tensor b = arange(6);
+  b.narrow(0, 3, 3).add_(b.narrow(0, 0, 3));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{0, 1, 2, 3, 5, 7}));
+  Tensor c = arange(12).reshape({3, 4});
+  Tensor even = c.raw_as_strided({3, 2}, {4, 2}, 0), odd = c.raw_as_strided({3, 2}, {4, 2}, 1);
+  even.add_(odd);
+  EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{1, 1, 5, 3, 9, 5, 13, 7, 17, 9, 21, 11}));
+  e.fill_(2.0);
+  EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{2, 2, 2, 2}));
+}
+
 TEST(OpErrors, Embedding) {
   const Tensor w = f32({10, 4});
   EXPECT_THROW_MSG(embedding(from_vector<int64_t>({1, 10}), w), IndexError,

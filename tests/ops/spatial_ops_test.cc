@@ -372,6 +372,32 @@ TEST(SpatialOpsGolden, BilinearCopiesADimensionThatKeepsItsSize) {
             interpolate(r, std::nullopt, std::array<double, 2>{1.0, 1.1}, "bilinear", false).to_vector<float>());
 }
 
+// Nearest with a scale factor whose output size is the input's or twice it (5 * 1.1 -> 5,
+// 5 * 2.1 -> 10): PyTorch 1.13's NCHW kernel (3 channels) and its quantized kernel take
+// floor(dst / scale_factor) (torch: H indices [0, 0, 1, 2, 3] and [0, 0, 0, 1, 1, 2, 2, 3, 3, 4]);
+// dbrq copied and halved ([0..4], [0, 0, 1, 1, ..]), as only PyTorch's channels-last kernel does.
+TEST(SpatialOpsGolden, NearestWithAScaleFactorFollowsTheNchwKernel) {
+  const Tensor x = arange(75).reshape({1, 3, 5, 5});
+  auto column0 = [](const Tensor& y) {
+    std::vector<float> c;
+    for (int64_t h = 0; h < y.size(2); ++h) c.push_back(y.at<float>({0, 1, h, 0}));
+    return c;
+  };
+  for (MemoryFormat f : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+    const Tensor a = interpolate(x.contiguous(f), std::nullopt, std::array<double, 2>{1.1, 2.0}, "nearest");
+    EXPECT_EQ(column0(a), (std::vector<float>{25, 25, 30, 35, 40}));
+    const Tensor b = interpolate(x.contiguous(f), std::nullopt, std::array<double, 2>{2.1, 2.1}, "nearest");
+    EXPECT_EQ(column0(b), (std::vector<float>{25, 25, 25, 30, 30, 35, 35, 40, 40, 45}));
+    // The same indices on int8 codes (PyTorch's quantized kernel).
+    const Tensor q = quantize_per_tensor(x.contiguous(f), 1.f, 0, DType::kU8);
+    EXPECT_EQ(column0(interpolate(q, std::nullopt, std::array<double, 2>{2.1, 2.1}, "nearest").dequantize()),
+              column0(b));
+  }
+  // Without a scale factor (sizes given) a same or double size copies and halves.
+  EXPECT_EQ(column0(interpolate(x, std::array<int64_t, 2>{10, 5}, std::nullopt, "nearest")),
+            (std::vector<float>{25, 25, 30, 30, 35, 35, 40, 40, 45, 45}));
+}
+
 TEST(SpatialOpsGolden, UpsamplePrinting) {
   EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(2.0)).extra_repr(), "scale_factor=2.0, mode='nearest'");
   EXPECT_EQ(nn::UpsampleImpl(nn::UpsampleOptions().scale_factor(1.5).mode("bilinear").align_corners(true)).extra_repr(),
