@@ -485,7 +485,8 @@ Tensor QLinear::run_static(const Tensor& x_in, const QuantParams& src, const std
   // Dynamic calls take their scales and source zero point as runtime arguments. A static linear
   // with f32 output (no destination parameters) keeps them fixed, as the u8 one does: oneDNN 2.6
   // has no AMX / brgemm int8 matmul for runtime scales or zero points and fell back to gemm:jit
-  // (the transformer recipe's 24 f32-output linears ran 1.6x slower than its u8 ones on AMX).
+  // (the BERT transformer recipe, whose 24 linears have f32 outputs, took 12.7 ms on AMX where the
+  // default int8 took 7.3; 6.3-6.9 ms since).
   const bool dynamic = o_.dynamic;
   PrimitiveKey key("qlinear");
   key.add(m).add(static_cast<int64_t>(get_num_threads()));

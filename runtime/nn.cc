@@ -390,8 +390,9 @@ Tensor InstanceNorm2dImpl::forward(const Tensor& x) {
               " channels, got input sizes ", x.shape_string());
   // With running statistics, PyTorch uses them in eval mode only; in training mode each instance's
   // own, as without them (the running ones are not updated here: no training).
-  const Tensor y = track_running_stats_ && !is_training() ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
-                                                          : instance_norm(x4, weight, bias, eps_);
+  const bool running = track_running_stats_ && !is_training();
+  const Tensor y = running ? batch_norm(x4, running_mean, running_var, weight, bias, eps_)
+                           : instance_norm(x4, weight, bias, eps_);
   return x.dim() == 3 ? y.squeeze(0) : y;
 }
 
