@@ -340,6 +340,25 @@ Tensor reduce(const char* name, dnnl::algorithm alg, const Tensor& x_in, IntArra
     fill(dst, alg == dnnl::algorithm::reduction_mean ? std::nan("") : 0.0);
     return dst.raw_view(final_sizes);
   }
+  // oneDNN's reference reduction (a channels-last input, or dims that are not the trailing ones)
+  // sums each output in one f32 accumulator, its vectorized one in f32 lanes: sums of 2^18 to 2^21
+  // terms of 0.1 came out 0.02% to 1.7% off (LargeSumsAndMeansKeepFloatPrecision). Above
+  // kExactF32Terms terms per output, or on the reference path, sum in double, as std does
+  // (PyTorch's cascade sum is as close).
+  auto sum_in_double = [&] {
+    std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
+    const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
+    const float* src = x.raw_data<float>();
+    for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
+                       [&](const std::array<int64_t, 2>& off) { acc[static_cast<size_t>(off[1])] += src[off[0]]; });
+    const double count = static_cast<double>(x.numel() / dst.numel());
+    float* out = dst.raw_mutable_data<float>();
+    for (size_t i = 0; i < acc.size(); ++i) {
+      out[i] = static_cast<float>(alg == dnnl::algorithm::reduction_mean ? acc[i] / count : acc[i]);
+    }
+    return dst.raw_view(final_sizes);
+  };
+  if (x.numel() / dst.numel() > kExactF32Terms) return sum_in_double();
   PrimitiveKey key("reduce_f32");
   key.add(static_cast<int64_t>(alg)).add(x).add(dst).add(static_cast<int64_t>(get_num_threads()));
   auto entry = primitive_cache().get_or_create(key, [&] {
@@ -353,25 +372,7 @@ Tensor reduce(const char* name, dnnl::algorithm alg, const Tensor& x_in, IntArra
       rethrow_dnnl("creating a reduction primitive", e);
     }
   });
-  const int64_t per_output = x.numel() / dst.numel();
-  if (entry->reference_impl || per_output > kExactF32Terms) {
-    // oneDNN's reference reduction (a channels-last input, or dims that are not the trailing ones)
-    // sums each output in one f32 accumulator, its vectorized one in f32 lanes: sums of 2^18 to
-    // 2^21 terms of 0.1 came out 0.02% to 1.7% off (LargeSumsAndMeansKeepFloatPrecision). Above
-    // kExactF32Terms terms per output, or on the reference path, sum in double, as std does
-    // (PyTorch's cascade sum is as close).
-    std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
-    const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
-    const float* src = x.raw_data<float>();
-    for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
-                       [&](const std::array<int64_t, 2>& off) { acc[static_cast<size_t>(off[1])] += src[off[0]]; });
-    const double count = static_cast<double>(per_output);
-    float* out = dst.raw_mutable_data<float>();
-    for (size_t i = 0; i < acc.size(); ++i) {
-      out[i] = static_cast<float>(alg == dnnl::algorithm::reduction_mean ? acc[i] / count : acc[i]);
-    }
-    return dst.raw_view(final_sizes);
-  }
+  if (entry->reference_impl) return sum_in_double();
   execute(entry->prim, entry->scratchpad_bytes, {{DNNL_ARG_SRC, mem_of(x)}, {DNNL_ARG_DST, mem_of(dst)}});
   return dst.raw_view(final_sizes);
 }
