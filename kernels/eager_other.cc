@@ -326,6 +326,17 @@ std::vector<int64_t> reduced_sizes(const Tensor& x, const std::vector<bool>& red
 // Terms per output up to which an f32 sum's error stays below ~2.5e-4 relative (n * 2^-24).
 constexpr int64_t kExactF32Terms = 4096;
 
+// The sum in double of x's elements reduced into each element of `dst` (x's sizes with the reduced
+// dims 1; row-major output order).
+std::vector<double> sums_in_double(const Tensor& x, const Tensor& dst) {
+  std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
+  const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
+  const float* src = x.raw_data<float>();
+  for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
+                     [&](const std::array<int64_t, 2>& off) { acc[static_cast<size_t>(off[1])] += src[off[0]]; });
+  return acc;
+}
+
 Tensor reduce(const char* name, dnnl::algorithm alg, const Tensor& x_in, IntArrayRef dims, bool keepdim) {
   check_float(name, "input", x_in);
   if (x_in.dim() == 0) return copy(x_in, MemoryFormat::kContiguous, x_in.dtype());
@@ -346,11 +357,7 @@ Tensor reduce(const char* name, dnnl::algorithm alg, const Tensor& x_in, IntArra
   // kExactF32Terms terms per output, or on the reference path, sum in double, as std does
   // (PyTorch's cascade sum is as close).
   auto sum_in_double = [&] {
-    std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
-    const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
-    const float* src = x.raw_data<float>();
-    for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
-                       [&](const std::array<int64_t, 2>& off) { acc[static_cast<size_t>(off[1])] += src[off[0]]; });
+    const std::vector<double> acc = sums_in_double(x, dst);
     const double count = static_cast<double>(x.numel() / dst.numel());
     float* out = dst.raw_mutable_data<float>();
     for (size_t i = 0; i < acc.size(); ++i) {
@@ -398,11 +405,9 @@ Tensor std_dev(const Tensor& x, IntArrayRef dims, bool unbiased, bool keepdim) {
   }
   Tensor dst = Tensor::empty(kept, DType::kF32);
   // Two passes in double over the reduced elements of each output position.
-  std::vector<double> s(dst.numel(), 0.0), s2(dst.numel(), 0.0);
+  std::vector<double> s = sums_in_double(x, dst), s2(dst.numel(), 0.0);
   const std::vector<int64_t> dst_st = broadcast_strides(dst, x.sizes());
   const float* src = x.raw_data<float>();
-  for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)},
-                     [&](const std::array<int64_t, 2>& off) { s[off[1]] += src[off[0]]; });
   for (auto& v : s) v /= static_cast<double>(count);
   for_each_offset<2>(x.sizes(), {x.strides(), IntArrayRef(dst_st)}, [&](const std::array<int64_t, 2>& off) {
     const double dv = src[off[0]] - s[off[1]];

@@ -560,6 +560,8 @@ ScalarExec::ScalarExec(OpKind kind, ScalarAffine affine, QuantParamsPtr expected
   out_ = derive(affine_, *in_, &lut_, &identity_);
 }
 
+int64_t ScalarExec::shift_steps(double c, double scale) { return static_cast<int64_t>(std::nearbyint(c / scale)); }
+
 QuantParamsPtr ScalarExec::derive(const ScalarAffine& affine, const QuantParams& in, kernels::Lut* lut, bool* identity) {
   constexpr int64_t q_min = 0, q_max = 255;
   const double s = in.scale();
@@ -569,7 +571,7 @@ QuantParamsPtr ScalarExec::derive(const ScalarAffine& affine, const QuantParams&
   const double c = affine.c;
   if (affine.shift) {
     // PyTorch's add_scalar: shift the zero point; saturate by rescaling when it leaves the range.
-    const int64_t c_q = static_cast<int64_t>(std::nearbyint(c / s));
+    const int64_t c_q = shift_steps(c, s);
     double s_prime = s;
     int64_t z_prime = z - c_q;
     if (q_min > z - c_q) {

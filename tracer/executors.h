@@ -217,6 +217,9 @@ class ScalarExec : public ConvertedOp {
   std::string describe() const override;
   // Output parameters for an input with parameters `in`, and the code table when data changes.
   static QuantParamsPtr derive(const ScalarAffine& affine, const QuantParams& in, kernels::Lut* lut, bool* identity);
+  // x + c on codes of scale `scale` shifts the zero point by this many steps (PyTorch's
+  // add_scalar: c rounded to the grid); the ONNX export adds the same value.
+  static int64_t shift_steps(double c, double scale);
   const QuantParamsPtr& output() const { return out_; }
 
  private:

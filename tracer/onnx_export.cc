@@ -450,14 +450,9 @@ class Recorder : public Interceptor {
     }
   }
 
-  static std::string computed_weight_reason(const char* what) {
-    return absl::StrCat("its ", what,
-                        " is computed in forward, not a parameter of the model; the int8 form writes weights as "
-                        "constants (keep this op fp32, qconfig None, to export it)");
-  }
-
-  // The float values of a weighted op's weight and bias: the s8 codes and folded bias of the
-  // int8 kernel, or the f32 parameters when it runs fp32.
+  // The float values of a weighted op's weight and bias (conv, linear, conv_transpose, prelu's
+  // slopes): the s8 codes and folded bias of the int8 kernel, or the f32 parameters when it runs
+  // fp32.
   struct WeightVals {
     std::string w, bias;
   };
@@ -480,7 +475,9 @@ class Recorder : public Interceptor {
     for (size_t k = 1; k < c.num_inputs() && k <= 2; ++k) {
       const Tensor& t = c.input(k);
       if (t.defined() && !t.storage()->model_state()) {
-        unsupported(c, op, computed_weight_reason(k == 1 ? "weight" : "bias"));
+        unsupported(c, op, absl::StrCat("its ", k == 1 ? "weight" : "bias",
+                                        " is computed in forward, not a parameter of the model; the int8 form "
+                                        "writes weights as constants (keep this op fp32, qconfig None, to export it)"));
       }
     }
     auto* exec = dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index));
@@ -769,7 +766,7 @@ class Recorder : public Interceptor {
           // that value, not c (with c = 1.26 on a scale of 0.1, 101 of 256 codes differed by a step
           // where the shift leaves [0, 255] and the output is rescaled).
           const double s_in = op->executor->input_qparams[0]->scale();
-          const double shift = std::nearbyint(affine.c / s_in) * s_in;
+          const double shift = static_cast<double>(tracer::ScalarExec::shift_steps(affine.c, s_in)) * s_in;
           y = b_.node("Add", {in(0), b_.f32_scalar(static_cast<float>(shift))}, op_name(c.kind));
         } else if (c.has_scalar) {
           const std::string x = in(0), k = b_.f32_scalar(static_cast<float>(c.scalar));
@@ -800,23 +797,9 @@ class Recorder : public Interceptor {
         std::vector<int64_t> shape = {w.numel()};
         for (int64_t d = 2; d < in_rank; ++d) shape.push_back(1);
         if (in_rank < 2) shape = {w.numel()};
-        std::string wv;
-        auto* exec = int8 ? dynamic_cast<tracer::WeightedExec*>(inner_.executor(op->program_index)) : nullptr;
-        if (exec != nullptr && w.defined() && !w.storage()->model_state()) {
-          unsupported(c, op, computed_weight_reason("weight"));
-        }
-        if (exec != nullptr) {
-          // The slopes dbrq's int8 kernel runs: s8 codes with their scales (a per-tensor weight
-          // qconfig rounds every channel's slope to one grid), not the f32 parameter.
-          const std::shared_ptr<kernels::QWeighted> k = exec->current_kernel();
-          const Tensor& qw = k->quantized_weight();
-          DBRQ_ENSURE(qw.dtype() == DType::kS8 && k->weight_qparams() != nullptr, ValueError, "export_onnx: prelu (",
-                      op->fqn, ") has slopes the exporter does not write");
-          wv = b_.dq_const(op->fqn.empty() ? "prelu_weight" : op->fqn + ".weight", onnx::kInt8, dims_of(qw),
-                           logical_bytes(qw), *k->weight_qparams());
-        } else {
-          wv = float_of(w);
-        }
+        // int8: the s8 slopes the kernel runs, with their scales (a per-tensor weight qconfig rounds
+        // every channel's slope to one grid); fp32: the parameter.
+        const std::string wv = weighted_inputs(c, op, s, int8, nullptr, false).w;
         const std::string slope = b_.node("Reshape", {wv, b_.i64_vec(shape)}, "prelu_slope");
         y = b_.node("PRelu", {in(0), slope}, "prelu");
         break;

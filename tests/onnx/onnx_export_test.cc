@@ -426,23 +426,10 @@ TEST(OnnxExport, OnePathModelsNameNoModuleWithOtherPaths) {
 // chain fused) and on the model's input (the bn's second record runs fp32). The second relu
 // computes in fp32 (QuantInterceptor::seen_op); the export dropped it (the chain's base "already
 // wrote it"), so the graph's second output had the batch norm's negative values.
-struct SharedBnExport : nn::CallableModule<SharedBnExport> {
-  SharedBnExport() {
-    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(nn::Conv2dOptions(4, 4, 3).padding(1)));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
-  }
-  std::vector<Tensor> forward(const Tensor& x) {
-    Tensor u = relu((*bn)(max_pool2d((*conv)(x), {2, 2})));
-    Tensor v = relu((*bn)(x));
-    return {u, v};
-  }
-  std::shared_ptr<nn::Conv2dImpl> conv;
-  std::shared_ptr<nn::BatchNorm2dImpl> bn;
-};
-
+// (testing::SharedBn, tests/quant/quant_test_util.h)
 TEST(OnnxExport, AChainMemberAfterAnFp32BaseIsWrittenAsItRuns) {
   manual_seed(11);
-  SharedBnExport m;
+  testing::SharedBn m;
   testing::randomize_bn(*m.bn, 3);
   m.eval();
   const auto xs = testing::random_batches(4, 30, {1, 4, 8, 8});

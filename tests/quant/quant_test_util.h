@@ -38,6 +38,23 @@ AutoQuantizationState& state_of(const nn::Module& m);
 // Runs `model` on `n` random batches of `sizes` (seeds seed, seed+1, ...).
 void calibrate(nn::Module& model, const std::vector<int64_t>& sizes, int n, uint64_t seed);
 
+// One relu record after two calls of one batch norm: after conv + max_pool (an int8 input: the
+// bn + relu chain is fused with this base) and on the model's input (f32: that base runs fp32 and
+// the relu after it must compute). Inputs [N, 4, H, W]; returns {u, v}.
+struct SharedBn : nn::CallableModule<SharedBn> {
+  SharedBn() {
+    conv = register_module("conv", std::make_shared<nn::Conv2dImpl>(4, 4, 3, 1, 1));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
+  }
+  std::vector<Tensor> forward(const Tensor& x) {
+    Tensor u = relu((*bn)(max_pool2d((*conv)(x), {2, 2})));
+    Tensor v = relu((*bn)(x));
+    return {u, v};
+  }
+  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<nn::BatchNorm2dImpl> bn;
+};
+
 // Values of an f32 tensor (any layout) in logical order.
 std::vector<float> values(const Tensor& t);
 

@@ -30,27 +30,15 @@ Tensor scaled(uint64_t seed, const std::vector<int64_t>& sizes, double mul, doub
 // input); the relu after it is one record for both (same producer tag). The chain bn -> relu was
 // fused with the first base; the second base runs fp32 (its input is never int8), yet its output
 // was marked as the chain's inner tensor and the relu passed it on untouched: no relu at all.
-struct SharedBn : nn::CallableModule<SharedBn> {
-  SharedBn() {
-    conv = register_module("conv", std::make_shared<Conv2d>(4, 4, 3, 1, 1));
-    bn = register_module("bn", std::make_shared<nn::BatchNorm2dImpl>(4));
-  }
-  std::vector<Tensor> forward(const Tensor& x) {
-    Tensor u = relu((*bn)(max_pool2d((*conv)(x), {2, 2})));
-    Tensor v = relu((*bn)(x));
-    return {u, v};
-  }
-  std::shared_ptr<Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2dImpl> bn;
-};
+// (testing::SharedBn, tests/quant/quant_test_util.h)
 
 TEST(PathsAfterConvert, AFollowerSharedWithAnFp32BaseStillComputes) {
   manual_seed(11);
-  SharedBn ref;
+  testing::SharedBn ref;
   testing::randomize_bn(*ref.bn, 3);
   ref.eval();
   manual_seed(11);
-  SharedBn m;
+  testing::SharedBn m;
   testing::randomize_bn(*m.bn, 3);
   m.eval();
   const auto xs = testing::random_batches(4, 30, {1, 4, 8, 8});
